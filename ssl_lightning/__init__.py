@@ -1,0 +1,15 @@
+"""ssl_lightning: self-supervised learning methods for images as PyTorch Lightning modules.
+
+Public names are re-exported here so configs can say ``class_path: SimCLR``.
+"""
+
+from ssl_lightning.backbones import ResNet, SmallConvNet
+from ssl_lightning.callbacks import *  # noqa: F401,F403
+from ssl_lightning.callbacks import __all__ as _callbacks
+from ssl_lightning.data import *  # noqa: F401,F403
+from ssl_lightning.data import __all__ as _data
+from ssl_lightning.methods import *  # noqa: F401,F403
+from ssl_lightning.methods import __all__ as _methods
+
+__version__ = "0.1.0"
+__all__ = ["ResNet", "SmallConvNet", *_methods, *_callbacks, *_data]

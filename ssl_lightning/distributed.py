@@ -1,0 +1,90 @@
+"""The one place that knows about ranks and cross-process gathering.
+
+Methods gather through Lightning (``self.all_gather(x, sync_grads=True)``) and reshape with
+:func:`flatten_gathered`; code outside Lightning (a user's own loop, the loss-level DDP tests)
+uses :func:`all_gather_with_grad`. Both keep the full gradient: the backward of an all-gather
+sums, over ranks, the gradient that flowed into this rank's slice, so that with DDP's gradient
+averaging every rank ends up with the gradient of the *mean of the rank losses*.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def is_distributed() -> bool:
+    """True when a default process group with more than one rank is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    """Number of processes in the default group (1 without a process group)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    """Global rank of this process (0 without a process group)."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def flatten_gathered(gathered: Tensor, local: Tensor) -> Tensor:
+    """Reshape the output of ``LightningModule.all_gather`` to ``(world * B, ...)``.
+
+    Lightning returns ``(world, B, ...)`` under DDP and the input unchanged on one device.
+
+    Args:
+        gathered: The result of ``all_gather(local)``.
+        local: The tensor that was gathered (used to tell the two cases apart).
+    """
+    if gathered.dim() == local.dim() + 1:
+        return gathered.flatten(0, 1)
+    return gathered
+
+
+def all_gather_with_grad(x: Tensor) -> Tensor:
+    """Concatenate ``x`` from every rank along dim 0, differentiably.
+
+    Without a process group this is the identity. All ranks must pass the same shape.
+    """
+    if not is_distributed():
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x), dim=0)
+
+
+@torch.no_grad()
+def all_gather_no_grad(x: Tensor) -> Tensor:
+    """Concatenate ``x`` from every rank along dim 0, outside autograd (queues, kNN banks)."""
+    if not is_distributed():
+        return x
+    out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, x.contiguous())
+    return torch.cat(out, dim=0)
+
+
+def all_reduce_sum_with_grad(x: Tensor) -> Tensor:
+    """Sum ``x`` over ranks with an autograd-aware collective.
+
+    Use this for statistics shared across ranks that stay in the graph (VICReg covariance, Barlow
+    Twins cross-correlation, SwAV Sinkhorn sums). A plain ``dist.all_reduce`` on such a tensor
+    would keep only the local contribution in the backward pass and silently scale the gradient
+    by ``1 / world_size``.
+    """
+    if not is_distributed():
+        return x
+    from torch.distributed.nn.functional import all_reduce
+
+    return all_reduce(x, op=dist.ReduceOp.SUM)
+
+
+@torch.no_grad()
+def all_reduce_mean_no_grad(x: Tensor) -> Tensor:
+    """Average ``x`` over ranks outside autograd (DINO centre, metrics)."""
+    if not is_distributed():
+        return x
+    y = x.clone()
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y / dist.get_world_size()

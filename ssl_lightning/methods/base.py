@@ -1,0 +1,153 @@
+"""SSLMethod: the LightningModule every self-supervised method derives from.
+
+A method owns an injected backbone, its heads and its loss, and the optimiser set-up. Subclasses
+implement :meth:`SSLMethod.training_loss`; everything shared (logging, the step output contract
+used by the evaluation callbacks, gathering across ranks, LARS/SGD/AdamW with warm-up + cosine,
+the batch-size LR scaling rule) lives here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.backbones import feature_dim
+from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
+from ssl_lightning.optim import (
+    LRScaling,
+    OptimizerName,
+    WarmupCosine,
+    build_optimizer,
+    scale_lr,
+    split_decay_groups,
+)
+
+Batch = tuple[Sequence[Tensor], Tensor]
+
+
+class SSLMethod(pl.LightningModule):
+    """Base class of all methods.
+
+    Training batches are ``(views, targets)``: a list of view tensors (B, C, H, W) and integer
+    targets (-1 when unlabeled). Validation batches are ``(images, targets)``; the step returns
+    backbone features for the kNN / probe callbacks.
+
+    Args:
+        backbone: Any module mapping images (B, 3, H, W) to features (B, D).
+        optimizer: ``"lars"``, ``"sgd"`` or ``"adamw"``.
+        lr: Base learning rate, before the scaling rule.
+        lr_scaling: ``"linear"``: lr × global_batch / 256; ``"sqrt"``: lr × sqrt(global_batch);
+            ``"none"``: lr as given. global_batch = per-device batch × devices × nodes ×
+            accumulate_grad_batches.
+        weight_decay: Weight decay for weights; biases and norm parameters get none.
+        momentum: SGD/LARS momentum.
+        warmup_epochs: Linear warm-up length in epochs (fractions allowed), then cosine decay.
+        final_lr_ratio: Learning rate at the end of the cosine as a fraction of the peak.
+        image_size: Image side used to infer the backbone's feature size when it does not expose
+            ``num_features``.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        optimizer: OptimizerName = "lars",
+        lr: float = 0.3,
+        lr_scaling: LRScaling = "linear",
+        weight_decay: float = 1e-6,
+        momentum: float = 0.9,
+        warmup_epochs: float = 10.0,
+        final_lr_ratio: float = 0.0,
+        image_size: int = 32,
+    ) -> None:
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}.")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+        if warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}.")
+        if not 0 <= final_lr_ratio <= 1:
+            raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}.")
+        self.save_hyperparameters(ignore=["backbone"])
+        self.backbone = backbone
+        self.feature_dim = feature_dim(backbone, image_size)
+
+    # ----------------------------------------------------------------- to implement / override
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        """Return ``(loss, features)``: the scalar loss of this rank and the backbone features
+        of the first view (used, detached, by the evaluation callbacks)."""
+        raise NotImplementedError
+
+    def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        """``(student, teacher)`` module pairs the EMA callback updates; none by default."""
+        return []
+
+    def trainable_modules(self) -> list[nn.Module]:
+        """Modules whose parameters the optimiser updates (all but the EMA teachers)."""
+        teachers = {id(t) for _, t in self.ema_pairs()}
+        return [m for m in self.children() if id(m) not in teachers]
+
+    # ------------------------------------------------------------------------- shared helpers
+    def forward(self, x: Tensor) -> Tensor:
+        """Backbone features."""
+        return self.backbone(x)
+
+    def gather(self, x: Tensor) -> Tensor:
+        """Concatenate ``x`` over all ranks, keeping gradients (identity on one process).
+
+        Goes through Lightning when a trainer is attached, else through the default process
+        group (so a method can be used in a user's own loop and in loss-level DDP tests).
+        """
+        if self._trainer is None:
+            return all_gather_with_grad(x)
+        return flatten_gathered(self.all_gather(x, sync_grads=True), x)
+
+    def rank_offset(self, local_batch: int) -> int:
+        """Index of this rank's first sample in a gathered batch (equal batches on all ranks)."""
+        return (self.global_rank if self._trainer is not None else rank()) * local_batch
+
+    # ------------------------------------------------------------------------ Lightning hooks
+    def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
+        views, targets = batch
+        loss, features = self.training_loss(views)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
+                 batch_size=len(targets))
+        return {"loss": loss, "features": features.detach(), "targets": targets}
+
+    def validation_step(
+        self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> dict[str, Tensor]:
+        images, targets = batch
+        return {"features": self.backbone(images), "targets": targets}
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        hp = self.hparams
+        total_steps = int(self.trainer.estimated_stepping_batches)
+        steps_per_epoch = max(
+            1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
+        )
+        lr = scale_lr(hp.lr, self.global_batch_size(), hp.lr_scaling)
+        groups = split_decay_groups(self.trainable_modules(), hp.weight_decay)
+        optimizer = build_optimizer(hp.optimizer, groups, lr=lr, momentum=hp.momentum)
+        warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
+        schedule = WarmupCosine(warmup, total_steps, hp.final_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    def global_batch_size(self) -> int:
+        """Per-device batch × world size × gradient-accumulation steps, from the train loader."""
+        loader = self.trainer.train_dataloader
+        batch_size = getattr(loader, "batch_size", None)
+        if not isinstance(batch_size, int):
+            if self.hparams.lr_scaling == "none":
+                return 1
+            raise ValueError(
+                "Cannot read the batch size from the train dataloader to apply lr_scaling="
+                f"{self.hparams.lr_scaling!r}; set lr_scaling: none and give the final lr."
+            )
+        return batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches

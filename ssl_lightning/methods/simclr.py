@@ -1,0 +1,54 @@
+"""SimCLR: Chen et al., "A Simple Framework for Contrastive Learning of Visual Representations",
+ICML 2020. Two augmented views, a projection MLP, NT-Xent with negatives from all ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.heads import ProjectionHead
+from ssl_lightning.losses import NTXentLoss
+from ssl_lightning.methods.base import SSLMethod
+
+
+class SimCLR(SSLMethod):
+    """SimCLR.
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of the projection MLP.
+        projection_dim: Output size of the projection MLP (128 in the paper).
+        projection_layers: Linear layers in the projection MLP (2 in v1, 3 in v2).
+        projection_batch_norm: BatchNorm inside the projection MLP.
+        temperature: NT-Xent temperature.
+        **kwargs: Optimiser arguments of :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 2048,
+        projection_dim: int = 128,
+        projection_layers: int = 2,
+        projection_batch_norm: bool = True,
+        temperature: float = 0.2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, **kwargs)
+        self.projector = ProjectionHead(
+            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
+            batch_norm=projection_batch_norm,
+        )
+        self.criterion = NTXentLoss(temperature)
+
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        if len(views) < 2:
+            raise ValueError(f"SimCLR needs 2 views per sample, got {len(views)}.")
+        batch = views[0].shape[0]
+        features = self.backbone(torch.cat([views[0], views[1]]))
+        z1, z2 = self.projector(features).chunk(2)
+        loss = self.criterion(z1, z2, self.gather(z1), self.gather(z2), self.rank_offset(batch))
+        return loss, features[:batch]
