@@ -3,7 +3,7 @@
 Public names are re-exported here so configs can say ``class_path: SimCLR``.
 """
 
-from ssl_lightning.backbones import ResNet, SmallConvNet
+from ssl_lightning.backbones import ResNet, SmallConvNet, ViT
 from ssl_lightning.callbacks import *  # noqa: F401,F403
 from ssl_lightning.callbacks import __all__ as _callbacks
 from ssl_lightning.data import *  # noqa: F401,F403
@@ -12,4 +12,4 @@ from ssl_lightning.methods import *  # noqa: F401,F403
 from ssl_lightning.methods import __all__ as _methods
 
 __version__ = "0.1.0"
-__all__ = ["ResNet", "SmallConvNet", *_methods, *_callbacks, *_data]
+__all__ = ["ResNet", "SmallConvNet", "ViT", *_methods, *_callbacks, *_data]

@@ -13,6 +13,10 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from ssl_lightning.vit import ViT
+
+__all__ = ["ResNet", "SmallConvNet", "ViT", "feature_dim"]
+
 
 class ResNet(nn.Module):
     """torchvision ResNet without its classifier; outputs pooled features (B, num_features).

@@ -1,0 +1,188 @@
+"""Vision Transformer backbone returning the [CLS] token.
+
+Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale",
+ICLR 2021: patch embedding, a learnable [CLS] token, position embeddings and pre-norm transformer
+blocks. Sizes follow DeiT (Touvron et al., 2021): tiny 192/12/3, small 384/12/6, base 768/12/12.
+Details used by the SSL recipes:
+
+- the position embedding is interpolated (bicubic) to the input's patch grid, so one backbone
+  takes both DINO/SwAV global and local crops (Caron et al., "Emerging Properties in
+  Self-Supervised Vision Transformers", ICCV 2021);
+- ``pos_embed="sincos"`` gives MoCo v3's fixed 2-D sin-cos position embedding (Chen, Xie & He,
+  "An Empirical Study of Training Self-Supervised Vision Transformers", ICCV 2021);
+- stochastic depth (:class:`DropPath`, Huang et al., 2016) as in DINO's ViT-S recipe.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+VIT_SIZES: dict[str, tuple[int, int, int]] = {
+    "tiny": (192, 12, 3),
+    "small": (384, 12, 6),
+    "base": (768, 12, 12),
+}
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the whole residual branch of a sample with probability ``drop_prob``.
+
+    Set ``drop_prob = 0`` to disable it (e.g. in a DINO teacher copied from a student).
+    """
+
+    def __init__(self, drop_prob: float = 0.0) -> None:
+        super().__init__()
+        if not 0 <= drop_prob < 1:
+            raise ValueError(f"drop_prob must be in [0, 1), got {drop_prob}.")
+        self.drop_prob = drop_prob
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.drop_prob == 0 or not self.training:
+            return x
+        keep = 1 - self.drop_prob
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + MHSA(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool,
+                 drop_path: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.drop_path = DropPath(drop_path)
+
+    def attention(self, x: Tensor) -> Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, d // self.num_heads).unbind(2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2))
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path(self.attention(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+def sincos_position_embedding(grid: int, dim: int, temperature: float = 10000.0) -> Tensor:
+    """Fixed 2-D sin-cos embedding (grid², dim): a quarter of the channels per sin/cos of h/w."""
+    if dim % 4:
+        raise ValueError(f"sin-cos position embedding needs embed_dim divisible by 4, got {dim}.")
+    coords = torch.arange(grid, dtype=torch.float64)
+    h, w = torch.meshgrid(coords, coords, indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))
+    out_h, out_w = h.reshape(-1, 1) * omega, w.reshape(-1, 1) * omega
+    return torch.cat([out_w.sin(), out_w.cos(), out_h.sin(), out_h.cos()], dim=1).float()
+
+
+class ViT(nn.Module):
+    """Vision Transformer; ``forward`` returns the final-LayerNorm [CLS] token (B, embed_dim).
+
+    Args:
+        arch: ``"tiny"``, ``"small"`` or ``"base"`` (width/depth/heads of DeiT).
+        image_size: Training resolution; sets the stored position grid. Other resolutions
+            (multi-crop local views) are handled by interpolating the position embedding.
+        patch_size: Patch side: 16 for 224 px, 4 for 32 px CIFAR images.
+        embed_dim: Override the width of ``arch``.
+        depth: Override the number of blocks of ``arch``.
+        num_heads: Override the number of heads of ``arch``.
+        mlp_ratio: MLP hidden width / embed_dim.
+        qkv_bias: Bias on the query/key/value projection.
+        drop_path_rate: Stochastic-depth rate of the last block (linearly increasing from 0).
+        pos_embed: ``"learned"`` (ViT, DINO) or ``"sincos"`` (fixed, MoCo v3).
+    """
+
+    def __init__(
+        self,
+        arch: Literal["tiny", "small", "base"] = "tiny",
+        image_size: int = 32,
+        patch_size: int = 4,
+        embed_dim: int | None = None,
+        depth: int | None = None,
+        num_heads: int | None = None,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_path_rate: float = 0.0,
+        pos_embed: Literal["learned", "sincos"] = "learned",
+    ) -> None:
+        super().__init__()
+        if arch not in VIT_SIZES:
+            raise ValueError(f"ViT arch must be one of {sorted(VIT_SIZES)}, got {arch!r}.")
+        dim, n_blocks, heads = VIT_SIZES[arch]
+        dim, n_blocks, heads = embed_dim or dim, depth or n_blocks, num_heads or heads
+        if patch_size < 1 or image_size % patch_size:
+            raise ValueError(
+                f"image_size ({image_size}) must be a multiple of patch_size ({patch_size})."
+            )
+        if dim % heads:
+            raise ValueError(f"embed_dim ({dim}) must be divisible by num_heads ({heads}).")
+        if not 0 <= drop_path_rate < 1:
+            raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}.")
+        if pos_embed not in ("learned", "sincos"):
+            raise ValueError(f"pos_embed must be 'learned' or 'sincos', got {pos_embed!r}.")
+        self.patch_size = patch_size
+        self.num_features: int = dim
+        self.grid = image_size // patch_size
+        self.patch_embed = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.grid**2 + 1, dim))
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        else:
+            table = torch.cat([torch.zeros(1, dim), sincos_position_embedding(self.grid, dim)])
+            self.pos_embed = nn.Parameter(table.unsqueeze(0), requires_grad=False)
+        rates = torch.linspace(0, drop_path_rate, n_blocks).tolist()
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, qkv_bias, r) for r in rates)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.apply(_init_weights)
+
+    def position_embedding(self, grid_h: int, grid_w: int) -> Tensor:
+        """Position embedding (1, 1 + grid_h·grid_w, D), interpolated when the grid differs."""
+        if (grid_h, grid_w) == (self.grid, self.grid):
+            return self.pos_embed
+        cls_pos, patch_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
+        dim = patch_pos.shape[-1]
+        patch_pos = patch_pos.reshape(1, self.grid, self.grid, dim).permute(0, 3, 1, 2)
+        patch_pos = F.interpolate(patch_pos, size=(grid_h, grid_w), mode="bicubic",
+                                  align_corners=False)
+        return torch.cat([cls_pos, patch_pos.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] % self.patch_size or x.shape[-2] % self.patch_size:
+            raise ValueError(
+                f"Image size {tuple(x.shape[-2:])} is not a multiple of patch {self.patch_size}."
+            )
+        patches = self.patch_embed(x)
+        grid_h, grid_w = patches.shape[-2:]
+        tokens = patches.flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
+        tokens = tokens + self.position_embedding(grid_h, grid_w)
+        for block in self.blocks:
+            tokens = block(tokens)
+        return self.norm(tokens[:, 0])
+
+
+def _init_weights(module: nn.Module) -> None:
+    """Truncated-normal (std 0.02) Linear weights, zero biases; patch conv like a Linear."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Conv2d):
+        fan_in = module.in_channels * math.prod(module.kernel_size)
+        nn.init.trunc_normal_(module.weight, std=math.sqrt(1.0 / fan_in))
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)

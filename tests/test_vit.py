@@ -1,0 +1,110 @@
+"""ViT backbone: shapes, multi-resolution input, attention and sin-cos tables vs references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ssl_lightning.backbones import ViT, feature_dim
+from ssl_lightning.vit import Block, DropPath, sincos_position_embedding
+
+
+def tiny_vit(**kwargs) -> ViT:
+    torch.manual_seed(0)
+    args = dict(image_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4)
+    args.update(kwargs)
+    return ViT(**args)
+
+
+def test_shapes_presets_and_feature_dim():
+    assert ViT("small", image_size=224, patch_size=16).num_features == 384
+    assert ViT("tiny").blocks.__len__() == 12
+    model = tiny_vit()
+    assert feature_dim(model) == 32
+    out = model(torch.randn(3, 3, 32, 32))
+    assert out.shape == (3, 32)
+
+
+def test_local_crops_use_interpolated_position_embedding():
+    model = tiny_vit().eval()
+    x = torch.randn(2, 3, 16, 16)
+    out = model(x)
+    assert out.shape == (2, 32)
+    pos = model.position_embedding(2, 2)
+    assert pos.shape == (1, 5, 32)
+    # The [CLS] position is kept; interpolation of a constant grid is the constant.
+    torch.testing.assert_close(pos[:, 0], model.pos_embed[:, 0])
+    with torch.no_grad():
+        model.pos_embed[:, 1:] = 0.5
+    torch.testing.assert_close(model.position_embedding(2, 2)[:, 1:], torch.full((1, 4, 32), 0.5))
+    # The stored grid is returned unchanged at the training resolution.
+    assert model.position_embedding(4, 4) is model.pos_embed
+
+
+def test_position_embedding_makes_output_order_sensitive():
+    model = tiny_vit().eval()
+    x = torch.randn(1, 3, 32, 32)
+    swapped = x.clone()
+    swapped[..., :8, :8], swapped[..., 8:16, :8] = x[..., 8:16, :8], x[..., :8, :8]
+    assert not torch.allclose(model(x), model(swapped))
+
+
+def test_attention_matches_reference_loop():
+    torch.manual_seed(1)
+    block = Block(dim=12, num_heads=3, mlp_ratio=2.0, qkv_bias=True, drop_path=0.0)
+    x = torch.randn(2, 5, 12)
+    qkv = x @ block.qkv.weight.T + block.qkv.bias
+    q, k, v = qkv[..., :12], qkv[..., 12:24], qkv[..., 24:]
+    heads = []
+    for h in range(3):
+        sl = slice(4 * h, 4 * h + 4)
+        scores = q[..., sl] @ k[..., sl].transpose(1, 2) / math.sqrt(4)
+        heads.append(scores.softmax(-1) @ v[..., sl])
+    expected = torch.cat(heads, dim=-1) @ block.proj.weight.T + block.proj.bias
+    torch.testing.assert_close(block.attention(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sincos_table_matches_formula():
+    grid, dim = 3, 8
+    table = sincos_position_embedding(grid, dim)
+    for i in range(grid):
+        for j in range(grid):
+            row = table[i * grid + j]
+            for c in range(dim // 4):
+                omega = 1.0 / 10000 ** (c / (dim // 4))
+                expected = [math.sin(j * omega), math.cos(j * omega),
+                            math.sin(i * omega), math.cos(i * omega)]
+                got = [row[c + q * (dim // 4)].item() for q in range(4)]
+                assert got == pytest.approx(expected, abs=1e-6)
+    model = tiny_vit(pos_embed="sincos")
+    assert not model.pos_embed.requires_grad
+    torch.testing.assert_close(model.pos_embed[0, 1:], sincos_position_embedding(4, 32))
+
+
+def test_drop_path_is_per_sample_and_off_in_eval():
+    torch.manual_seed(0)
+    drop = DropPath(0.5)
+    x = torch.ones(64, 3, 2)
+    y = drop(x)
+    per_sample = y.flatten(1)
+    assert set(per_sample.unique().tolist()) <= {0.0, 2.0}
+    assert (per_sample == per_sample[:, :1]).all()
+    drop.eval()
+    assert torch.equal(drop(x), x)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(arch="huge"), dict(image_size=30, patch_size=4), dict(embed_dim=30, num_heads=4),
+     dict(drop_path_rate=1.0), dict(pos_embed="rope")],
+)
+def test_invalid_arguments_raise(kwargs):
+    with pytest.raises(ValueError):
+        ViT(**kwargs)
+
+
+def test_rejects_image_not_multiple_of_patch():
+    with pytest.raises(ValueError, match="multiple of patch"):
+        tiny_vit()(torch.randn(1, 3, 20, 20))
