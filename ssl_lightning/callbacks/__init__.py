@@ -1,3 +1,5 @@
 """Training callbacks: EMA teacher updates and evaluation (kNN, online linear probe)."""
 
-__all__: list[str] = []
+from ssl_lightning.callbacks.ema import EMACallback
+
+__all__: list[str] = ["EMACallback"]

@@ -1,0 +1,73 @@
+"""Helpers for the momentum-teacher tests: precomputed views and a stop-and-resume harness."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, Dataset
+
+
+class ViewsDataset(Dataset):
+    """``n`` samples of ``num_views`` fixed random views (3, size, size) and a label each."""
+
+    def __init__(self, n: int = 16, num_views: int = 2, size: int = 16, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.views = [torch.randn(n, 3, size, size, generator=g) for _ in range(num_views)]
+        self.targets = torch.arange(n) % 10
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+        return [v[i] for v in self.views], self.targets[i]
+
+
+def views_loader(n: int = 16, batch_size: int = 4, **kwargs) -> DataLoader:  # type: ignore[no-untyped-def]
+    """A deterministic (unshuffled) train loader of :class:`ViewsDataset`."""
+    return DataLoader(ViewsDataset(n, **kwargs), batch_size=batch_size, shuffle=False,
+                      drop_last=True)
+
+
+def cpu_trainer(root: str, max_epochs: int, **kwargs) -> pl.Trainer:  # type: ignore[no-untyped-def]
+    """A quiet single-process CPU trainer."""
+    return pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+        num_sanity_val_steps=0, **kwargs,
+    )
+
+
+def state_of(model: pl.LightningModule) -> dict[str, torch.Tensor]:
+    """A detached copy of the model's full state dict (parameters and persistent buffers)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def fit_and_resume(
+    make_model: Callable[[], pl.LightningModule],
+    make_loader: Callable[[], DataLoader],
+    root: str,
+    epochs: int = 2,
+    make_callbacks: Callable[[], list[pl.Callback]] = list,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Fit ``epochs`` epochs uninterrupted (checkpointing every epoch), then resume a fresh model
+    from the checkpoint of epoch ``epochs − 1`` and fit to the end. ``make_callbacks`` gives
+    each trainer its own fresh callbacks.
+
+    Returns:
+        The final state dicts of the uninterrupted and of the resumed run.
+    """
+    torch.manual_seed(0)
+    model = make_model()
+    ckpt = ModelCheckpoint(dirpath=f"{root}/ckpt", save_top_k=-1, every_n_epochs=1,
+                           filename="{epoch}")
+    cpu_trainer(root, epochs, callbacks=[ckpt, *make_callbacks()]).fit(model, make_loader())
+    full = state_of(model)
+    torch.manual_seed(1)  # a different initialisation: everything must come from the checkpoint
+    resumed = make_model()
+    cpu_trainer(root, epochs, callbacks=make_callbacks(), enable_checkpointing=False).fit(
+        resumed, make_loader(), ckpt_path=f"{root}/ckpt/epoch={epochs - 2}.ckpt"
+    )
+    return full, state_of(resumed)
