@@ -1,0 +1,27 @@
+"""Data modules and multi-view transforms."""
+
+from ssl_lightning.data.base import SSLDataModule
+from ssl_lightning.data.cifar import CIFAR10DataModule, CIFAR100DataModule
+from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
+from ssl_lightning.data.image_folder import ImageFolderDataModule
+from ssl_lightning.data.transforms import (
+    EvalTransform,
+    LinearEvalTransform,
+    MultiViewTransform,
+    SimCLRViews,
+    simclr_augmentation,
+)
+
+__all__ = [
+    "SSLDataModule",
+    "CIFAR10DataModule",
+    "CIFAR100DataModule",
+    "ImageFolderDataModule",
+    "ImageFolderDataset",
+    "CorruptImageError",
+    "MultiViewTransform",
+    "SimCLRViews",
+    "EvalTransform",
+    "LinearEvalTransform",
+    "simclr_augmentation",
+]

@@ -1,0 +1,149 @@
+"""SSLDataModule: the loaders and checks shared by every data module.
+
+A subclass only says where its datasets come from (:meth:`SSLDataModule.build_train` and
+:meth:`SSLDataModule.build_eval`); batching, the deterministic kNN-bank subset, the
+batch-size check and the ``[train_eval_loader, val_loader]`` validation pair live here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
+
+
+class SSLDataModule(pl.LightningDataModule):
+    """Base data module for self-supervised pre-training.
+
+    Training batches are ``(views, targets)``: ``views`` a list of (B, C, H, W) tensors from
+    ``train_transform``, ``targets`` a LongTensor (-1 for unlabeled images). ``val_dataloader``
+    returns ``[train_eval_loader, val_loader]`` of single eval-transformed labeled images:
+    dataloader 0 is the kNN memory bank / probe reference (train split), 1 the queries (val
+    split); it returns ``[]`` when there is no labeled data to evaluate on.
+
+    Args:
+        batch_size: Batch size per device (the global batch is this × devices × nodes).
+        num_workers: Data-loading worker processes per device.
+        pin_memory: Pin host memory for faster GPU copies (ignored without CUDA).
+        persistent_workers: Keep workers alive between epochs (only with num_workers > 0).
+        prefetch_factor: Batches loaded in advance by each worker (only with num_workers > 0).
+        drop_last: Drop the last incomplete training batch (keeps every step's batch equal, which
+            the exact-DDP losses assume).
+        train_transform: Image -> list of views; ``SimCLRViews(preset)`` if None.
+        eval_transform: Image -> tensor for the validation loaders; ``EvalTransform(preset)``
+            if None.
+        knn_train_subset: Use only this many train images (a fixed random subset, the same on
+            every run) as the kNN bank; None uses all. For cheap CPU runs.
+        eval_batch_size: Batch size of the validation loaders; ``batch_size`` if None.
+        preset: Transform preset used for the default transforms.
+    """
+
+    #: Number of classes of the labeled splits (None when unknown or unlabeled).
+    num_classes: int | None = None
+
+    def __init__(
+        self,
+        batch_size: int = 256,
+        num_workers: int = 4,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+        prefetch_factor: int = 2,
+        drop_last: bool = True,
+        train_transform: MultiViewTransform | None = None,
+        eval_transform: EvalTransform | None = None,
+        knn_train_subset: int | None = None,
+        eval_batch_size: int | None = None,
+        preset: PresetName = "cifar",
+    ) -> None:
+        super().__init__()
+        for name, value in [("batch_size", batch_size), ("prefetch_factor", prefetch_factor),
+                            ("knn_train_subset", knn_train_subset),
+                            ("eval_batch_size", eval_batch_size)]:
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}.")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}.")
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.drop_last = drop_last
+        self.train_transform = train_transform or SimCLRViews(preset)
+        self.eval_transform = eval_transform or EvalTransform(preset)
+        self.knn_train_subset = knn_train_subset
+        self.train_dataset: Dataset | None = None
+        self.eval_datasets: tuple[Dataset, Dataset] | None = None
+
+    # ------------------------------------------------------------------ to implement
+    def build_train(self, transform: MultiViewTransform) -> Dataset:
+        """The pre-training dataset, yielding ``(views, target)`` through ``transform``."""
+        raise NotImplementedError
+
+    def build_eval(self, transform: EvalTransform) -> tuple[Dataset, Dataset] | None:
+        """Labeled ``(bank, queries)`` datasets for kNN / probe evaluation, or None."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def setup(self, stage: str | None = None) -> None:
+        if stage in ("fit", None) and self.train_dataset is None:
+            self.train_dataset = self.build_train(self.train_transform)
+            self._check_batch_size(self.train_dataset)
+        if stage in ("fit", "validate", None) and self.eval_datasets is None:
+            splits = self.build_eval(self.eval_transform)
+            if splits is not None:
+                bank, queries = splits
+                self.eval_datasets = (self._bank_subset(bank), queries)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            self.setup("fit")
+        return self._loader(cast(Dataset, self.train_dataset), self.batch_size, train=True)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        if self.eval_datasets is None:
+            self.setup("validate")
+        if self.eval_datasets is None:
+            return []
+        return [self._loader(d, self.eval_batch_size, train=False) for d in self.eval_datasets]
+
+    # ------------------------------------------------------------------ helpers
+    def _loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
+        workers = self.num_workers > 0
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=train,
+            drop_last=train and self.drop_last,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            persistent_workers=self.persistent_workers and workers,
+            prefetch_factor=self.prefetch_factor if workers else None,
+        )
+
+    def _bank_subset(self, bank: Dataset) -> Dataset:
+        size = len(bank)  # type: ignore[arg-type]
+        if self.knn_train_subset is None or self.knn_train_subset >= size:
+            return bank
+        generator = torch.Generator().manual_seed(0)
+        indices = torch.randperm(size, generator=generator)[: self.knn_train_subset]
+        return Subset(bank, indices.sort().values.tolist())
+
+    def _check_batch_size(self, dataset: Dataset) -> None:
+        size = len(dataset)  # type: ignore[arg-type]
+        trainer = self.trainer
+        world = trainer.world_size if trainer is not None else 1
+        per_device = math.ceil(size / world)
+        if self.drop_last and self.batch_size > per_device:
+            split = f" split over {world} devices ({per_device} each)" if world > 1 else ""
+            raise ValueError(
+                f"batch_size={self.batch_size} (per device) is larger than the {size} training "
+                f"images{split} of {dataset}, and drop_last=True would drop every batch. "
+                "Lower batch_size or set drop_last: false."
+            )

@@ -1,0 +1,128 @@
+"""An ImageFolder-style dataset whose labels are optional, with clear errors for bad data.
+
+Labeled layout: ``root/<class>/<image>`` (classes sorted by name, as torchvision's ImageFolder).
+Unlabeled: every image under ``root`` (a flat folder, or class folders whose names are ignored),
+with target -1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from torch.utils.data import Dataset
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+UNLABELED = -1
+
+
+class CorruptImageError(RuntimeError):
+    """An image file exists but cannot be decoded."""
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """Open ``path`` as an RGB PIL image, fully decoded.
+
+    Raises:
+        CorruptImageError: naming the file, when it cannot be read or decoded.
+    """
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise CorruptImageError(
+            f"Cannot read image file {path}: {err}. Replace or delete this file."
+        ) from err
+
+
+def check_directory(path: str | Path, hint: str = "") -> Path:
+    """Return ``path`` as a Path if it is an existing directory.
+
+    Raises:
+        FileNotFoundError: naming the expected path, followed by ``hint`` (how to get the data).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"Data directory {path} {what}. {hint}".strip())
+    return path
+
+
+def find_images(root: Path) -> list[str]:
+    """All image files under ``root`` (recursive, hidden entries skipped), sorted."""
+    found = []
+    for directory, subdirs, files in os.walk(root, followlinks=True):
+        subdirs[:] = [d for d in subdirs if not d.startswith(".")]
+        found += [os.path.join(directory, f) for f in files
+                  if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS)]
+    return sorted(found)
+
+
+def has_class_folders(root: str | Path) -> bool:
+    """True if ``root`` holds sub-folders and no loose images (the labeled layout)."""
+    root = Path(root)
+    entries = [e for e in root.iterdir() if not e.name.startswith(".")]
+    subdirs = any(e.is_dir() for e in entries)
+    loose = any(e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS) for e in entries)
+    return subdirs and not loose
+
+
+class ImageFolderDataset(Dataset):
+    """Images under a folder, labeled by class sub-folder or unlabeled.
+
+    Args:
+        root: The folder.
+        labeled: ``True``: ``root/<class>/<image>`` with targets = class index (sorted names);
+            ``False``: every image under ``root`` with target -1; ``None``: labeled when ``root``
+            holds only sub-folders (no loose images).
+        transform: Applied to the PIL image (e.g. a :class:`MultiViewTransform`).
+        hint: Appended to the missing/empty-directory errors (how to get the data).
+
+    Raises:
+        FileNotFoundError: ``root`` is missing or holds no images.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        labeled: bool | None = None,
+        transform: Callable[[Image.Image], Any] | None = None,
+        hint: str = "",
+    ) -> None:
+        self.root = check_directory(root, hint)
+        self.labeled = has_class_folders(self.root) if labeled is None else labeled
+        self.transform = transform
+        if self.labeled:
+            self.classes = sorted(d.name for d in self.root.iterdir()
+                                  if d.is_dir() and not d.name.startswith("."))
+            self.samples = [(path, index) for index, name in enumerate(self.classes)
+                            for path in find_images(self.root / name)]
+        else:
+            self.classes = []
+            self.samples = [(path, UNLABELED) for path in find_images(self.root)]
+        if not self.samples:
+            layout = f"{self.root}/<class>/<image>" if self.labeled else f"{self.root}/<image>"
+            raise FileNotFoundError(
+                f"No images ({', '.join(IMAGE_EXTENSIONS)}) found in {self.root}; expected the "
+                f"layout {layout}. {hint}".strip()
+            )
+
+    @property
+    def targets(self) -> list[int]:
+        """The target of every sample (-1 when unlabeled)."""
+        return [target for _, target in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, target = self.samples[index]
+        image = load_image(path)
+        return (self.transform(image) if self.transform is not None else image), target
+
+    def __repr__(self) -> str:
+        kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"
+        return f"{type(self).__name__}({self.root}, {len(self)} images, {kind})"

@@ -1,0 +1,74 @@
+"""A data module for any image dataset stored as folders, labeled or not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset, Subset
+
+from ssl_lightning.data.base import SSLDataModule
+from ssl_lightning.data.datasets import ImageFolderDataset, check_directory, has_class_folders
+from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName
+
+
+class ImageFolderDataModule(SSLDataModule):
+    """Pre-training on ``train_dir``, evaluation on the labeled splits available.
+
+    ``train_dir`` is either labeled (``train_dir/<class>/<image>``) or unlabeled (a flat folder
+    of images, or any tree of images with ``train_labeled: false``). Evaluation (kNN bank /
+    queries):
+
+    - labeled train + ``val_dir``: bank = train images, queries = ``val_dir`` images;
+    - unlabeled train + ``val_dir``: the labeled ``val_dir`` is split in two halves, alternating
+      over its sorted (class, file) list (even positions = bank, odd = queries), so both halves
+      cover every class;
+    - no ``val_dir``: no validation loaders (``val_dataloader`` returns ``[]``).
+
+    Args:
+        train_dir: Folder of training images.
+        val_dir: Labeled folder ``val_dir/<class>/<image>`` for evaluation, or None.
+        train_labeled: Read class folders of ``train_dir`` as labels; None detects it (labeled
+            when ``train_dir`` holds only sub-folders). Unlabeled images get target -1.
+        preset: ``"imagenet"`` (224 px) or ``"cifar"`` (32 px) default transforms.
+        **kwargs: Loader and transform arguments of :class:`SSLDataModule`.
+    """
+
+    def __init__(
+        self,
+        train_dir: str,
+        val_dir: str | None = None,
+        train_labeled: bool | None = None,
+        preset: PresetName = "imagenet",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(preset=preset, **kwargs)
+        self.train_dir = Path(train_dir)
+        self.val_dir = Path(val_dir) if val_dir is not None else None
+        self.train_labeled = train_labeled
+
+    @property
+    def num_classes(self) -> int | None:  # type: ignore[override]
+        """Class folders of ``val_dir`` (or of a labeled ``train_dir``); None if unlabeled."""
+        folder = self.val_dir if self.val_dir is not None else self.train_dir
+        if folder is self.train_dir and not self._train_is_labeled():
+            return None
+        check_directory(folder)
+        return sum(1 for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+    def _train_is_labeled(self) -> bool:
+        if self.train_labeled is not None:
+            return self.train_labeled
+        return has_class_folders(check_directory(self.train_dir))
+
+    def build_train(self, transform: MultiViewTransform) -> Dataset:
+        return ImageFolderDataset(self.train_dir, labeled=self._train_is_labeled(),
+                                  transform=transform)
+
+    def build_eval(self, transform: EvalTransform) -> tuple[Dataset, Dataset] | None:
+        if self.val_dir is None:
+            return None
+        val = ImageFolderDataset(self.val_dir, labeled=True, transform=transform)
+        if self._train_is_labeled():
+            return ImageFolderDataset(self.train_dir, labeled=True, transform=transform), val
+        return Subset(val, range(0, len(val), 2)), Subset(val, range(1, len(val), 2))

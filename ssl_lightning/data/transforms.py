@@ -1,0 +1,297 @@
+"""View transforms built on ``torchvision.transforms.v2``.
+
+- :class:`MultiViewTransform`: the base class every training transform derives from. It maps one
+  image to a *list* of view tensors by running one pipeline per view; a subclass only builds that
+  list of pipelines (identical pipelines for SimCLR, asymmetric ones for BYOL, 2 global + N local
+  crops for multi-crop). Data modules put the list into the batch as ``views``.
+- :class:`SimCLRViews`: the SimCLR augmentation (Chen et al., "A Simple Framework for Contrastive
+  Learning of Visual Representations", ICML 2020, Appendix A): random resized crop, horizontal
+  flip, colour jitter (p=0.8, strength s), grayscale (p=0.2), Gaussian blur (ImageNet only) and
+  normalisation, with ``"cifar"`` (32 px, s=0.5, no blur; Appendix B.9) and ``"imagenet"``
+  (224 px, s=1.0, blur p=0.5) presets. :func:`simclr_augmentation` builds one such pipeline and is
+  meant to be reused by other view recipes.
+- :class:`EvalTransform`: single deterministic view for kNN / probe evaluation.
+- :class:`LinearEvalTransform`: the supervised training augmentation for linear evaluation
+  (random crop + flip), as a one-view :class:`MultiViewTransform`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torchvision.transforms import v2
+
+PresetName = Literal["cifar", "imagenet"]
+Triple = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Per-dataset defaults of the view transforms.
+
+    Attributes:
+        crop_size: Side of the (training and evaluation) crops.
+        resize_size: Shorter side the evaluation transform resizes to before the centre crop.
+        mean: Per-channel normalisation mean.
+        std: Per-channel normalisation standard deviation.
+        jitter_strength: SimCLR colour-distortion strength ``s``.
+        blur_p: Probability of the Gaussian blur.
+    """
+
+    crop_size: int
+    resize_size: int
+    mean: Triple
+    std: Triple
+    jitter_strength: float
+    blur_p: float
+
+
+PRESETS: dict[str, Preset] = {
+    # CIFAR-10 channel statistics; SimCLR B.9: colour strength 0.5, no blur for CIFAR-10.
+    "cifar": Preset(32, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 0.5, 0.0),
+    # ImageNet statistics; SimCLR Appendix A: s=1.0, blur with p=0.5; eval resize 256 -> crop 224.
+    "imagenet": Preset(224, 256, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 1.0, 0.5),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Return the preset called ``name``, with a clear error for an unknown name."""
+    if name not in PRESETS:
+        raise ValueError(f"Unknown transform preset {name!r}; choose one of {sorted(PRESETS)}.")
+    return PRESETS[name]
+
+
+def _check_probability(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value}.")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}.")
+
+
+def _to_normalized_tensor(mean: Sequence[float], std: Sequence[float]) -> list[Callable]:
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise ValueError(f"mean and std need 3 values each and std > 0; got {mean}, {std}.")
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+
+
+def simclr_augmentation(
+    crop_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+    jitter_strength: float = 1.0,
+    jitter_p: float = 0.8,
+    grayscale_p: float = 0.2,
+    blur_p: float = 0.0,
+    solarize_p: float = 0.0,
+    flip_p: float = 0.5,
+) -> v2.Compose:
+    """One SimCLR-style augmentation pipeline: PIL image or tensor -> normalised float tensor.
+
+    Crop, flip and colour jitter run on the input (on a PIL image these are the fastest kernels,
+    measured), grayscale/blur/solarize on a uint8 tensor, then conversion to float in [0, 1] and
+    normalisation.
+
+    Args:
+        crop_size: Output side of the random resized crop.
+        mean: Normalisation mean per channel.
+        std: Normalisation standard deviation per channel.
+        crop_scale: Range of the crop area as a fraction of the image area.
+        jitter_strength: Colour-distortion strength ``s``: brightness, contrast and saturation
+            0.8·s, hue 0.2·s (SimCLR Appendix A).
+        jitter_p: Probability of applying the colour jitter.
+        grayscale_p: Probability of converting to grayscale.
+        blur_p: Probability of a Gaussian blur with sigma in [0.1, 2] and a kernel 10% of the
+            crop size (odd).
+        solarize_p: Probability of solarising (threshold 128 on uint8, as in BYOL).
+        flip_p: Probability of a horizontal flip.
+
+    Returns:
+        The composed pipeline.
+    """
+    _check_positive("crop_size", crop_size)
+    if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+        raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {crop_scale}.")
+    if jitter_strength < 0:
+        raise ValueError(f"jitter_strength must be >= 0, got {jitter_strength}.")
+    for name, p in [("jitter_p", jitter_p), ("grayscale_p", grayscale_p), ("blur_p", blur_p),
+                    ("solarize_p", solarize_p), ("flip_p", flip_p)]:
+        _check_probability(name, p)
+    s = jitter_strength
+    steps: list[Callable] = [
+        v2.RandomResizedCrop(crop_size, scale=crop_scale, antialias=True),
+        v2.RandomHorizontalFlip(p=flip_p),
+        v2.RandomApply([v2.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)], p=jitter_p),
+        v2.ToImage(),
+        v2.RandomGrayscale(p=grayscale_p),
+    ]
+    if blur_p > 0:
+        kernel = int(0.1 * crop_size) // 2 * 2 + 1
+        steps.append(v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur_p))
+    if solarize_p > 0:
+        steps.append(v2.RandomSolarize(threshold=128, p=solarize_p))
+    return v2.Compose(steps + _to_normalized_tensor(mean, std))
+
+
+class MultiViewTransform:
+    """Base class of training transforms: one image in, a list of view tensors out.
+
+    Holds one pipeline per view and applies each to the same input image; the pipelines may be the
+    same object (fresh random parameters on every call) or differ per view. Subclasses build the
+    list and pass it to ``super().__init__``; the data modules collate the lists into
+    ``views``: a list of (B, C, H, W) tensors, one per position (views of different sizes are
+    fine as long as a position always has the same size).
+
+    Args:
+        transforms: One callable per view, each mapping an image to a (C, H, W) tensor.
+    """
+
+    def __init__(self, transforms: Sequence[Callable[[Any], Tensor]]) -> None:
+        if len(transforms) == 0:
+            raise ValueError("A MultiViewTransform needs at least one view pipeline, got none.")
+        self.transforms = list(transforms)
+
+    @property
+    def num_views(self) -> int:
+        """Number of views returned per image."""
+        return len(self.transforms)
+
+    def __call__(self, image: Any) -> list[Tensor]:
+        return [transform(image) for transform in self.transforms]
+
+    def __repr__(self) -> str:
+        lines = "\n".join(f"  view {i}: {t}" for i, t in enumerate(self.transforms))
+        return f"{type(self).__name__}(\n{lines}\n)"
+
+
+class SimCLRViews(MultiViewTransform):
+    """``num_views`` independent draws of the SimCLR augmentation (Chen et al., 2020).
+
+    Arguments left as ``None`` take the preset's value (see :data:`PRESETS`).
+
+    Args:
+        preset: ``"cifar"`` (32 px, s=0.5, no blur) or ``"imagenet"`` (224 px, s=1.0, blur 0.5).
+        num_views: Number of views per image.
+        crop_size: Crop side; preset default if None.
+        crop_scale: Area range of the random resized crop.
+        jitter_strength: Colour-distortion strength ``s``; preset default if None.
+        jitter_p: Probability of the colour jitter.
+        grayscale_p: Probability of grayscale conversion.
+        blur_p: Probability of Gaussian blur; preset default if None.
+        solarize_p: Probability of solarisation.
+        mean: Normalisation mean; preset default if None.
+        std: Normalisation standard deviation; preset default if None.
+    """
+
+    def __init__(
+        self,
+        preset: PresetName = "cifar",
+        num_views: int = 2,
+        crop_size: int | None = None,
+        crop_scale: tuple[float, float] = (0.08, 1.0),
+        jitter_strength: float | None = None,
+        jitter_p: float = 0.8,
+        grayscale_p: float = 0.2,
+        blur_p: float | None = None,
+        solarize_p: float = 0.0,
+        mean: Triple | None = None,
+        std: Triple | None = None,
+    ) -> None:
+        _check_positive("num_views", num_views)
+        p = get_preset(preset)
+        pipeline = simclr_augmentation(
+            crop_size=crop_size if crop_size is not None else p.crop_size,
+            mean=mean if mean is not None else p.mean,
+            std=std if std is not None else p.std,
+            crop_scale=crop_scale,
+            jitter_strength=jitter_strength if jitter_strength is not None else p.jitter_strength,
+            jitter_p=jitter_p,
+            grayscale_p=grayscale_p,
+            blur_p=blur_p if blur_p is not None else p.blur_p,
+            solarize_p=solarize_p,
+        )
+        super().__init__([pipeline] * num_views)
+
+
+class EvalTransform:
+    """Deterministic single view for evaluation: resize, centre crop, normalise.
+
+    Args:
+        preset: ``"cifar"`` (32 -> 32, i.e. unchanged for CIFAR images) or ``"imagenet"``
+            (resize to 256, centre crop 224).
+        crop_size: Side of the centre crop; preset default if None.
+        resize_size: Shorter side after resizing; preset default if None.
+        mean: Normalisation mean; preset default if None.
+        std: Normalisation standard deviation; preset default if None.
+    """
+
+    def __init__(
+        self,
+        preset: PresetName = "cifar",
+        crop_size: int | None = None,
+        resize_size: int | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
+    ) -> None:
+        p = get_preset(preset)
+        crop = crop_size if crop_size is not None else p.crop_size
+        resize = resize_size if resize_size is not None else p.resize_size
+        _check_positive("crop_size", crop)
+        if resize < crop:
+            raise ValueError(f"resize_size ({resize}) must be >= crop_size ({crop}).")
+        self.transform = v2.Compose([
+            v2.ToImage(),
+            v2.Resize(resize, antialias=True),
+            v2.CenterCrop(crop),
+            *_to_normalized_tensor(mean if mean is not None else p.mean,
+                                   std if std is not None else p.std),
+        ])
+
+    def __call__(self, image: Any) -> Tensor:
+        return self.transform(image)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.transform})"
+
+
+class LinearEvalTransform(MultiViewTransform):
+    """Supervised training augmentation for linear evaluation, as one view.
+
+    CIFAR: random 32 px crop with 4 px zero padding + flip; ImageNet: random resized crop 224 +
+    flip (the standard linear-evaluation protocol, e.g. SimCLR Appendix B.5). It returns a
+    one-element list so that training batches keep the ``(views, targets)`` shape.
+
+    Args:
+        preset: ``"cifar"`` or ``"imagenet"``.
+        crop_size: Crop side; preset default if None.
+        mean: Normalisation mean; preset default if None.
+        std: Normalisation standard deviation; preset default if None.
+    """
+
+    def __init__(
+        self,
+        preset: PresetName = "cifar",
+        crop_size: int | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
+    ) -> None:
+        p = get_preset(preset)
+        crop = crop_size if crop_size is not None else p.crop_size
+        _check_positive("crop_size", crop)
+        crop_step = (v2.RandomCrop(crop, padding=4) if preset == "cifar"
+                     else v2.RandomResizedCrop(crop, antialias=True))
+        pipeline = v2.Compose([
+            v2.ToImage(),
+            crop_step,
+            v2.RandomHorizontalFlip(),
+            *_to_normalized_tensor(mean if mean is not None else p.mean,
+                                   std if std is not None else p.std),
+        ])
+        super().__init__([pipeline])
