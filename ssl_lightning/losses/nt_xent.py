@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
+
 
 class NTXentLoss(nn.Module):
     """Symmetric NT-Xent over two views, with optional candidates gathered from all ranks.
@@ -23,13 +25,19 @@ class NTXentLoss(nn.Module):
     Args:
         temperature: Softmax temperature T > 0 (0.5 in the SimCLR paper for CIFAR, 0.1-0.2 for
             ImageNet with large batches).
+        chunk_size: ``None`` computes the dense (2B × 2WB) logit matrix; an int computes the
+            log-sum-exp over blocks of that many anchor rows and recomputes them in the backward
+            pass (:func:`chunked_logsumexp`), so peak memory is ~chunk_size × 2WB × 4 bytes.
     """
 
-    def __init__(self, temperature: float = 0.2) -> None:
+    def __init__(self, temperature: float = 0.2, chunk_size: int | None = None) -> None:
         super().__init__()
         if not temperature > 0:
             raise ValueError(f"NTXentLoss temperature must be > 0, got {temperature}.")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"NTXentLoss chunk_size must be >= 1 or None, got {chunk_size}.")
         self.temperature = temperature
+        self.chunk_size = chunk_size
 
     def forward(
         self,
@@ -67,10 +75,16 @@ class NTXentLoss(nn.Module):
         with torch.autocast(device_type=z1.device.type, enabled=False):
             anchors = F.normalize(torch.cat([z1, z2]).float(), dim=1)
             candidates = F.normalize(torch.cat([z1_all, z2_all]).float(), dim=1)
-            logits = anchors @ candidates.T / self.temperature
             local = torch.arange(batch, device=z1.device) + rank_offset
             self_index = torch.cat([local, local + n_global])
             positive_index = torch.cat([local + n_global, local])
+            if self.chunk_size is not None:
+                lse = chunked_logsumexp(
+                    anchors, candidates, self.temperature, self_index, self.chunk_size
+                )
+                positives = (anchors * candidates[positive_index]).sum(dim=1) / self.temperature
+                return (lse - positives).mean()
+            logits = anchors @ candidates.T / self.temperature
             rows = torch.arange(2 * batch, device=z1.device)
             logits[rows, self_index] = torch.finfo(logits.dtype).min
             return F.cross_entropy(logits, positive_index)

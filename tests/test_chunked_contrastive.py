@@ -1,0 +1,156 @@
+"""The chunked (memory-efficient) log-sum-exp and NT-Xent: equal to the dense version and to a
+plain-loop reference of SimCLR Eq. (1), in loss and gradients, also with gathered candidates and
+under 2-process DDP."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from distributed_utils import average_gradients_like_ddp, run_in_processes
+
+from ssl_lightning.distributed import all_gather_no_grad, all_gather_with_grad
+from ssl_lightning.losses import NTXentLoss
+from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
+
+
+def _nt_xent_reference(z1: np.ndarray, z2: np.ndarray, temperature: float) -> float:
+    """SimCLR Eq. (1) with plain loops over the 2N samples, float64."""
+    z = np.concatenate([z1, z2]).astype(np.float64)
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    n = len(z1)
+    total = 0.0
+    for i in range(2 * n):
+        j = (i + n) % (2 * n)
+        denominator = sum(math.exp(z[i] @ z[k] / temperature) for k in range(2 * n) if k != i)
+        total += -math.log(math.exp(z[i] @ z[j] / temperature) / denominator)
+    return total / (2 * n)
+
+
+@pytest.mark.parametrize("n,chunk_size", [(5, 1), (5, 3), (8, 4), (8, 16), (13, 5), (16, 1024)])
+def test_chunked_nt_xent_matches_loop_reference_and_dense_gradients(n: int, chunk_size: int):
+    g = torch.Generator().manual_seed(n * 100 + chunk_size)
+    z1 = torch.randn(n, 7, generator=g, requires_grad=True)
+    z2 = torch.randn(n, 7, generator=g, requires_grad=True)
+    temperature = 0.3
+    chunked = NTXentLoss(temperature, chunk_size=chunk_size)(z1, z2)
+    grads_chunked = torch.autograd.grad(chunked, [z1, z2])
+    dense = NTXentLoss(temperature)(z1, z2)
+    grads_dense = torch.autograd.grad(dense, [z1, z2])
+    reference = _nt_xent_reference(z1.detach().numpy(), z2.detach().numpy(), temperature)
+    assert chunked.dtype == torch.float32
+    assert chunked.item() == pytest.approx(reference, abs=1e-5)
+    torch.testing.assert_close(chunked, dense, atol=1e-6, rtol=0)
+    for a, b in zip(grads_chunked, grads_dense, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_size", [2, 5, 6, 64])
+def test_chunked_nt_xent_with_gathered_candidates(chunk_size: int):
+    """Local anchors vs candidates gathered from 3 ranks (this rank is rank 1): loss and the
+    gradients into the local tensors AND the gathered ones match the dense loss."""
+    batch, world, rank = 3, 3, 1
+    g = torch.Generator().manual_seed(chunk_size)
+    leaves = [torch.randn(n, 5, generator=g, requires_grad=True)
+              for n in (batch, batch, world * batch, world * batch)]
+    results = []
+    for size in (chunk_size, None):
+        loss = NTXentLoss(0.2, chunk_size=size)(*leaves, rank_offset=rank * batch)
+        results.append((loss, torch.autograd.grad(loss, leaves)))
+    (loss_c, grads_c), (loss_d, grads_d) = results
+    torch.testing.assert_close(loss_c, loss_d, atol=1e-6, rtol=0)
+    for a, b in zip(grads_c, grads_d, strict=True):
+        assert b.abs().max() > 1e-3  # every input, the gathered ones too, gets a gradient
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("with_exclude", [True, False])
+@pytest.mark.parametrize("chunk_size", [1, 4, 7, 100])
+def test_chunked_logsumexp_matches_torch(with_exclude: bool, chunk_size: int):
+    g = torch.Generator().manual_seed(chunk_size)
+    anchors = (torch.randn(9, 6, generator=g) / 6**0.5).requires_grad_()  # about unit norm
+    candidates = (torch.randn(14, 6, generator=g) / 6**0.5).requires_grad_()
+    exclude = torch.randint(0, 14, (9,), generator=g) if with_exclude else None
+    weights = torch.randn(9, generator=g)
+    lse = chunked_logsumexp(anchors, candidates, 0.5, exclude, chunk_size)
+    grads = torch.autograd.grad((lse * weights).sum(), [anchors, candidates])
+    logits = anchors @ candidates.T / 0.5
+    if exclude is not None:
+        logits = logits.index_put((torch.arange(9), exclude), torch.tensor(float("-inf")))
+    expected = torch.logsumexp(logits, dim=1)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), [anchors, candidates])
+    torch.testing.assert_close(lse, expected, atol=1e-6, rtol=0)
+    for a, b in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_chunked_is_fp32_under_bf16_inputs():
+    anchors = torch.randn(6, 4).bfloat16()
+    lse = chunked_logsumexp(anchors, anchors, 0.1, torch.arange(6), 4)
+    expected = chunked_logsumexp(anchors.float(), anchors.float(), 0.1, torch.arange(6), 4)
+    assert lse.dtype == torch.float32
+    torch.testing.assert_close(lse, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kwargs", [{"chunk_size": 0}, {"temperature": 0.0}])
+def test_invalid_hyperparameters_are_rejected(kwargs: dict):
+    with pytest.raises(ValueError, match=str(next(iter(kwargs.values())))):
+        NTXentLoss(**kwargs)
+    with pytest.raises(ValueError):
+        chunked_logsumexp(torch.ones(2, 2), torch.ones(2, 2), **{"temperature": 0.5, **kwargs})
+
+
+# ------------------------------------------------------------------------- 2-process DDP
+_BATCH, _WORLD, _CHUNK = 4, 2, 3
+
+
+def _data_and_model() -> tuple[torch.Tensor, torch.Tensor, torch.nn.Linear]:
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(_WORLD * _BATCH, 6, generator=g)
+    x2 = torch.randn(_WORLD * _BATCH, 6, generator=g)
+    torch.manual_seed(1)
+    return x1, x2, torch.nn.Linear(6, 5)
+
+
+def _gather_own_slice_only(z: torch.Tensor, rank: int) -> torch.Tensor:
+    """Known-bad gather: its backward keeps only the gradient of this rank's own loss."""
+    gathered = all_gather_no_grad(z.detach())
+    return torch.cat([gathered[: rank * len(z)], z, gathered[(rank + 1) * len(z):]])
+
+
+def _ddp_rank(rank: int, world_size: int, variant: str) -> tuple[torch.Tensor, list]:
+    x1, x2, model = _data_and_model()
+    local = slice(rank * _BATCH, (rank + 1) * _BATCH)
+    z1, z2 = model(x1[local]), model(x2[local])
+    if variant == "good":
+        z1_all, z2_all = all_gather_with_grad(z1), all_gather_with_grad(z2)
+    else:
+        z1_all, z2_all = _gather_own_slice_only(z1, rank), _gather_own_slice_only(z2, rank)
+    loss = NTXentLoss(0.5, chunk_size=_CHUNK)(z1, z2, z1_all, z2_all, rank * _BATCH)
+    loss.backward()
+    average_gradients_like_ddp(model)
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+def _ddp_both_variants(rank: int, world_size: int) -> dict:
+    return {variant: _ddp_rank(rank, world_size, variant) for variant in ("good", "bad")}
+
+
+def test_chunked_nt_xent_two_process_ddp_equals_single_process():
+    x1, x2, model = _data_and_model()
+    loss = NTXentLoss(0.5)(model(x1), model(x2))  # dense, whole global batch, one process
+    loss.backward()
+    expected_grads = [p.grad for p in model.parameters()]
+    results = run_in_processes(_ddp_both_variants, _WORLD)
+    good = [r["good"] for r in results]
+    torch.testing.assert_close(torch.stack([r[0] for r in good]).mean(), loss.detach(),
+                               atol=1e-6, rtol=0)
+    for rank_result in good:
+        for a, b in zip(rank_result[1], expected_grads, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    # The same test catches a gather whose backward drops the other ranks' gradients.
+    bad_grads = results[0]["bad"][1]
+    pairs = zip(bad_grads, expected_grads, strict=True)
+    assert max((a - b).abs().max().item() for a, b in pairs) > 1e-3
