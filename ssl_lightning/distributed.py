@@ -81,6 +81,16 @@ def all_reduce_sum_with_grad(x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def all_reduce_sum_no_grad(x: Tensor) -> Tensor:
+    """Sum ``x`` over ranks outside autograd (SwAV Sinkhorn normalisers)."""
+    if not is_distributed():
+        return x
+    y = x.clone()
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y
+
+
+@torch.no_grad()
 def all_reduce_mean_no_grad(x: Tensor) -> Tensor:
     """Average ``x`` over ranks outside autograd (DINO centre, metrics)."""
     if not is_distributed():

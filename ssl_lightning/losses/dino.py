@@ -1,0 +1,97 @@
+"""DINO self-distillation loss with a centred, sharpened teacher.
+
+Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021, §3.1 and
+Algorithm 1: for every pair of crops (teacher crop t among the global crops, student crop s among
+all crops, s ≠ t), ``H(P_t, P_s) = −Σ_k P_t[k] log P_s[k]`` with
+``P_t = softmax((g_t − c)/τ_t)`` and ``P_s = softmax(g_s/τ_s)``; the loss is the mean over the
+batch and over the number of pairs. The centre ``c`` is an EMA (momentum m, 0.9) of the batch
+mean of the teacher outputs, updated *after* the loss.
+
+Under DDP each rank averages over its own samples while the centre uses the batch mean averaged
+over ranks, so the loss (mean over ranks), its gradients and the centre equal the single-process
+ones on the global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssl_lightning.distributed import all_reduce_mean_no_grad
+
+
+class DINOLoss(nn.Module):
+    """Cross-entropy between centred/sharpened teacher and student distributions over crop pairs.
+
+    The centre is a persistent fp32 buffer (saved in checkpoints); it is updated in
+    :meth:`forward` while the module is in training mode.
+
+    Args:
+        out_dim: Number of prototypes K (size of the head output).
+        student_temperature: τ_s > 0 (0.1).
+        center_momentum: m in [0, 1) of the centre EMA (0.9).
+    """
+
+    center: Tensor
+
+    def __init__(
+        self, out_dim: int, student_temperature: float = 0.1, center_momentum: float = 0.9
+    ) -> None:
+        super().__init__()
+        if out_dim < 1:
+            raise ValueError(f"DINOLoss out_dim must be >= 1, got {out_dim}.")
+        if not student_temperature > 0:
+            raise ValueError(f"student_temperature must be > 0, got {student_temperature}.")
+        if not 0 <= center_momentum < 1:
+            raise ValueError(f"center_momentum must be in [0, 1), got {center_momentum}.")
+        self.student_temperature = student_temperature
+        self.center_momentum = center_momentum
+        self.register_buffer("center", torch.zeros(1, out_dim, dtype=torch.float32))
+
+    def forward(
+        self, student: Sequence[Tensor], teacher: Sequence[Tensor], teacher_temperature: float
+    ) -> Tensor:
+        """Mean DINO loss over this rank's samples.
+
+        Args:
+            student: Student head outputs, one (B, K) tensor per crop; the first
+                ``len(teacher)`` crops are the global crops the teacher saw, in the same order.
+            teacher: Teacher head outputs (no gradient needed), one (B, K) tensor per global crop.
+            teacher_temperature: τ_t > 0 for this step (the method applies the warm-up).
+
+        Returns:
+            Scalar loss in fp32.
+        """
+        if not teacher_temperature > 0:
+            raise ValueError(f"teacher_temperature must be > 0, got {teacher_temperature}.")
+        if len(teacher) < 1 or len(student) < 2 or len(student) < len(teacher):
+            raise ValueError(
+                f"DINOLoss needs >= 1 teacher crop and >= 2 student crops including the teacher's"
+                f", got {len(teacher)} teacher and {len(student)} student crops."
+            )
+        with torch.autocast(device_type=self.center.device.type, enabled=False):
+            teacher_fp32 = torch.stack([t.detach().float() for t in teacher])
+            targets = F.softmax((teacher_fp32 - self.center) / teacher_temperature, dim=-1)
+            total = teacher_fp32.new_zeros(())
+            terms = 0
+            for s_idx, s in enumerate(student):
+                log_p = F.log_softmax(s.float() / self.student_temperature, dim=-1)
+                for t_idx in range(len(teacher)):
+                    if t_idx == s_idx:
+                        continue
+                    total = total + (-(targets[t_idx] * log_p).sum(dim=-1)).mean()
+                    terms += 1
+            loss = total / terms
+        if self.training:
+            self.update_center(teacher_fp32)
+        return loss
+
+    @torch.no_grad()
+    def update_center(self, teacher: Tensor) -> None:
+        """``c ← m·c + (1 − m)·mean(teacher)``, the mean over all crops, samples and ranks."""
+        local_mean = teacher.float().flatten(0, -2).mean(dim=0, keepdim=True)
+        batch_center = all_reduce_mean_no_grad(local_mean)
+        self.center.mul_(self.center_momentum).add_(batch_center, alpha=1 - self.center_momentum)

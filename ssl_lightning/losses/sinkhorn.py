@@ -1,0 +1,50 @@
+"""Sinkhorn-Knopp equipartition of a batch over K prototypes, exact across ranks.
+
+Caron et al., "Unsupervised Learning of Visual Features by Contrasting Cluster Assignments",
+NeurIPS 2020, §3.1 and Algorithm 1 (after Cuturi, 2013): ``Q = exp(C^T Z / ε)`` normalised
+alternately so that every prototype receives 1/K of the mass (rows) and every sample 1/B
+(columns); after the last column step the columns are rescaled to sum to 1, giving soft codes.
+
+Under DDP each rank holds B_r columns; the row sums and the total are summed over ranks, so N
+processes produce exactly the codes one process computes on the concatenated scores.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssl_lightning.distributed import all_gather_no_grad, all_reduce_sum_no_grad, world_size
+
+
+@torch.no_grad()
+def sinkhorn_knopp(scores: Tensor, epsilon: float = 0.05, iterations: int = 3) -> Tensor:
+    """Soft assignments (B, K) of this rank's samples, each row summing to 1.
+
+    Args:
+        scores: Prototype scores (B, K) of this rank (all ranks have the same B).
+        epsilon: Entropic regularisation ε > 0 (0.05).
+        iterations: Number of row+column normalisation rounds (3).
+
+    Returns:
+        Codes in fp32, computed outside autograd and autocast.
+    """
+    if not epsilon > 0:
+        raise ValueError(f"Sinkhorn epsilon must be > 0, got {epsilon}.")
+    if iterations < 1:
+        raise ValueError(f"Sinkhorn iterations must be >= 1, got {iterations}.")
+    with torch.autocast(device_type=scores.device.type, enabled=False):
+        logits = scores.float() / epsilon
+        # A constant shift shared by all ranks cancels in the first normalisation; it keeps
+        # exp() finite for small epsilon.
+        shift = all_gather_no_grad(logits.max().reshape(1)).max()
+        q = torch.exp(logits - shift).T  # (K, B)
+        num_prototypes, total_samples = q.shape[0], q.shape[1] * world_size()
+        q /= all_reduce_sum_no_grad(q.sum())
+        for _ in range(iterations):
+            q /= all_reduce_sum_no_grad(q.sum(dim=1, keepdim=True))
+            q /= num_prototypes
+            q /= q.sum(dim=0, keepdim=True)
+            q /= total_samples
+        q *= total_samples
+        return q.T
