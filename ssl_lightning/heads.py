@@ -76,3 +76,22 @@ class ProjectionHead(nn.Module):
 
     def forward(self, x):  # type: ignore[no-untyped-def]
         return self.mlp(x)
+
+
+class PredictionHead(ProjectionHead):
+    """MLP predictor q(·) on the online/query branch of BYOL (Grill et al., 2020, §3.3:
+    Linear(4096)-BN-ReLU-Linear(256)) and MoCo v3 (Chen, Xie & He, ICCV 2021, §4: 2 layers with
+    an affine-free BN on the output). Same layout and arguments as :class:`ProjectionHead`; maps
+    the projection space to itself by default.
+    """
+
+    def __init__(
+        self,
+        in_dim: int = 256,
+        hidden_dim: int = 4096,
+        out_dim: int = 256,
+        num_layers: int = 2,
+        batch_norm: bool = True,
+        last_batch_norm: bool = False,
+    ) -> None:
+        super().__init__(in_dim, hidden_dim, out_dim, num_layers, batch_norm, last_batch_norm)

@@ -1,0 +1,56 @@
+"""The contrastive loss of MoCo v3: in-batch keys gathered from all ranks, scaled by 2T.
+
+Chen, Xie & He, "An Empirical Study of Training Self-Supervised Vision Transformers", ICCV 2021,
+Algorithm 1: ``ctr(q, k) = CrossEntropy(q·k_all^T / T, labels) · 2T`` where ``k_all`` are the
+L2-normalised keys of the whole (global) batch, ``labels`` index each query's own key (offset by
+the rank's position in the gathered batch), and the total loss is ``ctr(q1, k2) + ctr(q2, k1)``.
+(The 2T factor follows Algorithm 1 of the paper.)
+
+Keys come from the momentum encoder and carry no gradient, so under DDP each rank's loss is the
+mean over its own queries and DDP's gradient averaging gives the global-batch gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class MoCoV3Loss(nn.Module):
+    """One direction ``ctr(q, k)`` of the MoCo v3 loss.
+
+    Args:
+        temperature: Softmax temperature T > 0 (1.0 for ResNet, 0.2 for ViT in the paper).
+    """
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"MoCoV3Loss temperature must be > 0, got {temperature}.")
+        self.temperature = temperature
+
+    def forward(self, query: Tensor, keys_all: Tensor, rank_offset: int = 0) -> Tensor:
+        """``2T ·`` mean cross-entropy of the local queries over all gathered keys.
+
+        Args:
+            query: Local queries (B, D); gradients flow through them.
+            keys_all: Keys of the global batch (W·B, D) in rank-major order; detached here.
+            rank_offset: Index of this rank's first sample in ``keys_all`` (rank · B).
+
+        Returns:
+            Scalar loss, computed in fp32 even under autocast.
+        """
+        batch, n_global = query.shape[0], keys_all.shape[0]
+        if query.dim() != 2 or keys_all.shape[1:] != query.shape[1:]:
+            raise ValueError(f"MoCoV3Loss expects (B, D) queries and (N, D) keys, got "
+                             f"{tuple(query.shape)} and {tuple(keys_all.shape)}.")
+        if rank_offset < 0 or rank_offset + batch > n_global:
+            raise ValueError(f"rank_offset {rank_offset} with local batch {batch} does not fit in "
+                             f"the {n_global} gathered keys.")
+        with torch.autocast(device_type=query.device.type, enabled=False):
+            q = F.normalize(query.float(), dim=1)
+            k = F.normalize(keys_all.detach().float(), dim=1)
+            labels = torch.arange(batch, device=q.device) + rank_offset
+            loss = F.cross_entropy(q @ k.T / self.temperature, labels)
+            return loss * (2 * self.temperature)
