@@ -8,8 +8,10 @@ from ssl_lightning.callbacks import *  # noqa: F401,F403
 from ssl_lightning.callbacks import __all__ as _callbacks
 from ssl_lightning.data import *  # noqa: F401,F403
 from ssl_lightning.data import __all__ as _data
+from ssl_lightning.evaluation import *  # noqa: F401,F403
+from ssl_lightning.evaluation import __all__ as _evaluation
 from ssl_lightning.methods import *  # noqa: F401,F403
 from ssl_lightning.methods import __all__ as _methods
 
 __version__ = "0.1.0"
-__all__ = ["ResNet", "SmallConvNet", "ViT", *_methods, *_callbacks, *_data]
+__all__ = ["ResNet", "SmallConvNet", "ViT", *_methods, *_callbacks, *_data, *_evaluation]

@@ -1,0 +1,17 @@
+"""Evaluation of pre-trained backbones: linear eval, kNN eval, export, embedding pictures."""
+
+from ssl_lightning.evaluation.checkpoint import backbone_state_dict, load_backbone
+from ssl_lightning.evaluation.embedding_plot import EmbeddingPlot, pca_2d
+from ssl_lightning.evaluation.export import export_backbone
+from ssl_lightning.evaluation.knn_eval import KNNEval
+from ssl_lightning.evaluation.linear import LinearEval
+
+__all__ = [
+    "EmbeddingPlot",
+    "KNNEval",
+    "LinearEval",
+    "backbone_state_dict",
+    "export_backbone",
+    "load_backbone",
+    "pca_2d",
+]

@@ -1,0 +1,112 @@
+"""Load the backbone of a pre-training checkpoint, with errors that say what is wrong.
+
+Every method in :mod:`ssl_lightning.methods` keeps its feature extractor in ``self.backbone`` and
+saves its hyperparameters *without* it, so a checkpoint's ``state_dict`` holds the backbone under
+``backbone.*`` and the backbone's class comes from the evaluation config. EMA methods also hold a
+teacher copy; pass its prefix (e.g. ``"teacher_backbone."``) to evaluate the teacher instead.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+DEFAULT_PREFIX = "backbone."
+
+
+def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+    """The ``state_dict`` of a Lightning checkpoint file, on the CPU.
+
+    The file is read with ``torch.load(weights_only=True)``: tensors and plain containers only,
+    no arbitrary code.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: The file is not a torch file, or not a Lightning checkpoint (no ``state_dict``).
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Checkpoint file not found: {path!r}.")
+    try:
+        checkpoint: Any = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+        raise ValueError(
+            f"{path!r} is not a readable PyTorch Lightning checkpoint ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''})."
+        ) from err
+    if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
+        found = sorted(checkpoint)[:8] if isinstance(checkpoint, Mapping) else type(checkpoint)
+        raise ValueError(
+            f"{path!r} is not a PyTorch Lightning checkpoint: it has no 'state_dict' entry "
+            f"(found {found}). Pass the .ckpt written by `python -m ssl_lightning fit`."
+        )
+    return dict(checkpoint["state_dict"])
+
+
+def backbone_state_dict(
+    path: str | os.PathLike, prefix: str = DEFAULT_PREFIX
+) -> dict[str, Tensor]:
+    """The backbone weights of a checkpoint, with ``prefix`` stripped from their names.
+
+    Raises:
+        FileNotFoundError, ValueError: See :func:`load_checkpoint_state_dict`; also a
+            ``ValueError`` when no key starts with ``prefix``.
+    """
+    state = load_checkpoint_state_dict(path)
+    backbone = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    if not backbone:
+        tops = sorted({k.split(".", 1)[0] + "." for k in state})
+        raise ValueError(
+            f"Checkpoint {os.fspath(path)!r} has no weights under {prefix!r} (its state_dict has "
+            f"{tops}). Is it a checkpoint of an ssl_lightning method? Choose the prefix of the "
+            "backbone to evaluate with checkpoint_prefix."
+        )
+    return backbone
+
+
+def check_compatible(module: nn.Module, state: Mapping[str, Tensor], source: str) -> None:
+    """Raise a ``ValueError`` unless ``state`` fits ``module`` key for key and shape for shape.
+
+    The message names the first mismatching key with both shapes, or the missing/unexpected keys.
+    """
+    expected = module.state_dict()
+    for key, value in state.items():
+        if key in expected and expected[key].shape != value.shape:
+            raise ValueError(
+                f"Backbone shape mismatch for {key!r}: the checkpoint {source} has "
+                f"{tuple(value.shape)}, the configured backbone ({type(module).__name__}) has "
+                f"{tuple(expected[key].shape)}. Configure the backbone the checkpoint was "
+                "trained with."
+            )
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        raise ValueError(
+            f"The checkpoint {source} does not match the configured backbone "
+            f"({type(module).__name__}): {len(missing)} missing keys {missing[:5]}, "
+            f"{len(unexpected)} unexpected keys {unexpected[:5]}. Configure the backbone the "
+            "checkpoint was trained with."
+        )
+
+
+def load_backbone(
+    backbone: nn.Module, path: str | os.PathLike, prefix: str = DEFAULT_PREFIX
+) -> nn.Module:
+    """Copy the ``prefix`` weights of the checkpoint at ``path`` into ``backbone`` (strictly).
+
+    Returns:
+        ``backbone``, loaded in place.
+
+    Raises:
+        FileNotFoundError: Missing file.
+        ValueError: Not a Lightning checkpoint, no ``prefix`` keys, or a key/shape mismatch.
+    """
+    state = backbone_state_dict(path, prefix)
+    check_compatible(backbone, state, f"{os.fspath(path)!r}")
+    backbone.load_state_dict(state)
+    return backbone

@@ -1,0 +1,124 @@
+"""2-D PCA pictures of validation embeddings, coloured by class.
+
+PCA (Pearson, 1901) of the L2-normalised features through an exact SVD: linear, deterministic
+and dependency-free; t-SNE/UMAP would add a dependency and many knobs for a sanity picture.
+Matplotlib (``pip install ssl_lightning[plots]``) is imported only when a picture is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from pytorch_lightning.loggers import TensorBoardLogger
+from torch import Tensor
+
+from ssl_lightning.evaluation.features import ValFeatureCollector
+
+
+def pca_2d(features: Tensor) -> Tensor:
+    """Project ``features`` (N, D) on their first two principal components -> (N, 2).
+
+    Features are L2-normalised (the geometry the kNN evaluation uses) and centred; each
+    component's sign is fixed so that its largest loading is positive.
+    """
+    x = F.normalize(features.double(), dim=1)
+    x = x - x.mean(dim=0)
+    _, _, vh = torch.linalg.svd(x, full_matrices=False)
+    components = vh[:2]
+    signs = torch.sign(components.gather(1, components.abs().argmax(dim=1, keepdim=True)))
+    return (x @ (components * signs).T).float()
+
+
+def plot_embeddings(
+    points: Tensor,
+    targets: Tensor,
+    title: str = "",
+    class_names: Sequence[str] | None = None,
+) -> np.ndarray:
+    """Scatter plot of 2-D ``points`` coloured by ``targets``; returns the RGB image (H, W, 3)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.5), dpi=90)
+    try:
+        cmap = plt.get_cmap("tab10" if int(targets.max()) < 10 else "tab20")
+        for c in torch.unique(targets).tolist():
+            sel = targets == c
+            label = class_names[c] if class_names is not None and 0 <= c < len(class_names) else c
+            ax.scatter(points[sel, 0], points[sel, 1], s=3, color=cmap(c % cmap.N), label=label)
+        ax.set_xlabel("PC 1")
+        ax.set_ylabel("PC 2")
+        ax.set_title(title, fontsize=9)
+        ax.legend(markerscale=3, fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
+        fig.tight_layout()
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+    finally:
+        plt.close(fig)
+
+
+class EmbeddingPlot(ValFeatureCollector):
+    """Writes a PCA picture of the val embeddings at the end of fit and of validate.
+
+    The PNG goes to ``dirpath`` (default: the logger's directory) as
+    ``embeddings_<stage>_epoch<E>.png``, and to TensorBoard as the image ``val/embeddings``.
+
+    Args:
+        dirpath: Folder of the PNG files; ``None``: ``trainer.log_dir``.
+        class_names: Legend labels (index -> name); ``None``: class indices.
+        dataloader_idx: Val dataloader to draw (``-1``: the last, the val split).
+        max_samples: Points drawn.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        class_names: list[str] | None = None,
+        dataloader_idx: int = -1,
+        max_samples: int = 5000,
+    ) -> None:
+        super().__init__(dataloader_idx, max_samples)
+        self.dirpath = dirpath
+        self.class_names = class_names
+        self._latest: tuple[Tensor, Tensor, int] | None = None
+        self.last_path: str | None = None
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        collected = self.collected()
+        if collected is None or trainer.sanity_checking:
+            return
+        features, targets = collected
+        self._latest = (pca_2d(features).cpu(), targets.cpu(), trainer.current_epoch)
+        if trainer.state.fn != "fit":
+            self.draw(trainer, str(trainer.state.fn))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.draw(trainer, "fit")
+
+    def draw(self, trainer: pl.Trainer, stage: str) -> None:
+        """Write the latest picture (rank 0 only) as PNG and to TensorBoard loggers."""
+        if self._latest is None or not trainer.is_global_zero:
+            return
+        points, targets, epoch = self._latest
+        image = plot_embeddings(
+            points, targets, f"PCA of val embeddings ({stage}, epoch {epoch}, n={len(targets)})",
+            self.class_names,
+        )
+        dirpath = self.dirpath or trainer.log_dir or trainer.default_root_dir
+        os.makedirs(dirpath, exist_ok=True)
+        self.last_path = os.path.join(dirpath, f"embeddings_{stage}_epoch{epoch:03d}.png")
+        from PIL import Image
+
+        Image.fromarray(image).save(self.last_path)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_image(
+                    "val/embeddings", image, trainer.global_step, dataformats="HWC"
+                )

@@ -1,0 +1,73 @@
+"""Collect the features that ``validation_step`` returns, across batches and ranks.
+
+Every ssl_lightning module's ``validation_step`` returns ``{"features", "targets"}``; callbacks
+that need the embeddings of a validation epoch (collapse monitor, embedding pictures) derive
+from :class:`ValFeatureCollector` instead of running a second forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from ssl_lightning.callbacks.knn import gather_variable
+
+
+class ValFeatureCollector(pl.Callback):
+    """Keeps the validation features of one dataloader for the current epoch.
+
+    Args:
+        dataloader_idx: Which val dataloader to use; ``-1``: the last one (the val split when a
+            data module returns ``[train_eval, val]``).
+        max_samples: Keep at most this many samples in total (split evenly over ranks).
+    """
+
+    def __init__(self, dataloader_idx: int = -1, max_samples: int = 10_000) -> None:
+        if max_samples < 2:
+            raise ValueError(f"max_samples must be >= 2, got {max_samples}.")
+        self.dataloader_idx = dataloader_idx
+        self.max_samples = max_samples
+        self._features: list[Tensor] = []
+        self._targets: list[Tensor] = []
+        self._count = 0
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._features, self._targets, self._count = [], [], 0
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if dataloader_idx != self.dataloader_idx % len(trainer.num_val_batches):
+            return
+        if not isinstance(outputs, Mapping) or "features" not in outputs:
+            raise ValueError(
+                f"{type(self).__name__} needs validation_step to return a dict with 'features' "
+                f"and 'targets'; {type(pl_module).__name__} returned {type(outputs).__name__}."
+            )
+        room = math.ceil(self.max_samples / trainer.world_size) - self._count
+        if room <= 0:
+            return
+        features = outputs["features"][:room].detach().float()
+        self._features.append(features.flatten(1))
+        self._targets.append(outputs["targets"][:room].detach())
+        self._count += len(features)
+
+    def collected(self) -> tuple[Tensor, Tensor] | None:
+        """``(features, targets)`` of this epoch from all ranks; ``None`` when nothing was seen.
+
+        A collective under DDP: every rank must call it.
+        """
+        if not self._features:
+            return None
+        return gather_variable(torch.cat(self._features)), gather_variable(torch.cat(self._targets))

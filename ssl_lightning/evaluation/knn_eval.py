@@ -1,0 +1,74 @@
+"""Offline kNN evaluation of a checkpoint's backbone.
+
+``python -m ssl_lightning validate --config configs/knn.yaml --model.checkpoint last.ckpt``
+
+The module only loads and freezes the backbone and returns its features from
+``validation_step``; the scoring is :class:`ssl_lightning.callbacks.KNNCallback` (weighted cosine
+kNN, Wu et al., CVPR 2018, through :func:`ssl_lightning.callbacks.knn.knn_predict`), which the
+module attaches itself, so the offline number is computed by exactly the code that logs
+``val/knn_top1`` during pre-training, gathered over ranks and chunked over queries.
+"""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+from torch import Tensor, nn
+
+from ssl_lightning.callbacks.knn import KNNCallback
+from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, load_backbone
+from ssl_lightning.evaluation.linear import first_view
+
+
+class KNNEval(pl.LightningModule):
+    """Frozen backbone of a checkpoint + the kNN callback, for ``trainer.validate``.
+
+    Needs a data module whose ``val_dataloader`` returns ``[bank_loader, query_loader]`` (all
+    ssl_lightning data modules do). Logs ``val/knn_top1`` and ``val/knn_top5`` (percent).
+
+    Args:
+        backbone: The backbone class the checkpoint was trained with.
+        checkpoint: Pre-training checkpoint of any ssl_lightning method; ``None`` evaluates the
+            backbone as given.
+        checkpoint_prefix: State-dict prefix of the backbone in the checkpoint.
+        k: Number of neighbours.
+        temperature: Vote temperature.
+        chunk_size: Queries scored at once: the similarity block is ``chunk_size × N_bank``
+            (512 × 50,000 fp32 = 100 MB).
+        num_classes: Number of classes; inferred from the bank labels when ``None``.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        checkpoint: str | None = None,
+        checkpoint_prefix: str = DEFAULT_PREFIX,
+        k: int = 200,
+        temperature: float = 0.07,
+        chunk_size: int = 512,
+        num_classes: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.knn = KNNCallback(k, temperature, chunk_size, num_classes)  # validates the values
+        self.save_hyperparameters(ignore=["backbone"])
+        if checkpoint is not None:
+            load_backbone(backbone, checkpoint, checkpoint_prefix)
+        self.backbone = backbone.requires_grad_(False).eval()
+
+    def train(self, mode: bool = True) -> KNNEval:
+        """The backbone stays in eval mode."""
+        super().train(mode)
+        self.backbone.eval()
+        return self
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Backbone features."""
+        return self.backbone(images)
+
+    def validation_step(
+        self, batch: tuple, batch_idx: int, dataloader_idx: int = 0
+    ) -> dict[str, Tensor]:
+        images, targets = batch
+        return {"features": self.backbone(first_view(images)), "targets": targets}
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        return [self.knn]

@@ -1,0 +1,163 @@
+"""Offline linear evaluation (and fine-tuning) of a pre-trained backbone.
+
+The standard protocol of SimCLR (Chen et al., ICML 2020, §B.5/B.6) and MoCo (He et al., CVPR
+2020, §4.1): the backbone of a self-supervised checkpoint is frozen (eval mode, so BatchNorm
+statistics stay as pre-trained) and a linear classifier is trained on its features with random
+crop + flip, SGD with momentum and a cosine schedule; top-1/top-5 accuracy on the val split.
+``finetune=True`` trains the whole network instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from ssl_lightning.backbones import feature_dim
+from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, load_backbone
+from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.optim import WarmupCosine, build_optimizer, scale_lr, split_decay_groups
+
+
+def first_view(images: Tensor | Sequence[Tensor]) -> Tensor:
+    """The image tensor of a batch whose inputs are a tensor or a list of views."""
+    return images if isinstance(images, Tensor) else images[0]
+
+
+class LinearEval(pl.LightningModule):
+    """A linear classifier on a (frozen) pre-trained backbone.
+
+    Training batches are ``(images, targets)``, where ``images`` is a tensor or a list of views
+    (the first is used). With several val dataloaders (the data modules give ``[train_eval,
+    val]``), accuracy is measured on the last one only. Logs ``train/loss``, ``train/top1``,
+    ``val/loss``, ``val/top1`` and ``val/top5`` (accuracies in percent, like ``val/knn_top1``).
+
+    Args:
+        backbone: The backbone class the checkpoint was trained with (features ``(B, D)``).
+        num_classes: Number of classes.
+        checkpoint: Path of a pre-training checkpoint of any ssl_lightning method; ``None``
+            keeps the backbone as given (random init or already loaded).
+        checkpoint_prefix: State-dict prefix of the backbone in the checkpoint
+            (e.g. ``"teacher_backbone."`` to evaluate an EMA teacher, if the method has one).
+        finetune: Train the backbone too (in train mode) instead of freezing it.
+        lr: Base learning rate of SGD (before ``lr_scaling``).
+        lr_scaling: ``"linear"``: lr × global_batch / 256; ``"none"``: lr as given.
+        momentum: SGD momentum.
+        weight_decay: Weight decay on weights; biases and norm parameters get none.
+        warmup_epochs: Linear warm-up epochs before the cosine decay.
+        image_size: Image side used to infer the feature size when the backbone has no
+            ``num_features``.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        checkpoint: str | None = None,
+        checkpoint_prefix: str = DEFAULT_PREFIX,
+        finetune: bool = False,
+        lr: float = 0.1,
+        lr_scaling: Literal["none", "linear"] = "linear",
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        warmup_epochs: float = 0.0,
+        image_size: int = 32,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}.")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+        if warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}.")
+        self.save_hyperparameters(ignore=["backbone"])
+        if checkpoint is not None:
+            load_backbone(backbone, checkpoint, checkpoint_prefix)
+        self.backbone = backbone
+        self.backbone.requires_grad_(finetune)
+        self.classifier = nn.Linear(feature_dim(backbone, image_size), num_classes)
+        nn.init.normal_(self.classifier.weight, std=0.01)
+        nn.init.zeros_(self.classifier.bias)
+        self.finetune = finetune
+        top5 = min(5, num_classes)
+        self.train_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_top5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.train()
+
+    def train(self, mode: bool = True) -> LinearEval:
+        """Set train/eval mode; a frozen backbone always stays in eval mode (fixed BN stats)."""
+        super().train(mode)
+        if not self.finetune:
+            self.backbone.eval()
+        return self
+
+    def features(self, images: Tensor) -> Tensor:
+        """Backbone features, without autograd when the backbone is frozen."""
+        if self.finetune:
+            return self.backbone(images)
+        with torch.no_grad():
+            return self.backbone(images).detach()
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Class logits."""
+        return self.classifier(self.features(images))
+
+    def training_step(self, batch: tuple, batch_idx: int) -> Tensor:
+        images, targets = batch
+        logits = self(first_view(images))
+        loss = F.cross_entropy(logits.float(), targets)
+        self.train_top1.update(logits.detach(), targets)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
+                 batch_size=len(targets))
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self._log_accuracy("train/top1", self.train_top1)
+
+    def validation_step(
+        self, batch: tuple, batch_idx: int, dataloader_idx: int = 0
+    ) -> dict[str, Tensor]:
+        images, targets = batch
+        features = self.backbone(first_view(images))
+        if dataloader_idx == len(self.trainer.num_val_batches) - 1:
+            logits = self.classifier(features)
+            self.val_top1.update(logits, targets)
+            self.val_top5.update(logits, targets)
+            self.log("val/loss", F.cross_entropy(logits.float(), targets), sync_dist=True,
+                     add_dataloader_idx=False, on_epoch=True, batch_size=len(targets))
+        return {"features": features, "targets": targets}
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_accuracy("val/top1", self.val_top1, prog_bar=True)
+        self._log_accuracy("val/top5", self.val_top5)
+
+    def _log_accuracy(self, name: str, metric: MulticlassAccuracy, prog_bar: bool = False) -> None:
+        """Log ``metric`` (synchronised over ranks by torchmetrics) in percent, then reset it."""
+        if metric.update_called:
+            self.log(name, 100 * metric.compute(), prog_bar=prog_bar)
+        metric.reset()
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        hp = self.hparams
+        modules = [self.backbone, self.classifier] if self.finetune else [self.classifier]
+        lr = scale_lr(hp.lr, SSLMethod.global_batch_size(self), hp.lr_scaling)  # type: ignore[arg-type]
+        optimizer = build_optimizer(
+            "sgd", split_decay_groups(modules, hp.weight_decay), lr=lr, momentum=hp.momentum
+        )
+        total_steps = int(self.trainer.estimated_stepping_batches)
+        steps_per_epoch = max(
+            1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
+        )
+        warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total_steps))
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -1,0 +1,53 @@
+"""Shared pieces of the evaluation tests: tiny trainers, method checkpoints, image folders."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+from lightning_ddp_utils import PrecomputedViews
+from PIL import Image
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ssl_lightning.methods import SimCLR
+
+
+def tiny_trainer(**kwargs: Any) -> pl.Trainer:
+    """A quiet CPU trainer (no logger, checkpoints, progress bar or sanity check)."""
+    defaults: dict[str, Any] = dict(
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )
+    return pl.Trainer(**{**defaults, **kwargs})
+
+
+def simclr_checkpoint(backbone: nn.Module, path: str, view_size: int = 8, steps: int = 2) -> SimCLR:
+    """Pre-train a SimCLR on random views for ``steps`` steps and save a real Lightning ckpt.
+
+    The steps move the weights and the BatchNorm statistics away from their initial values.
+    """
+    model = SimCLR(backbone, projection_hidden_dim=16, projection_dim=8, optimizer="sgd",
+                   lr=0.1, lr_scaling="none", warmup_epochs=0)
+    loader = DataLoader(PrecomputedViews(8, (view_size, view_size)), batch_size=4)
+    trainer = tiny_trainer(max_steps=steps)
+    trainer.fit(model, loader)
+    trainer.save_checkpoint(path)
+    return model
+
+
+def write_image_folder(root: str, num_classes: int = 10, per_class: int = 2, size: int = 32,
+                       seed: int = 0) -> str:
+    """``root/{train,test}/<class>/*.png`` with random images whose colour depends on the class."""
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(0, 256, (num_classes, 3))
+    for split in ("train", "test"):
+        for c in range(num_classes):
+            folder = os.path.join(root, split, f"class{c:02d}")
+            os.makedirs(folder, exist_ok=True)
+            for i in range(per_class):
+                pixels = np.clip(colours[c] + rng.normal(0, 20, (size, size, 3)), 0, 255)
+                Image.fromarray(pixels.astype(np.uint8)).save(os.path.join(folder, f"{i}.png"))
+    return root

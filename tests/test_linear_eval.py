@@ -1,0 +1,150 @@
+"""LinearEval: frozen backbone (weights and BN statistics), accuracy, recipe, checkpoint errors."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from evaluation_helpers import simclr_checkpoint, tiny_trainer
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.evaluation import LinearEval, load_backbone
+
+NUM_CLASSES = 4
+
+
+def bn_backbone() -> nn.Module:
+    """A fixed random conv + BatchNorm feature extractor with non-default running statistics."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    net.train()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(8, 3, 8, 8) * 2 + 1)
+    return net
+
+
+def separable_data(n: int, seed: int) -> TensorDataset:
+    """Images whose colour is fixed by the class (plus noise): linearly separable features."""
+    g = torch.Generator().manual_seed(seed)
+    colours = torch.tensor([[2.0, 0, 0], [0, 2.0, 0], [0, 0, 2.0], [-2.0, -2.0, -2.0]])
+    targets = torch.arange(n) % NUM_CLASSES
+    images = colours[targets][:, :, None, None] + 0.3 * torch.randn(n, 3, 8, 8, generator=g)
+    return TensorDataset(images, targets)
+
+
+def fit_linear(model: LinearEval, epochs: int = 6, views: bool = False) -> object:
+    train, val = separable_data(64, 0), separable_data(32, 1)
+    if views:  # ([images], targets) batches, as LinearEvalTransform gives
+        train = [([x], y) for x, y in train]
+    trainer = tiny_trainer(max_epochs=epochs, check_val_every_n_epoch=epochs)
+    torch.manual_seed(1)
+    trainer.fit(model, DataLoader(train, batch_size=16, shuffle=True), DataLoader(val, 32))
+    return trainer
+
+
+def make_model(**kwargs: object) -> LinearEval:
+    return LinearEval(bn_backbone(), NUM_CLASSES, lr=0.5, lr_scaling="none", **kwargs)
+
+
+def test_frozen_linear_eval_separates_and_keeps_backbone_and_bn_stats():
+    model = make_model(weight_decay=1e-4)
+    before = copy.deepcopy(model.backbone.state_dict())
+    classifier_before = model.classifier.weight.detach().clone()
+    trainer = fit_linear(model)
+    assert trainer.callback_metrics["val/top1"] == pytest.approx(100.0)
+    assert trainer.callback_metrics["val/top5"] == pytest.approx(100.0)
+    for key, value in model.backbone.state_dict().items():  # weights, running stats, counters
+        assert torch.equal(value, before[key]), key
+    assert not model.backbone.training and model.training
+    assert not torch.equal(model.classifier.weight, classifier_before)
+    # the recipe: SGD + momentum, classifier only, weight decay on the weight but not the bias,
+    # cosine to 0 at the last step
+    (optimizer,) = trainer.optimizers
+    assert isinstance(optimizer, torch.optim.SGD)
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    assert set(groups) == {id(model.classifier.weight), id(model.classifier.bias)}
+    assert groups[id(model.classifier.weight)]["weight_decay"] == 1e-4
+    assert groups[id(model.classifier.bias)]["weight_decay"] == 0.0
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_finetune_trains_backbone_and_updates_bn_stats():
+    """The known-bad variant for the frozen check: fine-tuning changes the BN statistics."""
+    model = make_model(finetune=True)
+    before = copy.deepcopy(model.backbone.state_dict())
+    fit_linear(model, epochs=1)
+    assert model.backbone.training
+    assert not torch.equal(model.backbone[1].running_mean, before["1.running_mean"])
+    assert not torch.equal(model.backbone[0].weight, before["0.weight"])
+
+
+def test_logged_accuracy_matches_manual_top1_top5():
+    """Untrained 8-class classifier on 4-class data: top-1 and top-5 are both non-trivial."""
+    model = LinearEval(bn_backbone(), 8)
+    nn.init.normal_(model.classifier.weight, std=1.0)
+    images, targets = separable_data(32, 1).tensors
+    trainer = tiny_trainer()
+    trainer.validate(model, DataLoader(TensorDataset(images, targets), batch_size=8))
+    with torch.no_grad():
+        top = model(images).topk(5, dim=1).indices
+    top1 = 100 * (top[:, 0] == targets).float().mean()
+    top5 = 100 * (top == targets[:, None]).any(1).float().mean()
+    assert 0 < top1 < top5 < 100
+    assert trainer.callback_metrics["val/top1"] == pytest.approx(float(top1))
+    assert trainer.callback_metrics["val/top5"] == pytest.approx(float(top5))
+
+
+def test_view_list_batches_give_the_same_result_as_image_batches():
+    a, b = make_model(), make_model()
+    fit_linear(a, epochs=1)
+    fit_linear(b, epochs=1, views=True)
+    assert torch.equal(a.classifier.weight, b.classifier.weight)
+
+
+def test_loads_backbone_of_a_method_checkpoint(tmp_path):
+    path = str(tmp_path / "simclr.ckpt")
+    simclr = simclr_checkpoint(SmallConvNet((8, 16), norm="group"), path)
+    model = LinearEval(SmallConvNet((8, 16), norm="group"), 4, checkpoint=path)
+    for key, value in simclr.backbone.state_dict().items():
+        assert torch.equal(model.backbone.state_dict()[key], value), key
+    assert not any(p.requires_grad for p in model.backbone.parameters())
+
+
+def test_wrong_checkpoint_errors(tmp_path):
+    good = str(tmp_path / "good.ckpt")
+    simclr_checkpoint(SmallConvNet((8, 16), norm="group"), good)
+    with pytest.raises(FileNotFoundError, match="missing.ckpt"):
+        LinearEval(SmallConvNet((8, 16)), 4, checkpoint=str(tmp_path / "missing.ckpt"))
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable PyTorch Lightning checkpoint"):
+        LinearEval(SmallConvNet((8, 16)), 4, checkpoint=str(text))
+    plain = str(tmp_path / "plain.pt")
+    torch.save(SmallConvNet((8, 16)).state_dict(), plain)
+    with pytest.raises(ValueError, match="no 'state_dict' entry"):
+        LinearEval(SmallConvNet((8, 16)), 4, checkpoint=plain)
+    with pytest.raises(ValueError, match=r"no weights under 'teacher\.'.*'backbone\.'"):
+        LinearEval(SmallConvNet((8, 16)), 4, checkpoint=good, checkpoint_prefix="teacher.")
+    with pytest.raises(ValueError, match=r"'net\.3\.weight'.*\(16, 8, 3, 3\).*\(24, 8, 3, 3\)"):
+        LinearEval(SmallConvNet((8, 24), norm="group"), 4, checkpoint=good)
+    with pytest.raises(ValueError, match=r"missing keys \['net\.6\.weight'"):
+        LinearEval(SmallConvNet((8, 16, 16), norm="group"), 4, checkpoint=good)
+    with pytest.raises(ValueError, match="unexpected keys"):
+        load_backbone(SmallConvNet((8, 16), norm="none"), good)
+    assert os.path.exists(good)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_classes": 1}, "num_classes"), ({"lr": 0.0}, "lr"),
+    ({"weight_decay": -1.0}, "weight_decay"), ({"warmup_epochs": -1.0}, "warmup_epochs"),
+])
+def test_invalid_hyperparameters(kwargs, match):
+    args = {"num_classes": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        LinearEval(SmallConvNet((8,)), **args)
