@@ -1,0 +1,151 @@
+"""DINO: Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021.
+
+Student (backbone + :class:`DINOHead`) sees all multi-crop views, the EMA teacher only the 2
+global ones (Algorithm 1); :class:`DINOLoss` compares them with a centred, sharpened teacher.
+The recipe details of the paper's code are arguments: teacher temperature warm-up (per epoch),
+last layer frozen during the first epoch(s), per-parameter gradient clipping, cosine weight-decay
+schedule, teacher momentum 0.996 → 1 (cosine, through :class:`EMACallback`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.callbacks.ema import cosine_momentum, momentum_teacher
+from ssl_lightning.heads_prototypes import DINOHead
+from ssl_lightning.losses import DINOLoss
+from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.multicrop_forward import forward_by_resolution
+from ssl_lightning.vit import DropPath
+
+
+class DINO(MomentumMethod):
+    """DINO self-distillation with multi-crop.
+
+    Training batches hold ``[global_1, global_2, local_1, ...]`` views
+    (:class:`~ssl_lightning.data.multicrop.MultiCropViews`); the number of local crops V is set
+    there.
+
+    Args:
+        backbone: Feature extractor (ViT or ResNet; see :class:`SSLMethod`).
+        head_out_dim: Prototypes K (65536 on ImageNet; 4096 is plenty for CIFAR-10).
+        head_hidden_dim: Hidden width of the head MLP (2048).
+        head_bottleneck_dim: Bottleneck before the last layer (256).
+        head_batch_norm: BatchNorm in the head MLP (off for ViTs, as in the paper).
+        norm_last_layer: Fix the norm of the last-layer rows to 1 (paper default).
+        student_temperature: τ_s (0.1).
+        teacher_temperature: Final τ_t after the warm-up (0.04-0.07).
+        warmup_teacher_temperature: τ_t at epoch 0 (0.04).
+        warmup_teacher_temperature_epochs: Epochs of the linear τ_t warm-up (30 for ViT-S/300 ep).
+        center_momentum: Momentum of the centre EMA (0.9).
+        freeze_last_layer_epochs: Epochs during which the head's last layer is not updated (1).
+        clip_grad: Per-parameter gradient-norm clip (3.0), or None for no clipping.
+        weight_decay_end: Final weight decay of a cosine schedule starting at ``weight_decay``
+            (paper: 0.04 → 0.4), or None for a constant weight decay.
+        momentum_base: Teacher EMA momentum at step 0 (0.996), cosine to ``momentum_end`` (1).
+        **kwargs: Other arguments of :class:`MomentumMethod` / :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head_out_dim: int = 65536,
+        head_hidden_dim: int = 2048,
+        head_bottleneck_dim: int = 256,
+        head_batch_norm: bool = False,
+        norm_last_layer: bool = True,
+        student_temperature: float = 0.1,
+        teacher_temperature: float = 0.07,
+        warmup_teacher_temperature: float = 0.04,
+        warmup_teacher_temperature_epochs: int = 30,
+        center_momentum: float = 0.9,
+        freeze_last_layer_epochs: int = 1,
+        clip_grad: float | None = 3.0,
+        weight_decay_end: float | None = None,
+        momentum_base: float = 0.996,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, momentum_base=momentum_base, **kwargs)
+        for name, value in (("teacher_temperature", teacher_temperature),
+                            ("warmup_teacher_temperature", warmup_teacher_temperature)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}.")
+        for name, value in (("warmup_teacher_temperature_epochs",
+                             warmup_teacher_temperature_epochs),
+                            ("freeze_last_layer_epochs", freeze_last_layer_epochs)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}.")
+        if clip_grad is not None and not clip_grad > 0:
+            raise ValueError(f"clip_grad must be > 0 or None, got {clip_grad}.")
+        if weight_decay_end is not None and weight_decay_end < 0:
+            raise ValueError(f"weight_decay_end must be >= 0 or None, got {weight_decay_end}.")
+        self.head = DINOHead(self.feature_dim, head_out_dim, head_hidden_dim, head_bottleneck_dim,
+                             batch_norm=head_batch_norm, norm_last_layer=norm_last_layer)
+        self.teacher_backbone = momentum_teacher(self.backbone)
+        for module in self.teacher_backbone.modules():
+            if isinstance(module, DropPath):  # the paper's teacher has no stochastic depth
+                module.drop_prob = 0.0
+        self.teacher_head = momentum_teacher(self.head)
+        self.criterion = DINOLoss(head_out_dim, student_temperature, center_momentum)
+
+    def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        return [(self.backbone, self.teacher_backbone), (self.head, self.teacher_head)]
+
+    def teacher_temperature(self, epoch: int) -> float:
+        """τ_t of ``epoch``: linear from the warm-up value to the final one, then constant."""
+        hp = self.hparams
+        warmup = hp.warmup_teacher_temperature_epochs
+        if epoch >= warmup:
+            return hp.teacher_temperature
+        start = hp.warmup_teacher_temperature
+        return start + (hp.teacher_temperature - start) * epoch / warmup
+
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        if len(views) < 2:
+            raise ValueError(f"DINO needs 2 global views (+ local views), got {len(views)}.")
+        batch = views[0].shape[0]
+        with torch.no_grad():
+            teacher_out = self.teacher_head(forward_by_resolution(self.teacher_backbone, views[:2]))
+        features = forward_by_resolution(self.backbone, views)
+        student_out = self.head(features)
+        temperature = self.teacher_temperature(self.current_epoch)
+        loss = self.criterion(student_out.chunk(len(views)), teacher_out.chunk(2), temperature)
+        if self._trainer is not None:
+            self.log("train/teacher_temperature", temperature, on_step=False, on_epoch=True)
+        return loss, features[:batch]
+
+    # ------------------------------------------------------------- optimiser-step adjustments
+    def param_groups(self) -> list[dict]:
+        groups = super().param_groups()
+        groups[0]["weight_decay_schedule"] = True  # the decay group (weights, not norms/biases)
+        return groups
+
+    def adjust_gradients_(self, epoch: int) -> None:
+        """Per-parameter clipping, then drop the last layer's gradients while it is frozen."""
+        clip = self.hparams.clip_grad
+        if clip is not None:
+            for p in self.trainable_parameters():
+                if p.grad is not None:
+                    scale = clip / (torch.linalg.vector_norm(p.grad) + 1e-6)
+                    p.grad.mul_(scale.clamp(max=1.0))
+        if epoch < self.hparams.freeze_last_layer_epochs:
+            for p in self.head.last_layer_parameters():
+                p.grad = None  # skipped by the optimiser: no momentum, no weight decay
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for m in self.trainable_modules() for p in m.parameters() if p.requires_grad]
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.adjust_gradients_(self.current_epoch)
+        end = self.hparams.weight_decay_end
+        if end is not None:
+            wd = cosine_momentum(self.trainer.global_step,
+                                 int(self.trainer.estimated_stepping_batches),
+                                 self.hparams.weight_decay, end)
+            for group in optimizer.param_groups:
+                if group.get("weight_decay_schedule"):
+                    group["weight_decay"] = wd

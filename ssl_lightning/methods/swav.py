@@ -1,0 +1,138 @@
+"""SwAV: Caron et al., "Unsupervised Learning of Visual Features by Contrasting Cluster
+Assignments", NeurIPS 2020.
+
+Backbone → projection MLP → L2 normalisation → prototype scores for every multi-crop view;
+Sinkhorn codes of the 2 global crops are predicted from all other crops (:class:`SwAVLoss`).
+Prototypes are normalised before every step and frozen for the first iterations; an optional
+queue of past embeddings joins the Sinkhorn input from a chosen epoch on.
+
+The queue is stored *globally*: every rank keeps the same buffer of the last ``queue_length``
+embeddings of the global batch (gathered across ranks) and feeds its 1/world share to the
+distributed Sinkhorn. Together the shares are exactly the single-process queue, and since every
+rank holds the same buffer, the checkpoint Lightning writes from rank 0 resumes every rank
+exactly (a per-rank buffer would be overwritten by rank 0's on resume).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssl_lightning.distributed import all_gather_no_grad, rank, world_size
+from ssl_lightning.heads import ProjectionHead
+from ssl_lightning.heads_prototypes import SwAVPrototypes
+from ssl_lightning.losses import SwAVLoss
+from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.multicrop_forward import forward_by_resolution
+
+CROPS_FOR_ASSIGN = (0, 1)
+
+
+class SwAV(SSLMethod):
+    """SwAV with multi-crop.
+
+    Training batches hold ``[global_1, global_2, local_1, ...]`` views
+    (:class:`~ssl_lightning.data.multicrop.MultiCropViews`); codes are computed for the 2 global
+    crops.
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of the 2-layer projection MLP (2048).
+        projection_dim: Embedding size (128).
+        projection_batch_norm: BatchNorm in the projection MLP (off for BatchNorm-free tests).
+        num_prototypes: K (3000 on ImageNet; a few hundred for CIFAR-10).
+        temperature: τ of the prediction softmax (0.1).
+        sinkhorn_epsilon: ε (0.05).
+        sinkhorn_iterations: Sinkhorn rounds (3).
+        freeze_prototypes_steps: Optimiser steps during which the prototypes are not updated
+            (5005 = 1 ImageNet epoch at batch 256 in the paper).
+        queue_length: Embeddings kept per assigned crop (global, all ranks); 0 disables the queue.
+            Must be divisible by the number of processes.
+        queue_start_epoch: First epoch in which the queue is filled; it joins the Sinkhorn input
+            once full.
+        **kwargs: Optimiser arguments of :class:`SSLMethod`.
+    """
+
+    queue: Tensor
+    queue_filled: Tensor
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 2048,
+        projection_dim: int = 128,
+        projection_batch_norm: bool = True,
+        num_prototypes: int = 3000,
+        temperature: float = 0.1,
+        sinkhorn_epsilon: float = 0.05,
+        sinkhorn_iterations: int = 3,
+        freeze_prototypes_steps: int = 5005,
+        queue_length: int = 0,
+        queue_start_epoch: int = 15,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, **kwargs)
+        for name, value in (("freeze_prototypes_steps", freeze_prototypes_steps),
+                            ("queue_length", queue_length),
+                            ("queue_start_epoch", queue_start_epoch)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}.")
+        self.projector = ProjectionHead(self.feature_dim, projection_hidden_dim, projection_dim,
+                                        num_layers=2, batch_norm=projection_batch_norm)
+        self.prototypes = SwAVPrototypes(projection_dim, num_prototypes)
+        self.criterion = SwAVLoss(temperature, sinkhorn_epsilon, sinkhorn_iterations,
+                                  CROPS_FOR_ASSIGN)
+        self.register_buffer("queue", torch.zeros(len(CROPS_FOR_ASSIGN), queue_length,
+                                                  projection_dim))
+        self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))
+
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        if len(views) < 2:
+            raise ValueError(f"SwAV needs 2 global views (+ local views), got {len(views)}.")
+        self.prototypes.normalize_()
+        batch = views[0].shape[0]
+        features = forward_by_resolution(self.backbone, views)
+        z = F.normalize(self.projector(features), dim=1)
+        scores = self.prototypes(z).chunk(len(views))
+        queue_active = (self.queue.shape[1] > 0
+                        and self.current_epoch >= self.hparams.queue_start_epoch)
+        queue_scores = None
+        if queue_active and int(self.queue_filled) >= self.queue.shape[1]:
+            with torch.no_grad():
+                queue_scores = [self.prototypes(q) for q in self.queue_share()]
+        loss = self.criterion(scores, queue_scores)
+        if queue_active:
+            self.push_to_queue(z.detach().chunk(len(views)))
+        return loss, features[:batch]
+
+    def queue_share(self) -> Tensor:
+        """This rank's 1/world slice of the global queue: (n_assigned, queue_length/world, D)."""
+        world = world_size()
+        if self.queue.shape[1] % world:
+            raise ValueError(
+                f"queue_length ({self.queue.shape[1]}) must be divisible by the number of "
+                f"processes ({world})."
+            )
+        return self.queue.chunk(world, dim=1)[rank()]
+
+    @torch.no_grad()
+    def push_to_queue(self, z_per_crop: Sequence[Tensor]) -> None:
+        """Prepend the global batch's embeddings of the assigned crops, dropping the oldest."""
+        for i, crop in enumerate(CROPS_FOR_ASSIGN):
+            new = all_gather_no_grad(z_per_crop[crop])
+            self.queue[i] = torch.cat([new, self.queue[i]])[: self.queue.shape[1]]
+        self.queue_filled.add_(z_per_crop[0].shape[0] * world_size())
+        self.queue_filled.clamp_(max=self.queue.shape[1])
+
+    def freeze_prototypes_(self, step: int) -> None:
+        """Drop the prototypes' gradients during the first ``freeze_prototypes_steps`` steps."""
+        if step < self.hparams.freeze_prototypes_steps:
+            for p in self.prototypes.parameters():
+                p.grad = None
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.freeze_prototypes_(self.trainer.global_step)
