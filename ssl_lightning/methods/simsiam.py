@@ -1,0 +1,75 @@
+"""SimSiam: Chen & He, "Exploring Simple Siamese Representation Learning", CVPR 2021.
+Two views, a projector, a predictor, stop-gradient on the target branch and the symmetrised
+negative cosine similarity. No negatives, no momentum encoder, no cross-rank statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from ssl_lightning.heads import PredictionHead, ProjectionHead
+from ssl_lightning.losses import NegativeCosineLoss
+from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.optim import split_decay_groups
+
+
+class SimSiam(SSLMethod):
+    """SimSiam.
+
+    The projector is Linear-BN-ReLU blocks ending in Linear-BN (BN on the output, §3 of the
+    paper); the predictor is a Linear-BN-ReLU-Linear bottleneck. With ``fixed_predictor_lr``
+    the predictor keeps the (scaled) peak learning rate throughout, without warm-up or cosine
+    decay, which the paper found slightly better (§4.2, Table 1c).
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of the projector (2048 in the paper).
+        projection_dim: Output size of projector and predictor (2048 in the paper).
+        projection_layers: Linear layers of the projector (3 for ImageNet, 2 for CIFAR).
+        predictor_hidden_dim: Bottleneck width of the predictor (512 in the paper).
+        batch_norm: BatchNorm in projector and predictor. Turn off for BatchNorm-free models
+            (exact-DDP tests), since BatchNorm statistics are per rank.
+        fixed_predictor_lr: Exclude the predictor from the lr schedule.
+        **kwargs: Optimiser arguments of :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 2048,
+        projection_dim: int = 2048,
+        projection_layers: int = 3,
+        predictor_hidden_dim: int = 512,
+        batch_norm: bool = True,
+        fixed_predictor_lr: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, **kwargs)
+        self.projector = ProjectionHead(
+            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
+            batch_norm=batch_norm, last_batch_norm=batch_norm,
+        )
+        self.predictor = PredictionHead(
+            projection_dim, predictor_hidden_dim, projection_dim, 2, batch_norm=batch_norm
+        )
+        self.criterion = NegativeCosineLoss()
+
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        if len(views) < 2:
+            raise ValueError(f"SimSiam needs 2 views per sample, got {len(views)}.")
+        features = self.backbone(views[0])
+        z1, z2 = self.projector(features), self.projector(self.backbone(views[1]))
+        return self.criterion(self.predictor(z1), self.predictor(z2), z1, z2), features
+
+    def param_groups(self) -> list[dict]:
+        """The base groups, with the predictor in groups of its own marked ``fixed_lr``."""
+        if not self.hparams.fixed_predictor_lr:
+            return super().param_groups()
+        weight_decay = self.hparams.weight_decay
+        others = [m for m in self.trainable_modules() if m is not self.predictor]
+        predictor = split_decay_groups([self.predictor], weight_decay)
+        return split_decay_groups(others, weight_decay) + [
+            {**group, "fixed_lr": True} for group in predictor
+        ]

@@ -1,0 +1,65 @@
+"""VICReg: Bardes, Ponce & LeCun, "VICReg: Variance-Invariance-Covariance Regularization for
+Self-Supervised Learning", ICLR 2022. Two views, an expander MLP, and a loss whose variance and
+covariance terms are statistics of the global batch (embeddings gathered with gradients)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from ssl_lightning.heads import build_mlp
+from ssl_lightning.losses import VICRegLoss
+from ssl_lightning.methods.base import SSLMethod
+
+
+class VICReg(SSLMethod):
+    """VICReg.
+
+    Each view goes through the backbone and expander separately (BatchNorm statistics per view,
+    as in the official code).
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        expander_hidden_dim: Hidden width of the expander (8192 in the paper; 2048 for CIFAR).
+        expander_dim: Output size of the expander (8192 in the paper; 2048 for CIFAR).
+        expander_layers: Linear layers of the expander (3 in the paper).
+        expander_batch_norm: BatchNorm after each hidden Linear. Turn off for BatchNorm-free
+            models (exact-DDP tests), since BatchNorm statistics are per rank.
+        invariance_weight: λ (25 in the paper).
+        variance_weight: μ (25 in the paper).
+        covariance_weight: ν (1 in the paper).
+        **kwargs: Optimiser arguments of :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        expander_hidden_dim: int = 2048,
+        expander_dim: int = 2048,
+        expander_layers: int = 3,
+        expander_batch_norm: bool = True,
+        invariance_weight: float = 25.0,
+        variance_weight: float = 25.0,
+        covariance_weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, **kwargs)
+        self.expander = build_mlp(
+            self.feature_dim, expander_hidden_dim, expander_dim, expander_layers,
+            batch_norm=expander_batch_norm, last_bias=False,
+        )
+        self.criterion = VICRegLoss(invariance_weight, variance_weight, covariance_weight)
+
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        if len(views) < 2:
+            raise ValueError(f"VICReg needs 2 views per sample, got {len(views)}.")
+        features = self.backbone(views[0])
+        z1, z2 = self.expander(features), self.expander(self.backbone(views[1]))
+        terms = self.criterion.terms(z1, z2, self.gather(z1), self.gather(z2))
+        if self._trainer is not None:
+            for name, value in zip(("invariance", "variance", "covariance"), terms, strict=True):
+                self.log(f"train/vicreg_{name}", value, on_step=False, on_epoch=True,
+                         sync_dist=True, batch_size=z1.shape[0])
+        return self.criterion.combine(*terms), features
