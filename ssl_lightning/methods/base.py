@@ -131,13 +131,21 @@ class SSLMethod(pl.LightningModule):
             1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
         )
         lr = scale_lr(hp.lr, self.global_batch_size(), hp.lr_scaling)
-        groups = split_decay_groups(self.trainable_modules(), hp.weight_decay)
+        groups = self.param_groups()
         optimizer = build_optimizer(hp.optimizer, groups, lr=lr, momentum=hp.momentum)
         warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
         schedule = WarmupCosine(warmup, total_steps, hp.final_lr_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        constant = WarmupCosine(0, total_steps, final_ratio=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, [constant if g.get("fixed_lr") else schedule for g in optimizer.param_groups]
+        )
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    def param_groups(self) -> list[dict]:
+        """Optimiser parameter groups (weights with decay; biases and norms without). A group
+        with ``"fixed_lr": True`` keeps the scaled peak lr throughout (no warm-up, no cosine)."""
+        return split_decay_groups(self.trainable_modules(), self.hparams.weight_decay)
 
     def global_batch_size(self) -> int:
         """Per-device batch × world size × gradient-accumulation steps, from the train loader."""
