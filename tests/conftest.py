@@ -1,0 +1,113 @@
+"""Shared fixtures: tiny synthetic image folders and a runner for the real CLI on a config.
+
+- ``make_image_folder(root, classes, per_class, size)``: writes deterministic JPEGs as
+  ``root/<class_i>/<j>.jpg`` (classes differ in colour, so a kNN on raw pixels separates them).
+- ``tiny_image_folder``: session-wide ``root/{train,test}/<class>/*.jpg``, 2 classes × 12 train
+  and × 6 test images of 32 px: the layout of the shared CIFAR-10 copy. Do not modify it.
+- ``run_config(config_path, extra_args=(), subcommand="fit")``: runs ``ssl_lightning.cli.main``
+  on a config with tiny data on CPU (``fast_dev_run``, batch 4, no workers) from a temporary
+  working directory, and returns the ``LightningCLI`` object (``cli.trainer``, ``cli.model``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+ImageFolderMaker = Callable[..., Path]
+
+
+def _write_images(root: Path, classes: int, per_class: int, size: int, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True, exist_ok=True)
+        base = np.zeros(3)
+        base[c % 3] = 180.0 + 30.0 * (c // 3)
+        for j in range(per_class):
+            noise = rng.normal(0.0, 25.0, size=(size, size, 3))
+            pixels = np.clip(base + 40.0 + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{j:03d}.jpg", quality=95)
+    return root
+
+
+@pytest.fixture(scope="session")
+def make_image_folder() -> ImageFolderMaker:
+    """Factory ``make(root, classes=2, per_class=12, size=32, seed=0) -> root``."""
+
+    def make(root: Path, classes: int = 2, per_class: int = 12, size: int = 32,
+             seed: int = 0) -> Path:
+        return _write_images(Path(root), classes, per_class, size, seed)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_image_folder(tmp_path_factory: pytest.TempPathFactory,
+                      make_image_folder: ImageFolderMaker) -> Path:
+    """``root/train/<class>/*.jpg`` (2 × 12) and ``root/test/<class>/*.jpg`` (2 × 6), 32 px."""
+    root = tmp_path_factory.mktemp("tiny_image_folder")
+    make_image_folder(root / "train", classes=2, per_class=12, seed=0)
+    make_image_folder(root / "test", classes=2, per_class=6, seed=1)
+    return root
+
+
+def _resolve_class(class_path: str) -> type:
+    import ssl_lightning
+
+    if "." not in class_path:
+        return getattr(ssl_lightning, class_path)
+    module, _, name = class_path.rpartition(".")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+def tiny_data_args(config_path: Path, data_root: Path) -> list[str]:
+    """CLI overrides pointing the config's data module at ``data_root`` with tiny loaders."""
+    from ssl_lightning.data import SSLDataModule
+
+    config = yaml.safe_load(Path(config_path).read_text())
+    data = config.get("data") or {}
+    if "class_path" not in data:
+        return []
+    cls = _resolve_class(data["class_path"])
+    params = inspect.signature(cls.__init__).parameters
+    args: list[str] = []
+    if "root" in params:
+        args += ["--data.root", str(data_root)]
+    if "train_dir" in params:
+        args += ["--data.train_dir", str(data_root / "train"),
+                 "--data.val_dir", str(data_root / "test")]
+    if issubclass(cls, SSLDataModule):
+        args += ["--data.batch_size", "4", "--data.num_workers", "0"]
+    return args
+
+
+#: Trainer overrides for every config run in tests: one CPU step of train and validation.
+TINY_TRAINER_ARGS = [
+    "--trainer.fast_dev_run", "true",
+    "--trainer.accelerator", "cpu",
+    "--trainer.devices", "1",
+    "--trainer.precision", "32-true",
+]
+
+
+@pytest.fixture
+def run_config(tmp_path: Path, tiny_image_folder: Path, monkeypatch: pytest.MonkeyPatch):
+    """Run the real CLI on a config with tiny data; see the module docstring."""
+    from ssl_lightning.cli import main
+
+    def run(config_path: str | Path, extra_args: Sequence[str] = (), subcommand: str = "fit"):
+        config_path = Path(config_path).resolve()
+        monkeypatch.chdir(tmp_path)
+        args = [subcommand, "--config", str(config_path),
+                *tiny_data_args(config_path, tiny_image_folder), *TINY_TRAINER_ARGS,
+                *extra_args]
+        return main(args)
+
+    return run
