@@ -96,8 +96,8 @@ class EmbeddingPlot(ValFeatureCollector):
             return
         features, targets = collected
         self._latest = (pca_2d(features).cpu(), targets.cpu(), trainer.current_epoch)
-        if trainer.state.fn != "fit":
-            self.draw(trainer, str(trainer.state.fn))
+        if trainer.state.fn is not None and trainer.state.fn.value != "fit":
+            self.draw(trainer, trainer.state.fn.value)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.draw(trainer, "fit")
