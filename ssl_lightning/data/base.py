@@ -8,12 +8,13 @@ batch-size check and the ``[train_eval_loader, val_loader]`` validation pair liv
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Any, cast
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
 
 
@@ -41,6 +42,9 @@ class SSLDataModule(pl.LightningDataModule):
             every run) as the kNN bank; None uses all. For cheap CPU runs.
         eval_batch_size: Batch size of the validation loaders; ``batch_size`` if None.
         preset: Transform preset used for the default transforms.
+        device_transform: Make the training views on the accelerator, batched, from uint8
+            images (:class:`DeviceViews`, in ``on_after_batch_transfer``); the default
+            ``train_transform`` then only decodes (:class:`UInt8Image`).
     """
 
     #: Number of classes of the labeled splits (None when unknown or unlabeled).
@@ -59,6 +63,7 @@ class SSLDataModule(pl.LightningDataModule):
         knn_train_subset: int | None = None,
         eval_batch_size: int | None = None,
         preset: PresetName = "cifar",
+        device_transform: DeviceViews | None = None,
     ) -> None:
         super().__init__()
         for name, value in [("batch_size", batch_size), ("prefetch_factor", prefetch_factor),
@@ -75,7 +80,9 @@ class SSLDataModule(pl.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
         self.drop_last = drop_last
-        self.train_transform = train_transform or SimCLRViews(preset)
+        self.device_transform = device_transform
+        self.train_transform = train_transform or (
+            UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)
         self.knn_train_subset = knn_train_subset
         self.train_dataset: Dataset | None = None
@@ -112,6 +119,13 @@ class SSLDataModule(pl.LightningDataModule):
         if self.eval_datasets is None:
             return []
         return [self._loader(d, self.eval_batch_size, train=False) for d in self.eval_datasets]
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Turn the uint8 training batch into views when ``device_transform`` is set."""
+        if self.device_transform is None or self.trainer is None or not self.trainer.training:
+            return batch
+        views, targets = batch
+        return self.device_transform(views[0]), targets
 
     # ------------------------------------------------------------------ helpers
     def _loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:

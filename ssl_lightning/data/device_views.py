@@ -1,0 +1,255 @@
+"""SimCLR views made from a whole uint8 batch at once, on the batch's device (GPU or CPU).
+
+The data loader only decodes images to fixed-size uint8 tensors (:class:`UInt8Image`); after the
+batch is on the accelerator, :class:`DeviceViews` makes every view with batched tensor ops, each
+sample drawing its own random parameters: random resized crop (``roi_align``, which averages
+``ceil(box / output)`` samples per output pixel, so down-scaling is anti-aliased), horizontal
+flip, colour jitter in a random order per sample, grayscale, Gaussian blur, solarisation and
+normalisation. The recipe is the SimCLR augmentation (Chen et al., "A Simple Framework for
+Contrastive Learning of Visual Representations", ICML 2020, Appendix A) with the parameter
+ranges of ``torchvision.transforms`` (as :func:`ssl_lightning.data.simclr_augmentation`).
+
+Enable it with ``SSLDataModule(device_transform=DeviceViews(...))``: the module's
+``on_after_batch_transfer`` hook turns the uint8 training batch into views. It also runs on the
+CPU, where one batched call is much cheaper than per-image transforms.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+from torchvision.ops import roi_align
+
+from ssl_lightning.data.transforms import MultiViewTransform, Triple, get_preset
+
+_GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
+
+
+def _pil_to_uint8(image: Image.Image) -> Tensor:
+    array = np.array(image.convert("RGB"), dtype=np.uint8)
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+class UInt8Image(MultiViewTransform):
+    """Decode only: image -> ``[uint8 tensor (3, size, size)]`` for :class:`DeviceViews`.
+
+    Args:
+        size: Resize the shorter side to ``size`` and centre-crop a square (bilinear, PIL), so
+            that images of different shapes batch together; ``None`` keeps the image as is (all
+            images must then share one size, e.g. CIFAR's 32 px).
+    """
+
+    def __init__(self, size: int | None = None) -> None:
+        if size is not None and size <= 0:
+            raise ValueError(f"UInt8Image size must be > 0 or None, got {size}.")
+        self.size = size
+        super().__init__([self._decode])
+
+    @classmethod
+    def for_preset(cls, preset: str) -> UInt8Image:
+        """CIFAR images as they are; other presets resized to the preset's evaluation size."""
+        return cls(None if preset == "cifar" else get_preset(preset).resize_size)
+
+    def _decode(self, image: Image.Image) -> Tensor:
+        if self.size is not None:
+            w, h = image.size
+            scale = self.size / min(w, h)
+            crop_w, crop_h = self.size / scale, self.size / scale
+            left, top = (w - crop_w) / 2, (h - crop_h) / 2
+            image = image.resize((self.size, self.size), Image.BILINEAR,
+                                 box=(left, top, left + crop_w, top + crop_h))
+        return _pil_to_uint8(image)
+
+
+def _gray(x: Tensor) -> Tensor:
+    r, g, b = x.unbind(1)
+    return (_GRAY[0] * r + _GRAY[1] * g + _GRAY[2] * b).unsqueeze(1)
+
+
+def _shift_hue(x: Tensor, shift: Tensor) -> Tensor:
+    """HSV hue rotation by ``shift`` (fraction of a turn) per sample, for x in [0, 1]."""
+    r, g, b = x.unbind(1)
+    maxc, minc = x.amax(1), x.amin(1)
+    delta = maxc - minc
+    sat = delta / torch.where(maxc > 0, maxc, torch.ones_like(maxc))
+    safe = torch.where(delta > 0, delta, torch.ones_like(delta))
+    rc, gc, bc = (maxc - r) / safe, (maxc - g) / safe, (maxc - b) / safe
+    hue = torch.where(maxc == r, bc - gc, torch.where(maxc == g, 2.0 + rc - bc, 4.0 + gc - rc))
+    hue = torch.where(delta > 0, hue / 6.0, torch.zeros_like(hue))
+    hue = torch.remainder(hue + shift.view(-1, 1, 1), 1.0) * 6.0
+    sector = hue.floor()
+    frac = hue - sector
+    sector = sector.long().remainder(6).unsqueeze(1)
+    v = maxc
+    p, q, t = v * (1 - sat), v * (1 - sat * frac), v * (1 - sat * (1 - frac))
+    table = torch.stack([v, q, p, p, t, v, t, v, v, q, p, p, p, p, t, v, v, q], 1)
+    table = table.view(x.shape[0], 3, 6, *x.shape[2:])
+    return table.gather(2, sector.unsqueeze(1).expand(-1, 3, 1, -1, -1)).squeeze(2)
+
+
+def _gaussian_blur(x: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
+    """Separable Gaussian blur with one sigma per sample (reflect padding, as torchvision)."""
+    n, c, h, w = x.shape
+    half = (kernel_size - 1) / 2
+    t = torch.linspace(-half, half, kernel_size, device=x.device)
+    kernel = torch.exp(-0.5 * (t / sigma.view(-1, 1)) ** 2)
+    kernel = (kernel / kernel.sum(1, keepdim=True)).repeat_interleave(c, 0)  # (n*c, k)
+    pad = kernel_size // 2
+    y = F.pad(x.reshape(1, n * c, h, w), (pad, pad, pad, pad), mode="reflect")
+    y = F.conv2d(y, kernel.view(n * c, 1, 1, kernel_size), groups=n * c)
+    y = F.conv2d(y, kernel.view(n * c, 1, kernel_size, 1), groups=n * c)
+    return y.view(n, c, h, w)
+
+
+class DeviceViews:
+    """Batched SimCLR views from uint8 images, each sample with its own random parameters.
+
+    Arguments left as ``None`` take the preset's value (see ``ssl_lightning.data.PRESETS``).
+
+    Args:
+        preset: ``"cifar"`` (32 px, s=0.5, no blur) or ``"imagenet"`` (224 px, s=1.0, blur 0.5).
+        num_views: Views returned per image.
+        crop_size: Output side; preset default if None.
+        crop_scale: Area range of the random resized crop, as a fraction of the image.
+        crop_ratio: Aspect-ratio range of the crop (sampled log-uniformly).
+        flip_p: Probability of a horizontal flip.
+        jitter_strength: Colour strength ``s`` (brightness/contrast/saturation 0.8·s, hue 0.2·s).
+        jitter_p: Probability of the colour jitter (its 4 operations in a random order).
+        grayscale_p: Probability of grayscale.
+        blur_p: Probability of Gaussian blur (sigma in [0.1, 2], kernel 10% of the crop, odd).
+        solarize_p: Probability of solarisation (values >= 128/255 inverted).
+        mean: Normalisation mean; preset default if None.
+        std: Normalisation standard deviation; preset default if None.
+    """
+
+    def __init__(
+        self,
+        preset: str = "cifar",
+        num_views: int = 2,
+        crop_size: int | None = None,
+        crop_scale: tuple[float, float] = (0.08, 1.0),
+        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip_p: float = 0.5,
+        jitter_strength: float | None = None,
+        jitter_p: float = 0.8,
+        grayscale_p: float = 0.2,
+        blur_p: float | None = None,
+        solarize_p: float = 0.0,
+        mean: Triple | None = None,
+        std: Triple | None = None,
+    ) -> None:
+        p = get_preset(preset)
+        self.crop_size = crop_size if crop_size is not None else p.crop_size
+        self.jitter_strength = jitter_strength if jitter_strength is not None else p.jitter_strength
+        self.blur_p = blur_p if blur_p is not None else p.blur_p
+        if num_views < 1 or self.crop_size < 1:
+            raise ValueError(f"num_views and crop_size must be >= 1, got {num_views}, "
+                             f"{self.crop_size}.")
+        if not 0 < crop_scale[0] <= crop_scale[1] <= 1:
+            raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {crop_scale}.")
+        if not 0 < crop_ratio[0] <= crop_ratio[1]:
+            raise ValueError(f"crop_ratio must satisfy 0 < min <= max, got {crop_ratio}.")
+        if self.jitter_strength < 0:
+            raise ValueError(f"jitter_strength must be >= 0, got {self.jitter_strength}.")
+        for name, prob in [("flip_p", flip_p), ("jitter_p", jitter_p),
+                           ("grayscale_p", grayscale_p), ("blur_p", self.blur_p),
+                           ("solarize_p", solarize_p)]:
+            if not 0 <= prob <= 1:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {prob}.")
+        self.num_views = num_views
+        self.crop_scale, self.crop_ratio = crop_scale, crop_ratio
+        self.flip_p, self.jitter_p, self.grayscale_p = flip_p, jitter_p, grayscale_p
+        self.solarize_p = solarize_p
+        self.mean = mean if mean is not None else p.mean
+        self.std = std if std is not None else p.std
+        self.blur_kernel = int(0.1 * self.crop_size) // 2 * 2 + 1
+
+    def __call__(self, images: Tensor) -> list[Tensor]:
+        """``images``: uint8 (B, 3, H, W) -> ``num_views`` float (B, 3, crop, crop) tensors."""
+        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"DeviceViews expects uint8 (B, 3, H, W) images, got "
+                             f"{images.dtype} {tuple(images.shape)}.")
+        x = images.float().div_(255)
+        return [self.view(x) for _ in range(self.num_views)]
+
+    def crop_boxes(self, n: int, height: int, width: int, device: Any) -> Tensor:
+        """(n, 4) boxes ``x0, y0, x1, y1`` drawn as torchvision's RandomResizedCrop (10 tries,
+        then the largest centred box within the ratio range)."""
+        tries = 10
+        area = height * width * torch.empty(n, tries, device=device).uniform_(*self.crop_scale)
+        log_ratio = torch.empty(n, tries, device=device).uniform_(
+            math.log(self.crop_ratio[0]), math.log(self.crop_ratio[1]))
+        w = torch.sqrt(area * log_ratio.exp()).round()
+        h = torch.sqrt(area / log_ratio.exp()).round()
+        ok = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+        first = ok.float().argmax(1, keepdim=True)
+        w, h, found = w.gather(1, first)[:, 0], h.gather(1, first)[:, 0], ok.any(1)
+        ratio = width / height
+        fb_w = float(width) if ratio <= self.crop_ratio[1] else round(height * self.crop_ratio[1])
+        fb_h = float(height) if ratio >= self.crop_ratio[0] else round(width / self.crop_ratio[0])
+        w = torch.where(found, w, torch.full_like(w, fb_w))
+        h = torch.where(found, h, torch.full_like(h, fb_h))
+        u = torch.rand(n, 2, device=device)
+        x0 = torch.where(found, (u[:, 0] * (width - w + 1)).floor(), (width - w) / 2)
+        y0 = torch.where(found, (u[:, 1] * (height - h + 1)).floor(), (height - h) / 2)
+        return torch.stack([x0, y0, x0 + w, y0 + h], 1)
+
+    def view(self, x: Tensor) -> Tensor:
+        """One view of a float batch in [0, 1]."""
+        n, device = x.shape[0], x.device
+        boxes = self.crop_boxes(n, x.shape[2], x.shape[3], device)
+        index = torch.arange(n, device=device, dtype=boxes.dtype).unsqueeze(1)
+        x = roi_align(x, torch.cat([index, boxes], 1), self.crop_size, aligned=True)
+        flip = torch.rand(n, device=device) < self.flip_p
+        x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+        x = self._color_jitter(x)
+        gray = torch.rand(n, device=device) < self.grayscale_p
+        x = torch.where(gray.view(-1, 1, 1, 1), _gray(x).expand_as(x), x)
+        if self.blur_p > 0:
+            blur = (torch.rand(n, device=device) < self.blur_p).nonzero()[:, 0]
+            sigma = torch.empty(len(blur), device=device).uniform_(0.1, 2.0)
+            x[blur] = _gaussian_blur(x[blur], sigma, self.blur_kernel)
+        if self.solarize_p > 0:
+            sol = (torch.rand(n, device=device) < self.solarize_p).view(-1, 1, 1, 1)
+            x = torch.where(sol & (x >= 128 / 255), 1.0 - x, x)
+        mean = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
+        return (x - mean) / std
+
+    def _color_jitter(self, x: Tensor) -> Tensor:
+        """Draw per-sample jitter parameters (identity for the 1 - jitter_p that skip it)."""
+        n, device, s = x.shape[0], x.device, self.jitter_strength
+        if s == 0 or self.jitter_p == 0:
+            return x
+        apply = torch.rand(n, 1, device=device) < self.jitter_p
+        factors = torch.empty(n, 3, device=device).uniform_(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s)
+        factors = torch.where(apply, factors, torch.ones_like(factors))
+        hue = torch.empty(n, device=device).uniform_(-0.2 * s, 0.2 * s) * apply[:, 0]
+        return color_jitter(x, factors, hue, torch.rand(n, 4, device=device).argsort(1))
+
+
+def color_jitter(x: Tensor, factors: Tensor, hue: Tensor, order: Tensor) -> Tensor:
+    """torchvision's ColorJitter with per-sample parameters and order, batched.
+
+    Args:
+        x: (B, 3, H, W) in [0, 1].
+        factors: (B, 3) brightness, contrast and saturation factors (1 = unchanged).
+        hue: (B,) hue shift in turns (0 = unchanged).
+        order: (B, 4) permutation of 0 brightness, 1 contrast, 2 saturation, 3 hue per sample.
+    """
+    for position in range(4):
+        op = order[:, position].view(-1, 1, 1, 1)
+        gray = _gray(x)
+        target = torch.where(op == 0, torch.zeros_like(gray),
+                             torch.where(op == 1, gray.mean((1, 2, 3), keepdim=True), gray))
+        f = factors.gather(1, op.view(-1, 1).clamp(max=2)).view(-1, 1, 1, 1)
+        x = torch.where(op == 3, x, (f * x + (1 - f) * target).clamp_(0, 1))
+        rows = ((op.view(-1) == 3) & (hue != 0)).nonzero()[:, 0]
+        x[rows] = _shift_hue(x[rows], hue[rows])
+    return x
