@@ -3,6 +3,7 @@
 from ssl_lightning.data.base import SSLDataModule
 from ssl_lightning.data.cifar import CIFAR10DataModule, CIFAR100DataModule
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
+from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.image_folder import ImageFolderDataModule
 from ssl_lightning.data.transforms import (
     EvalTransform,
@@ -21,6 +22,8 @@ __all__ = [
     "CorruptImageError",
     "MultiViewTransform",
     "SimCLRViews",
+    "DeviceViews",
+    "UInt8Image",
     "EvalTransform",
     "LinearEvalTransform",
     "simclr_augmentation",
