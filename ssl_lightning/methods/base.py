@@ -49,6 +49,9 @@ class SSLMethod(pl.LightningModule):
         final_lr_ratio: Learning rate at the end of the cosine as a fraction of the peak.
         image_size: Image side used to infer the backbone's feature size when it does not expose
             ``num_features``.
+        channels_last: Store conv weights and backbone inputs in channels-last layout (faster
+            convolutions on tensor-core GPUs, see README Performance).
+        compile_backbone: ``torch.compile`` the (student) backbone in place when fitting starts.
     """
 
     def __init__(
@@ -62,6 +65,8 @@ class SSLMethod(pl.LightningModule):
         warmup_epochs: float = 10.0,
         final_lr_ratio: float = 0.0,
         image_size: int = 32,
+        channels_last: bool = False,
+        compile_backbone: bool = False,
     ) -> None:
         super().__init__()
         if lr <= 0:
@@ -111,6 +116,18 @@ class SSLMethod(pl.LightningModule):
         return (self.global_rank if self._trainer is not None else rank()) * local_batch
 
     # ------------------------------------------------------------------------ Lightning hooks
+    def setup(self, stage: str) -> None:
+        """Apply ``channels_last`` / ``compile_backbone`` once, after subclasses built their
+        heads and teachers (compiling before a teacher is deep-copied would share the graph)."""
+        if getattr(self, "_layout_applied", False):
+            return
+        self._layout_applied = True
+        if self.hparams.get("channels_last", False):
+            self.to(memory_format=torch.channels_last)
+            self.backbone.register_forward_pre_hook(_inputs_to_channels_last)
+        if self.hparams.get("compile_backbone", False):
+            self.backbone.compile()
+
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets = batch
         loss, features = self.training_loss(views)
@@ -159,3 +176,11 @@ class SSLMethod(pl.LightningModule):
                 f"{self.hparams.lr_scaling!r}; set lr_scaling: none and give the final lr."
             )
         return batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
+
+
+def _inputs_to_channels_last(module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook: 4-D image inputs in channels-last layout."""
+    x, *rest = args
+    if isinstance(x, Tensor) and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return (x, *rest)
