@@ -143,9 +143,18 @@ class SSLMethod(pl.LightningModule):
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams
+        if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
+            self.trainer.fit_loop.setup_data()
         total_steps = int(self.trainer.estimated_stepping_batches)
-        steps_per_epoch = max(
-            1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
+        batches = self.trainer.num_training_batches
+        if not math.isfinite(batches) and hp.warmup_epochs > 0:
+            raise ValueError(
+                f"warmup_epochs={hp.warmup_epochs} needs a train dataloader with a length; "
+                "set warmup_epochs: 0 for an iterable dataset."
+            )
+        steps_per_epoch = (
+            max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
+            if math.isfinite(batches) else 1
         )
         lr = scale_lr(hp.lr, self.global_batch_size(), hp.lr_scaling)
         groups = self.param_groups()

@@ -1,0 +1,212 @@
+"""Reusable parts of the end-to-end (Lightning Trainer) DDP-equivalence and resume tests.
+
+- :class:`PrecomputedViews`: a dataset of fixed, precomputed views (deterministic, so two runs
+  see exactly the same pixels), with integer targets.
+- :class:`TensorDataModule`: train loader in dataset order (no shuffling), optional val loaders.
+- :func:`ddp_global_order`: the sample order a single process must use to see, at every step,
+  the concatenation of the per-rank batches of a Lightning DDP run (Lightning's training
+  ``DistributedSampler`` always shuffles, seeded by ``PL_GLOBAL_SEED``; rank r takes every W-th
+  index of the permutation, starting at r).
+- :func:`fit_and_dump`: run ``Trainer.fit`` (``devices=2`` -> ``ddp_spawn`` on CPU) and return,
+  for every rank, the final model state_dict, optimizer and scheduler state and callback states.
+- :func:`assert_states_close`: compare two nested states (tensors, dicts, lists, numbers).
+
+Typical use::
+
+    data = PrecomputedViews(16)
+    ddp = fit_and_dump(make_model(), TensorDataModule(data, 4), devices=2, max_steps=2)
+    single = fit_and_dump(make_model(), TensorDataModule(Subset(data, ddp_global_order(16, 2, 4)),
+                          8), devices=1, max_steps=2)
+    assert_states_close(ddp[0]["model"], single[0]["model"], atol=1e-6)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class PrecomputedViews(Dataset):
+    """``num_samples`` items ``([view_0, ..., view_{V-1}], target)`` drawn once from a seed.
+
+    Args:
+        num_samples: Dataset size.
+        view_sizes: Side of each view (multi-crop: several sizes); 2 views of 8 px by default.
+        num_classes: Targets are drawn uniformly from ``[0, num_classes)``.
+        seed: Seed of the generator.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        view_sizes: Sequence[int] = (8, 8),
+        num_classes: int = 4,
+        seed: int = 0,
+    ) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.views = [torch.randn(num_samples, 3, s, s, generator=generator) for s in view_sizes]
+        self.targets = torch.randint(num_classes, (num_samples,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[list[Tensor], Tensor]:
+        return [v[index] for v in self.views], self.targets[index]
+
+
+class TensorDataModule(pl.LightningDataModule):
+    """Train loader over ``train`` in order (``drop_last``), plus optional val loaders.
+
+    Args:
+        train: Training dataset yielding ``(views, target)``.
+        batch_size: Per-device batch size.
+        val: Validation datasets (e.g. ``[bank, queries]`` for the kNN callback).
+        val_batch_size: Batch size of the val loaders (``batch_size`` when None).
+    """
+
+    def __init__(
+        self,
+        train: Dataset,
+        batch_size: int,
+        val: Sequence[Dataset] = (),
+        val_batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.train, self.batch_size, self.val = train, batch_size, list(val)
+        self.val_batch_size = val_batch_size or batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=False, drop_last=True)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(v, batch_size=self.val_batch_size, shuffle=False) for v in self.val]
+
+
+def ddp_global_order(
+    num_samples: int, world_size: int, batch_size: int, epochs: int = 1, seed: int = 0
+) -> list[int]:
+    """Indices such that single-process batch s (of ``world_size * batch_size``) is the
+    rank-ordered concatenation of the rank batches s of a Lightning DDP run.
+
+    Lightning replaces the train sampler by ``DistributedSampler(shuffle=True,
+    seed=PL_GLOBAL_SEED)`` (even when the loader does not shuffle): each epoch e draws
+    ``randperm(num_samples)`` from seed + e and rank r takes every W-th index from r. ``seed``
+    must be the value given to ``pl.seed_everything`` (0 when it was never called). Batches are
+    dropped at the end as with ``drop_last=True``; pass ``epochs`` for a multi-epoch run.
+    """
+    order: list[int] = []
+    for epoch in range(epochs):
+        per_rank = []
+        for rank in range(world_size):
+            sampler = DistributedSampler(
+                range(num_samples), num_replicas=world_size, rank=rank, shuffle=True, seed=seed
+            )
+            sampler.set_epoch(epoch)
+            per_rank.append(list(sampler))
+        steps = len(per_rank[0]) // batch_size
+        order += [
+            i
+            for s in range(steps)
+            for rank_indices in per_rank
+            for i in rank_indices[s * batch_size : (s + 1) * batch_size]
+        ]
+    return order
+
+
+class _DumpState(pl.Callback):
+    """Saves every rank's final states to ``out_dir/rank{r}.pt``; 1 torch thread per process."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if trainer.world_size > 1:
+            torch.set_num_threads(1)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        state = {
+            "model": _clone(pl_module.state_dict()),
+            "optimizer": _clone([o.state_dict() for o in trainer.optimizers]),
+            "scheduler": _clone([c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]),
+            "callbacks": _clone(
+                {type(c).__name__: c.state_dict() for c in trainer.callbacks
+                 if not isinstance(c, _DumpState)}
+            ),
+            "global_step": trainer.global_step,
+            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        }
+        torch.save(state, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(v) for v in obj)
+    return obj
+
+
+def fit_and_dump(
+    model: pl.LightningModule,
+    datamodule: pl.LightningDataModule,
+    devices: int = 1,
+    callbacks: Sequence[pl.Callback] = (),
+    ckpt_path: str | None = None,
+    **trainer_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """Fit on CPU (``ddp_spawn`` when ``devices > 1``) and return each rank's final states.
+
+    Each entry has ``model`` (state_dict), ``optimizer`` and ``scheduler`` (lists of
+    state_dicts), ``callbacks`` (class name -> ``state_dict()``), ``global_step`` and
+    ``metrics`` (``trainer.callback_metrics`` as floats). ``trainer_kwargs`` go to the Trainer
+    (``max_steps``, ``max_epochs``, ``default_root_dir``, ...); logging, checkpointing,
+    progress bars and sanity validation are off unless given.
+    """
+    with tempfile.TemporaryDirectory() as out_dir:
+        settings: dict[str, Any] = dict(
+            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=out_dir,
+        )
+        settings.update(trainer_kwargs)
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=devices,
+            strategy="ddp_spawn" if devices > 1 else "auto",
+            callbacks=[*callbacks, _DumpState(out_dir)],
+            **settings,
+        )
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        return [
+            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
+            for r in range(devices)
+        ]
+
+
+def assert_states_close(actual: Any, expected: Any, atol: float = 1e-6, path: str = "") -> None:
+    """Recursively assert that two nested states are equal (tensors to ``atol``, rtol 0)."""
+    if isinstance(expected, Tensor):
+        assert isinstance(actual, Tensor), f"{path}: not a tensor"
+        assert actual.shape == expected.shape, f"{path}: {actual.shape} != {expected.shape}"
+        if expected.is_floating_point():
+            torch.testing.assert_close(actual, expected, atol=atol, rtol=0, msg=path)
+        else:
+            assert torch.equal(actual, expected), path
+    elif isinstance(expected, dict):
+        assert set(actual) == set(expected), f"{path}: keys {set(actual) ^ set(expected)}"
+        for key in expected:
+            assert_states_close(actual[key], expected[key], atol, f"{path}.{key}")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), f"{path}: lengths differ"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_states_close(a, e, atol, f"{path}[{i}]")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
