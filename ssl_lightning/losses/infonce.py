@@ -38,17 +38,19 @@ class InfoNCELoss(nn.Module):
             negatives: Negative keys (K, D), e.g. the MoCo queue; detached here.
 
         Returns:
-            Scalar loss, computed in fp32 even under autocast. Inputs are L2-normalised here.
+            Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
+            Inputs are L2-normalised here.
         """
         if query.dim() != 2 or query.shape != key.shape or negatives.shape[1:] != query.shape[1:]:
             raise ValueError(
                 f"InfoNCELoss expects query and key (B, D) and negatives (K, D), got "
                 f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(negatives.shape)}."
             )
+        dtype = torch.promote_types(query.dtype, torch.float32)
         with torch.autocast(device_type=query.device.type, enabled=False):
-            q = F.normalize(query.float(), dim=1)
-            k = F.normalize(key.detach().float(), dim=1)
-            n = F.normalize(negatives.detach().float(), dim=1)
+            q = F.normalize(query.to(dtype), dim=1)
+            k = F.normalize(key.detach().to(dtype), dim=1)
+            n = F.normalize(negatives.detach().to(dtype), dim=1)
             positive = (q * k).sum(dim=1, keepdim=True)
             logits = torch.cat([positive, q @ n.T], dim=1) / self.temperature
             labels = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)

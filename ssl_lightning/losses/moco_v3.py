@@ -39,7 +39,7 @@ class MoCoV3Loss(nn.Module):
             rank_offset: Index of this rank's first sample in ``keys_all`` (rank · B).
 
         Returns:
-            Scalar loss, computed in fp32 even under autocast.
+            Scalar loss, computed in fp32 (or float64 for float64 inputs) even under autocast.
         """
         batch, n_global = query.shape[0], keys_all.shape[0]
         if query.dim() != 2 or keys_all.shape[1:] != query.shape[1:]:
@@ -48,9 +48,10 @@ class MoCoV3Loss(nn.Module):
         if rank_offset < 0 or rank_offset + batch > n_global:
             raise ValueError(f"rank_offset {rank_offset} with local batch {batch} does not fit in "
                              f"the {n_global} gathered keys.")
+        dtype = torch.promote_types(query.dtype, torch.float32)
         with torch.autocast(device_type=query.device.type, enabled=False):
-            q = F.normalize(query.float(), dim=1)
-            k = F.normalize(keys_all.detach().float(), dim=1)
+            q = F.normalize(query.to(dtype), dim=1)
+            k = F.normalize(keys_all.detach().to(dtype), dim=1)
             labels = torch.arange(batch, device=q.device) + rank_offset
             loss = F.cross_entropy(q @ k.T / self.temperature, labels)
             return loss * (2 * self.temperature)

@@ -1,0 +1,71 @@
+"""BYOL: Grill et al., "Bootstrap Your Own Latent: A New Approach to Self-Supervised Learning",
+NeurIPS 2020.
+
+Online network: backbone, projector and predictor; target network: the EMA of backbone and
+projector (tau from 0.996 to 1 by a cosine per step, §3.2). The loss is the symmetrised
+``2 − 2·cos(q, sg(z'))`` (Eq. 2). Every term is per sample, so under DDP nothing is gathered; the
+heads' BatchNorm statistics are per rank unless ``--trainer.sync_batchnorm true`` (the paper
+uses cross-replica BN on TPUs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.callbacks.ema import Schedule, momentum_teacher
+from ssl_lightning.heads import PredictionHead, ProjectionHead
+from ssl_lightning.losses import BYOLLoss
+from ssl_lightning.methods.momentum import MomentumMethod
+
+
+class BYOL(MomentumMethod):
+    """BYOL.
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of projector and predictor (4096 in the paper).
+        projection_dim: Output size of projector and predictor (256).
+        head_batch_norm: BatchNorm in the hidden layer of projector and predictor (paper:
+            Linear-BN-ReLU-Linear). Turn off for BatchNorm-free models (exact-DDP tests).
+        momentum_base: Target momentum at step 0 (0.996), raised to ``momentum_end`` by a cosine.
+        momentum_schedule: ``"cosine"`` (paper) or ``"constant"``.
+        **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 4096,
+        projection_dim: int = 256,
+        head_batch_norm: bool = True,
+        momentum_base: float = 0.996,
+        momentum_schedule: Schedule = "cosine",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, momentum_base=momentum_base,
+                         momentum_schedule=momentum_schedule, **kwargs)
+        self.projector = ProjectionHead(self.feature_dim, projection_hidden_dim, projection_dim,
+                                        batch_norm=head_batch_norm)
+        self.predictor = PredictionHead(projection_dim, projection_hidden_dim, projection_dim,
+                                        batch_norm=head_batch_norm)
+        self.target_backbone = momentum_teacher(self.backbone)
+        self.target_projector = momentum_teacher(self.projector)
+        self.criterion = BYOLLoss()
+
+    def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        return [(self.backbone, self.target_backbone), (self.projector, self.target_projector)]
+
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        if len(views) < 2:
+            raise ValueError(f"BYOL needs 2 views per sample, got {len(views)}.")
+        features = self.backbone(views[0])
+        p1 = self.predictor(self.projector(features))
+        p2 = self.predictor(self.projector(self.backbone(views[1])))
+        with torch.no_grad():
+            z1 = self.target_projector(self.target_backbone(views[0]))
+            z2 = self.target_projector(self.target_backbone(views[1]))
+        return self.criterion(p1, p2, z1, z2), features

@@ -1,0 +1,114 @@
+"""MoCo v2: He et al., "Momentum Contrast for Unsupervised Visual Representation Learning",
+CVPR 2020, with the improvements of Chen, Fan, Girshick & He, "Improved Baselines with Momentum
+Contrastive Learning", arXiv:2003.04297 (MLP head, blur augmentation, cosine lr, T = 0.2).
+
+A query encoder (backbone + MLP head), a key encoder that is its EMA, and InfoNCE of each query
+against its key and a queue of keys from earlier batches. Keys are gathered from all ranks before
+they are enqueued, so every rank holds the same queue.
+
+BatchNorm across ranks: with ``shuffle_bn`` (the paper's §3.3 "shuffling BN"), the key batch is
+gathered, permuted with a permutation every rank draws identically from a checkpointed counter,
+encoded in per-rank chunks and un-shuffled, so the key of a sample is never normalised together
+with its query's batch. It is a no-op on one device. The alternative is SyncBN
+(``--trainer.sync_batchnorm true`` with ``shuffle_bn: false``), at the cost of one all-reduce per
+BatchNorm layer. We chose shuffle-BN as the default because it is the recipe of the paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssl_lightning.callbacks.ema import Schedule, momentum_teacher
+from ssl_lightning.heads import ProjectionHead
+from ssl_lightning.losses import InfoNCELoss
+from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.queue import FeatureQueue
+
+
+class MoCoV2(MomentumMethod):
+    """MoCo v2 (and the symmetric "MoCo v2+" loss).
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of the MLP head (2048 in MoCo v2).
+        projection_dim: Embedding size (128).
+        projection_batch_norm: BatchNorm in the head (MoCo v2 has none: fc-ReLU-fc).
+        queue_size: Number of negatives (65536 ImageNet, 4096 CIFAR); a multiple of the global
+            batch (per-device batch × world size).
+        temperature: InfoNCE temperature (0.2 in MoCo v2).
+        symmetric: Use both views as queries, ``(L(q1, k2) + L(q2, k1)) / 2``; the queue then
+            still receives the keys of the second view only, one global batch per step.
+        shuffle_bn: Shuffle the key batch across ranks (see the module docstring).
+        momentum_base: Key-encoder momentum (0.999 in MoCo; 0.99 is better for short CIFAR runs).
+        momentum_schedule: ``"constant"`` (MoCo) or ``"cosine"`` towards ``momentum_end``.
+        **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
+    """
+
+    shuffle_step: Tensor
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 2048,
+        projection_dim: int = 128,
+        projection_batch_norm: bool = False,
+        queue_size: int = 65536,
+        temperature: float = 0.2,
+        symmetric: bool = False,
+        shuffle_bn: bool = True,
+        momentum_base: float = 0.999,
+        momentum_schedule: Schedule = "constant",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, momentum_base=momentum_base,
+                         momentum_schedule=momentum_schedule, **kwargs)
+        self.projector = ProjectionHead(self.feature_dim, projection_hidden_dim, projection_dim,
+                                        batch_norm=projection_batch_norm)
+        self.key_backbone = momentum_teacher(self.backbone)
+        self.key_projector = momentum_teacher(self.projector)
+        self.queue = FeatureQueue(queue_size, projection_dim)
+        self.criterion = InfoNCELoss(temperature)
+        self.symmetric = symmetric
+        self.shuffle_bn = shuffle_bn
+        self.register_buffer("shuffle_step", torch.zeros((), dtype=torch.long))
+
+    def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]
+
+    @torch.no_grad()
+    def encode_keys(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Normalised keys of the local batch (B, D) and of the global batch (W·B, D)."""
+        batch, offset = x.shape[0], self.rank_offset(x.shape[0])
+        x_all = self.gather_no_grad(x) if self.shuffle_bn else x
+        if x_all.shape[0] == batch:  # one process (or no shuffling): plain forward
+            keys_all = self.gather_no_grad(F.normalize(self.key_projector(self.key_backbone(x)),
+                                                       dim=1))
+        else:
+            generator = torch.Generator().manual_seed(int(self.shuffle_step))
+            perm = torch.randperm(x_all.shape[0], generator=generator).to(x.device)
+            chunk = x_all[perm[offset : offset + batch]]
+            shuffled = self.gather_no_grad(
+                F.normalize(self.key_projector(self.key_backbone(chunk)), dim=1))
+            keys_all = torch.empty_like(shuffled)
+            keys_all[perm] = shuffled  # row j of `shuffled` is the key of sample perm[j]
+            self.shuffle_step += 1
+        return keys_all[offset : offset + batch], keys_all
+
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        if len(views) < 2:
+            raise ValueError(f"MoCoV2 needs 2 views per sample, got {len(views)}.")
+        features = self.backbone(views[0])
+        negatives = self.queue.negatives()
+        key2, key2_all = self.encode_keys(views[1])
+        loss = self.criterion(self.projector(features), key2, negatives)
+        if self.symmetric:
+            key1, _ = self.encode_keys(views[0])
+            query2 = self.projector(self.backbone(views[1]))
+            loss = (loss + self.criterion(query2, key1, negatives)) / 2
+        self.queue.enqueue(key2_all)
+        return loss, features

@@ -1,0 +1,82 @@
+"""MoCo v3: Chen, Xie & He, "An Empirical Study of Training Self-Supervised Vision Transformers",
+ICCV 2021.
+
+Query branch: backbone, projector and predictor; key branch: the momentum encoder (EMA of
+backbone + projector, no predictor). The symmetric loss ``ctr(q1, k2) + ctr(q2, k1)`` contrasts
+each query with the keys of the whole global batch, gathered from all ranks without gradient,
+with labels offset by the rank (§3, Algorithm 1). No queue. Momentum follows a cosine schedule
+from 0.99 to 1. The paper uses SyncBN in the heads under DDP (``--trainer.sync_batchnorm true``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.callbacks.ema import Schedule, momentum_teacher
+from ssl_lightning.heads import PredictionHead, ProjectionHead
+from ssl_lightning.losses import MoCoV3Loss
+from ssl_lightning.methods.momentum import MomentumMethod
+
+
+class MoCoV3(MomentumMethod):
+    """MoCo v3.
+
+    Args:
+        backbone: Feature extractor (ResNet or ViT; see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of projector and predictor (4096 in the paper).
+        projection_dim: Output size of projector and predictor (256).
+        projection_layers: Linear layers of the projector (3 in the paper; 2 are enough for
+            CIFAR ResNets).
+        head_batch_norm: BatchNorm in projector and predictor, with an affine-free BN on their
+            outputs as in the paper. Turn off for BatchNorm-free models (exact-DDP tests).
+        temperature: Contrastive temperature (1.0 for ResNet, 0.2 for ViT in the paper).
+        momentum_base: Momentum at step 0 (0.99), raised to ``momentum_end`` by a cosine.
+        momentum_schedule: ``"cosine"`` (paper) or ``"constant"``.
+        **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 4096,
+        projection_dim: int = 256,
+        projection_layers: int = 3,
+        head_batch_norm: bool = True,
+        temperature: float = 1.0,
+        momentum_base: float = 0.99,
+        momentum_schedule: Schedule = "cosine",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, momentum_base=momentum_base,
+                         momentum_schedule=momentum_schedule, **kwargs)
+        self.projector = ProjectionHead(
+            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
+            batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
+        )
+        self.predictor = PredictionHead(
+            projection_dim, projection_hidden_dim, projection_dim, 2,
+            batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
+        )
+        self.key_backbone = momentum_teacher(self.backbone)
+        self.key_projector = momentum_teacher(self.projector)
+        self.criterion = MoCoV3Loss(temperature)
+
+    def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]
+
+    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        if len(views) < 2:
+            raise ValueError(f"MoCoV3 needs 2 views per sample, got {len(views)}.")
+        features = self.backbone(views[0])
+        q1 = self.predictor(self.projector(features))
+        q2 = self.predictor(self.projector(self.backbone(views[1])))
+        with torch.no_grad():
+            k1 = self.gather_no_grad(self.key_projector(self.key_backbone(views[0])))
+            k2 = self.gather_no_grad(self.key_projector(self.key_backbone(views[1])))
+        offset = self.rank_offset(views[0].shape[0])
+        loss = self.criterion(q1, k2, offset) + self.criterion(q2, k1, offset)
+        return loss, features

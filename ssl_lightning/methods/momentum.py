@@ -1,0 +1,61 @@
+"""MomentumMethod: the base of methods with an EMA (momentum) teacher — MoCo v2/v3, BYOL.
+
+The method owns its teacher copies (built with :func:`momentum_teacher`, so they are frozen,
+checkpointed and moved with the method) and names them in :meth:`ema_pairs`. It supplies its own
+:class:`~ssl_lightning.callbacks.EMACallback` through ``configure_callbacks`` from its
+``momentum_*`` arguments, so neither a Python user nor a config can forget the update. Lightning
+lets a model's callbacks replace trainer callbacks of the same type: an ``EMACallback`` listed in
+``trainer.callbacks`` is therefore overridden — set the schedule through the model's arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.callbacks.ema import BufferPolicy, EMACallback, Schedule
+from ssl_lightning.distributed import all_gather_no_grad, flatten_gathered
+from ssl_lightning.methods.base import SSLMethod
+
+
+class MomentumMethod(SSLMethod):
+    """An :class:`SSLMethod` whose teacher is an exponential moving average of the student.
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        momentum_base: EMA momentum tau at the first step.
+        momentum_end: tau at the end of training (cosine schedule only).
+        momentum_schedule: ``"cosine"`` (BYOL, MoCo v3) or ``"constant"`` (MoCo v2).
+        ema_buffer_policy: How teacher buffers follow the student: ``"copy"``, ``"ema"`` or
+            ``"none"`` (see :mod:`ssl_lightning.callbacks.ema`).
+        **kwargs: Optimiser arguments of :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        momentum_base: float = 0.996,
+        momentum_end: float = 1.0,
+        momentum_schedule: Schedule = "cosine",
+        ema_buffer_policy: BufferPolicy = "copy",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, **kwargs)
+        # Built here so invalid values fail at construction, not at fit time.
+        self._ema_args = dict(momentum_base=momentum_base, momentum_end=momentum_end,
+                              schedule=momentum_schedule, buffer_policy=ema_buffer_policy)
+        EMACallback(**self._ema_args)
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """The EMA teacher update, configured from this method's ``momentum_*`` arguments."""
+        return [EMACallback(**self._ema_args)]
+
+    def gather_no_grad(self, x: Tensor) -> Tensor:
+        """Concatenate ``x`` over all ranks (rank-major) outside autograd (keys, queues)."""
+        if self._trainer is None:
+            return all_gather_no_grad(x)
+        with torch.no_grad():
+            return flatten_gathered(self.all_gather(x), x)
