@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from multicrop_utils import CountingModule
 from PIL import Image
 from torch import nn
 
 from ssl_lightning.data import MultiCropViews, MultiViewTransform
 from ssl_lightning.data.multicrop import RECIPES
 from ssl_lightning.methods.multicrop_forward import forward_by_resolution
-
-
-class CountingModule(nn.Module):
-    """Wraps a module and records the batch shape of every call."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-        self.calls: list[tuple[int, ...]] = []
-
-    def forward(self, x):  # type: ignore[no-untyped-def]
-        self.calls.append(tuple(x.shape))
-        return self.module(x)
 
 
 @pytest.fixture(scope="module")
