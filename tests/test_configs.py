@@ -1,0 +1,70 @@
+"""Every ``configs/*.yaml`` runs through the real CLI (fast_dev_run, CPU, tiny data).
+
+New configs are picked up automatically. ``run_config`` (tests/conftest.py) points the config's
+data module at the tiny image folder and adds the CPU / fast_dev_run trainer flags; a config that
+needs more registers it here:
+
+- ``EXTRA_ARGS[name]``: extra CLI arguments (e.g. a smaller backbone or crop size).
+- ``PREPARE[name]``: a function ``(tmp_path, request) -> list[str]`` run before the config, for
+  what must exist first (e.g. a pre-training checkpoint for the linear-evaluation config); it may
+  call ``pytest.skip(reason)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+EXTRA_ARGS: dict[str, list[str]] = {
+    "simclr.yaml": [],
+}
+
+PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {}
+
+
+def test_there_are_configs() -> None:
+    assert any(path.name == "simclr.yaml" for path in CONFIGS)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.name)
+def test_config_runs_through_the_cli(
+    config: Path, run_config, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    extra = list(EXTRA_ARGS.get(config.name, []))
+    if config.name in PREPARE:
+        extra += PREPARE[config.name](tmp_path, request)
+    cli = run_config(config, extra)
+    assert cli.trainer.state.finished
+    assert cli.trainer.global_step >= 1
+    declared = yaml.safe_load(config.read_text())
+    assert type(cli.model).__name__ == declared["model"]["class_path"].rpartition(".")[2]
+    metrics = cli.trainer.callback_metrics
+    losses = [v for k, v in metrics.items() if k.endswith("loss")]
+    assert losses and all(math.isfinite(float(v)) for v in losses)
+    callbacks = (declared.get("trainer") or {}).get("callbacks") or []
+    if any(c["class_path"].endswith("KNNCallback") for c in callbacks):
+        assert 0.0 <= float(metrics["val/knn_top1"]) <= 1.0  # validation ran with the kNN
+
+
+def test_simclr_config_has_the_documented_defaults() -> None:
+    config = yaml.safe_load((ROOT / "configs" / "simclr.yaml").read_text())
+    trainer, model = config["trainer"], config["model"]["init_args"]
+    assert trainer["logger"]["init_args"] == {"save_dir": "runs", "name": "simclr"}
+    callbacks = {c["class_path"].rpartition(".")[2]: c.get("init_args", {})
+                 for c in trainer["callbacks"]}
+    assert callbacks["ModelCheckpoint"]["monitor"] == "val/knn_top1"
+    assert callbacks["ModelCheckpoint"]["mode"] == "max" and callbacks["ModelCheckpoint"][
+        "save_last"]
+    assert {"LearningRateMonitor", "TQDMProgressBar", "KNNCallback", "OnlineProbe"} <= set(
+        callbacks)
+    assert model["backbone"]["init_args"] == {"depth": 18, "cifar_stem": True}
+    assert model["temperature"] == 0.5 and model["optimizer"] == "lars"
+    assert config["data"]["init_args"]["root"] == "data/cifar10"
+
