@@ -2,5 +2,9 @@
 
 from ssl_lightning.callbacks.collapse import CollapseMonitor
 from ssl_lightning.callbacks.ema import EMACallback
+from ssl_lightning.callbacks.knn import KNNCallback, knn_predict
+from ssl_lightning.callbacks.online_probe import OnlineProbe
 
-__all__: list[str] = ["CollapseMonitor", "EMACallback"]
+__all__: list[str] = [
+    "CollapseMonitor", "EMACallback", "KNNCallback", "OnlineProbe", "knn_predict",
+]

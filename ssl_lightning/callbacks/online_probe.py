@@ -1,0 +1,164 @@
+"""Online linear probe: a linear classifier trained on the detached backbone features.
+
+The standard SSL monitor (e.g. solo-learn's online classifier, the BYOL/SimCLR "online linear
+evaluation"; Chen et al., ICML 2020, §B.9 use a probe on stop-gradient features): it costs one
+``Linear`` forward/backward per step, never changes the backbone, and tracks how linearly
+separable the representation is while pre-training runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssl_lightning.callbacks.knn import gather_variable, padding_mask, val_sampler
+from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
+
+
+class OnlineProbe(pl.Callback):
+    """Trains ``Linear(feature_dim, num_classes)`` on ``training_step``'s detached features.
+
+    Every training batch, the features and targets returned by ``training_step``
+    (``outputs["features"]``, ``outputs["targets"]``) are gathered from all ranks, samples with
+    target -1 (unlabeled) are dropped, and the probe takes one SGD step on the cross-entropy of
+    the whole global batch. Every rank therefore makes the identical update and the probe
+    weights stay the same everywhere without a DDP wrapper. ``train/probe_acc`` is the accuracy
+    on each global batch before the update; ``val/probe_top1`` (percent) is measured on the
+    validation dataloader ``val_dataloader_idx`` (the labeled val split), with the
+    ``DistributedSampler`` padding duplicates dropped. The probe weights and its optimiser
+    state are saved in the checkpoint (``state_dict``) and restored on resume.
+
+    Args:
+        num_classes: Number of classes; read from ``trainer.datamodule.num_classes`` when None.
+        feature_dim: Input size; read from ``pl_module.feature_dim`` when None.
+        lr: Learning rate of the probe's SGD.
+        momentum: SGD momentum.
+        weight_decay: SGD weight decay.
+        val_dataloader_idx: Validation dataloader whose accuracy is logged as ``val/probe_top1``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        feature_dim: int | None = None,
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        val_dataloader_idx: int = 1,
+    ) -> None:
+        super().__init__()
+        if num_classes is not None and num_classes < 2:
+            raise ValueError(f"OnlineProbe num_classes must be >= 2, got {num_classes}.")
+        if feature_dim is not None and feature_dim < 1:
+            raise ValueError(f"OnlineProbe feature_dim must be >= 1, got {feature_dim}.")
+        if not lr > 0:
+            raise ValueError(f"OnlineProbe lr must be > 0, got {lr}.")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"OnlineProbe momentum must be in [0, 1), got {momentum}.")
+        if weight_decay < 0:
+            raise ValueError(f"OnlineProbe weight_decay must be >= 0, got {weight_decay}.")
+        self.num_classes, self.feature_dim = num_classes, feature_dim
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.val_dataloader_idx = val_dataloader_idx
+        self.linear: nn.Linear | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._val_hits: list[Tensor] = []
+
+    # ------------------------------------------------------------------------ building / state
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.linear is not None:
+            return
+        num_classes = self.num_classes or getattr(trainer.datamodule, "num_classes", None)
+        feature_dim = self.feature_dim or getattr(pl_module, "feature_dim", None)
+        if not isinstance(num_classes, int) or not isinstance(feature_dim, int):
+            raise ValueError(
+                "OnlineProbe needs num_classes (or a datamodule with a num_classes attribute) and "
+                f"feature_dim (or a module with a feature_dim attribute); got num_classes="
+                f"{num_classes}, feature_dim={feature_dim}."
+            )
+        self.linear = nn.Linear(feature_dim, num_classes)
+        self.optimizer = torch.optim.SGD(
+            self.linear.parameters(), lr=self.lr, momentum=self.momentum,
+            weight_decay=self.weight_decay,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.linear is None or self.optimizer is None:
+            return {}
+        if self._pending_state is not None:  # restored but not used yet
+            return self._pending_state
+        return {"linear": self.linear.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Applied once the probe sits on the module's device, so that the optimiser state is
+        # cast to that device (Lightning restores callbacks before moving the model).
+        self._pending_state = state_dict or None
+
+    def _ready(self, pl_module: pl.LightningModule) -> nn.Linear:
+        if self.linear is None or self.optimizer is None:
+            raise RuntimeError("OnlineProbe used before setup().")
+        if self.linear.weight.device != pl_module.device:
+            self.linear.to(pl_module.device)
+        if self._pending_state is not None:
+            self.linear.load_state_dict(self._pending_state["linear"])
+            self.optimizer.load_state_dict(self._pending_state["optimizer"])
+            self._pending_state = None
+        return self.linear
+
+    # ------------------------------------------------------------------------------- training
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:
+        linear = self._ready(pl_module)
+        features = gather_variable(outputs["features"].detach().float())
+        targets = gather_variable(outputs["targets"].detach().long().to(features.device))
+        labeled = targets >= 0
+        if not labeled.any():
+            return
+        features, targets = features[labeled], targets[labeled]
+        with torch.enable_grad(), torch.autocast(features.device.type, enabled=False):
+            logits = linear(features)
+            loss = F.cross_entropy(logits, targets)
+            self.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+            loss.backward()
+            self.optimizer.step()  # type: ignore[union-attr]
+        accuracy = (logits.detach().argmax(dim=1) == targets).float().mean()
+        pl_module.log("train/probe_acc", accuracy, on_step=True, on_epoch=True, sync_dist=True,
+                      batch_size=len(targets))
+        pl_module.log("train/probe_loss", loss.detach(), on_step=True, on_epoch=True,
+                      sync_dist=True, batch_size=len(targets))
+
+    # ----------------------------------------------------------------------------- validation
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._val_hits.clear()
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int, dataloader_idx: int = 0,
+    ) -> None:
+        if dataloader_idx != self.val_dataloader_idx:
+            return
+        linear = self._ready(pl_module)
+        with torch.no_grad(), torch.autocast(pl_module.device.type, enabled=False):
+            predictions = linear(outputs["features"].detach().float()).argmax(dim=1)
+        targets = outputs["targets"].to(predictions.device)
+        # -1: correct/incorrect flag; unlabeled samples are marked -1 and skipped at epoch end.
+        self._val_hits.append(torch.where(targets >= 0, (predictions == targets).long(), -1))
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._val_hits:
+            return
+        hits = torch.cat(self._val_hits)
+        self._val_hits.clear()
+        hits = hits[padding_mask(len(hits), val_sampler(trainer, self.val_dataloader_idx),
+                                 hits.device)]
+        counts = torch.stack([(hits == 1).sum(), (hits >= 0).sum()]).double()
+        counts = all_reduce_mean_no_grad(counts) * world_size()
+        if counts[1] > 0:
+            pl_module.log("val/probe_top1", float(100 * counts[0] / counts[1]), sync_dist=True)

@@ -1,0 +1,115 @@
+"""OnlineProbe: learns a linearly separable problem from the step outputs, matches a hand-run
+SGD on the same batches, skips unlabeled samples, and its state round-trips."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ssl_lightning.callbacks import OnlineProbe
+
+DIM, CLASSES = 4, 3
+
+
+class _FeatureModule(pl.LightningModule):
+    """Its 'backbone features' are the inputs; the SSL loss is a dummy on one parameter."""
+
+    feature_dim = DIM
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch, batch_idx) -> dict[str, Tensor]:
+        x, y = batch
+        return {"loss": (self.w**2).sum(), "features": x, "targets": y}
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0) -> dict[str, Tensor]:
+        return {"features": batch[0], "targets": batch[1]}
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _separable(n: int, seed: int) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(CLASSES, (n,), generator=g)
+    x = torch.randn(n, DIM, generator=g) * 0.3
+    x[torch.arange(n), y] += 3.0  # class c lives around 3 e_c
+    return x, y
+
+
+def _trainer(probe: OnlineProbe, epochs: int) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, callbacks=[probe])
+
+
+def test_probe_learns_separable_problem_and_logs_val_top1() -> None:
+    x, y = _separable(64, 0)
+    train = DataLoader(TensorDataset(x, y), batch_size=16)
+    xv, yv = _separable(30, 1)
+    val = [DataLoader(TensorDataset(xv, yv), batch_size=8)] * 2
+    probe = OnlineProbe(num_classes=CLASSES, lr=0.1)
+    trainer = _trainer(probe, epochs=4)
+    trainer.fit(_FeatureModule(), train_dataloaders=train, val_dataloaders=val)
+    assert trainer.callback_metrics["val/probe_top1"].item() == 100.0
+    assert trainer.callback_metrics["train/probe_acc_epoch"].item() == 1.0
+    assert probe.linear is not None and probe.linear.weight.grad is not None
+
+
+def test_probe_update_equals_hand_run_sgd_and_skips_unlabeled() -> None:
+    x, y = _separable(24, 2)
+    y[::5] = -1
+    torch.manual_seed(0)
+    probe = OnlineProbe(num_classes=CLASSES, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    trainer = _trainer(probe, epochs=1)
+    torch.manual_seed(0)
+    trainer.fit(_FeatureModule(), train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=8))
+
+    torch.manual_seed(0)
+    reference = nn.Linear(DIM, CLASSES)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    for xb, yb in zip(x.split(8), y.split(8), strict=True):
+        keep = yb >= 0
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(reference(xb[keep]), yb[keep]).backward()
+        optimizer.step()
+    torch.testing.assert_close(probe.linear.weight, reference.weight, rtol=0, atol=1e-7)
+    torch.testing.assert_close(probe.linear.bias, reference.bias, rtol=0, atol=1e-7)
+
+
+def test_probe_state_round_trips_including_optimizer_momentum() -> None:
+    x, y = _separable(32, 3)
+    probe = OnlineProbe(num_classes=CLASSES)
+    _trainer(probe, epochs=1).fit(_FeatureModule(),
+                                  train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=8))
+    state = probe.state_dict()
+    assert state["optimizer"]["state"], "momentum buffers must be in the checkpoint"
+    fresh = OnlineProbe(num_classes=CLASSES)
+    fresh.setup(None, _FeatureModule(), "fit")  # type: ignore[arg-type]
+    fresh.load_state_dict(state)
+    restored = fresh.state_dict()
+    torch.testing.assert_close(restored["linear"], state["linear"], rtol=0, atol=0)
+    torch.testing.assert_close(restored["optimizer"]["state"], state["optimizer"]["state"],
+                               rtol=0, atol=0)
+    fresh._ready(_FeatureModule())  # applies the pending state to the live modules
+    torch.testing.assert_close(fresh.linear.state_dict(), state["linear"], rtol=0, atol=0)
+    torch.testing.assert_close(fresh.optimizer.state_dict()["state"], state["optimizer"]["state"],
+                               rtol=0, atol=0)
+
+
+def test_probe_rejects_bad_arguments_and_missing_sizes() -> None:
+    with pytest.raises(ValueError, match="num_classes must be >= 2, got 1"):
+        OnlineProbe(num_classes=1)
+    with pytest.raises(ValueError, match="lr must be > 0, got 0"):
+        OnlineProbe(lr=0.0)
+    with pytest.raises(ValueError, match="momentum"):
+        OnlineProbe(momentum=1.0)
+    trainer = _trainer(OnlineProbe(), epochs=1)
+    with pytest.raises(ValueError, match="num_classes"):
+        loader = DataLoader(TensorDataset(*_separable(8, 0)))
+        trainer.fit(_FeatureModule(), train_dataloaders=loader)
