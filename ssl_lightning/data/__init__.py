@@ -1,6 +1,7 @@
 """Data modules and multi-view transforms."""
 
 from ssl_lightning.data.base import SSLDataModule
+from ssl_lightning.data.byol_views import BYOLViews
 from ssl_lightning.data.cifar import CIFAR10DataModule, CIFAR100DataModule
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
@@ -22,6 +23,7 @@ __all__ = [
     "CorruptImageError",
     "MultiViewTransform",
     "SimCLRViews",
+    "BYOLViews",
     "DeviceViews",
     "UInt8Image",
     "EvalTransform",
