@@ -26,9 +26,10 @@ class OnlineProbe(pl.Callback):
     (``outputs["features"]``, ``outputs["targets"]``) are gathered from all ranks, samples with
     target -1 (unlabeled) are dropped, and the probe takes one SGD step on the cross-entropy of
     the whole global batch. Every rank therefore makes the identical update and the probe
-    weights stay the same everywhere without a DDP wrapper. ``train/probe_acc`` is the accuracy
-    on each global batch before the update; ``val/probe_top1`` (percent) is measured on the
-    validation dataloader ``val_dataloader_idx`` (the labeled val split), with the
+    weights (zero-initialised on every rank) stay the same everywhere without a DDP wrapper.
+    ``train/probe_acc`` is the accuracy on each global batch before the update;
+    ``val/probe_top1`` (percent) is measured on the validation dataloader
+    ``val_dataloader_idx`` (the labeled val split), with the
     ``DistributedSampler`` padding duplicates dropped. The probe weights and its optimiser
     state are saved in the checkpoint (``state_dict``) and restored on resume.
 
@@ -82,6 +83,10 @@ class OnlineProbe(pl.Callback):
                 f"{num_classes}, feature_dim={feature_dim}."
             )
         self.linear = nn.Linear(feature_dim, num_classes)
+        # Zero init: deterministic and identical on every rank without a broadcast (the problem
+        # is convex, so nothing is lost against a random init).
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
         self.optimizer = torch.optim.SGD(
             self.linear.parameters(), lr=self.lr, momentum=self.momentum,
             weight_decay=self.weight_decay,
