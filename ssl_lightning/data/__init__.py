@@ -6,6 +6,7 @@ from ssl_lightning.data.cifar import CIFAR10DataModule, CIFAR100DataModule
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.image_folder import ImageFolderDataModule
+from ssl_lightning.data.multicrop import MultiCropViews
 from ssl_lightning.data.transforms import (
     EvalTransform,
     LinearEvalTransform,
@@ -26,6 +27,7 @@ __all__ = [
     "BYOLViews",
     "DeviceViews",
     "UInt8Image",
+    "MultiCropViews",
     "EvalTransform",
     "LinearEvalTransform",
     "simclr_augmentation",
