@@ -1,16 +1,31 @@
-"""LightningCLI wiring: ``python -m ssl_lightning fit --config configs/simclr.yaml``."""
+"""LightningCLI wiring: ``python -m ssl_lightning fit --config configs/simclr.yaml``.
+
+Model and data module are chosen in subclass mode, so a config names any ``LightningModule``
+(every :class:`~ssl_lightning.methods.SSLMethod`, and the linear-evaluation module, which is not
+one) and any ``LightningDataModule`` by ``class_path``; the public classes of ``ssl_lightning``
+can be named without their module (``class_path: SimCLR``). ``--help``, ``--print_config`` and
+overrides such as ``--model.temperature 0.2`` are LightningCLI's.
+"""
 
 from __future__ import annotations
 
 import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningCLI
 
-from ssl_lightning.methods import SSLMethod
 
+def main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+    """Build and run the CLI.
 
-def main(args: list[str] | None = None) -> LightningCLI:
-    """Run the CLI; ``args`` replaces ``sys.argv[1:]`` (for tests)."""
-    import ssl_lightning  # noqa: F401  (registers every public class for short class_path names)
+    Args:
+        args: Command-line arguments (``sys.argv[1:]`` when None), e.g.
+            ``["fit", "--config", "configs/simclr.yaml"]``; lets tests and scripts call it.
+        run: Run the subcommand; when False, ``args`` must omit the subcommand and the CLI only
+            instantiates the trainer, model and data module (for inspection).
+
+    Returns:
+        The ``LightningCLI`` object (``.trainer``, ``.model``, ``.datamodule``, ``.config``).
+    """
+    import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
 
     return LightningCLI(
         pl.LightningModule,
@@ -18,5 +33,6 @@ def main(args: list[str] | None = None) -> LightningCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         args=args,
+        run=run,
         save_config_kwargs={"overwrite": True},
     )
