@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,10 +12,11 @@ import torch
 from evaluation_helpers import simclr_checkpoint, tiny_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
-from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.backbones import ResNet, SmallConvNet
 from ssl_lightning.callbacks.knn import KNNCallback, knn_predict
-from ssl_lightning.evaluation import KNNEval
+from ssl_lightning.evaluation import EmbeddingPlot, KNNEval
 
+ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES, K, T = 8, 20, 0.1
 
 
@@ -103,3 +106,20 @@ def test_backbone_stays_frozen_and_errors_are_those_of_the_loader(checkpoint, tm
         KNNEval(SmallConvNet((8, 16)), str(tmp_path / "nope.ckpt"))
     with pytest.raises(ValueError, match="k must be"):
         KNNEval(SmallConvNet((8, 16)), k=0)
+
+
+def test_knn_config_runs_through_the_cli_validate(run_config, tmp_path):
+    backbone = ResNet(18, cifar_stem=True)
+    path = str(tmp_path / "pretrain.ckpt")
+    torch.save({"state_dict": {f"backbone.{k}": v for k, v in backbone.state_dict().items()}},
+               path)
+    cli = run_config(ROOT / "configs" / "knn.yaml", ["--model.checkpoint", path],
+                     subcommand="validate")
+    assert isinstance(cli.model, KNNEval)
+    for key, value in backbone.state_dict().items():
+        assert torch.equal(cli.model.backbone.state_dict()[key], value), key
+    metrics = cli.trainer.callback_metrics
+    assert {"val/knn_top1", "val/knn_top5", "val/embedding_std", "val/rankme"} <= set(metrics)
+    assert 0.0 <= float(metrics["val/knn_top1"]) <= 100.0
+    (plot,) = [c for c in cli.trainer.callbacks if isinstance(c, EmbeddingPlot)]
+    assert plot.last_path is not None and os.path.isfile(plot.last_path)

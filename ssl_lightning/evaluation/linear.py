@@ -149,6 +149,8 @@ class LinearEval(pl.LightningModule):
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams
         modules = [self.backbone, self.classifier] if self.finetune else [self.classifier]
+        if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
+            self.trainer.fit_loop.setup_data()
         lr = scale_lr(hp.lr, SSLMethod.global_batch_size(self), hp.lr_scaling)  # type: ignore[arg-type]
         optimizer = build_optimizer(
             "sgd", split_decay_groups(modules, hp.weight_decay), lr=lr, momentum=hp.momentum

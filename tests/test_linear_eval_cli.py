@@ -1,0 +1,32 @@
+"""configs/linear.yaml through the real CLI: the checkpoint errors reach the user.
+
+(The config itself runs in tests/test_configs.py with a real SimCLR checkpoint; fine-tuning
+is covered by tests/test_linear_eval.py.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ssl_lightning.backbones import SmallConvNet
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "linear.yaml"
+
+
+def fake_checkpoint(backbone: torch.nn.Module, path: Path) -> str:
+    torch.save({"state_dict": {f"backbone.{k}": v for k, v in backbone.state_dict().items()}},
+               path)
+    return str(path)
+
+
+def test_cli_names_the_mismatch_for_a_checkpoint_of_another_backbone(run_config, tmp_path):
+    path = fake_checkpoint(SmallConvNet((64, 64)), tmp_path / "small.ckpt")
+    with pytest.raises(ValueError, match="does not match the configured backbone"):
+        run_config(CONFIG, ["--model.checkpoint", path])
+    # jsonargparse re-raises errors of the model's __init__ as a ValueError quoting the message
+    with pytest.raises((FileNotFoundError, ValueError), match="Checkpoint file not found.*nowhere"):
+        run_config(CONFIG, ["--model.checkpoint", str(tmp_path / "nowhere.ckpt")])
+
