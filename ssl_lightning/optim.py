@@ -23,7 +23,11 @@ LRScaling = Literal["none", "linear", "sqrt"]
 
 
 class LARS(Optimizer):
-    """SGD with momentum and a layer-wise trust ratio ``eta·||w|| / (||g|| + wd·||w||)``.
+    """SGD with momentum and a layer-wise trust ratio ``eta·||w|| / ||g + wd·w||``.
+
+    As in SimCLR's implementation, the weight decay is added to the gradient first and the
+    trust ratio is taken of that sum (the LARS paper writes ``||g|| + wd·||w||``); the scaled
+    step goes into the momentum buffer and the parameter moves by ``lr × buffer``.
 
     Parameter groups with ``exclude_from_lars=True`` (biases, norms) get plain SGD with momentum
     and no weight decay adaptation.
@@ -143,7 +147,8 @@ class WarmupCosine:
                 f"Need 0 <= warmup_steps ({warmup_steps}) <= total_steps ({total_steps}), "
                 "total_steps >= 1."
             )
-        self.warmup_steps, self.total_steps, self.final_ratio = warmup_steps, total_steps, final_ratio
+        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+        self.final_ratio = final_ratio
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
