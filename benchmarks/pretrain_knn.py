@@ -1,0 +1,107 @@
+"""kNN top-1 on the CIFAR-10 test split: random-init backbone vs a short SimCLR pre-training.
+
+Both numbers come from this one script, with the same backbone architecture, data module,
+kNN bank and :class:`~ssl_lightning.callbacks.KNNCallback` (weighted cosine kNN, k=200,
+T=0.07, Wu et al. 2018). The final checkpoint is saved (default
+``/work/runs/pretrain_knn/last.ckpt``) for the offline evaluation tools.
+
+Run (CPU, one thread, about 25 minutes with the defaults)::
+
+    mkdir -p /work/data && tar -xzf ../shared/data/cifar10-jpeg.tar.gz -C /work/data
+    python benchmarks/pretrain_knn.py --data-root /work/data/cifar10 --epochs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import pytorch_lightning as pl
+import torch
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.callbacks import KNNCallback, OnlineProbe
+from ssl_lightning.data import CIFAR10DataModule, DeviceViews, UInt8Image
+from ssl_lightning.methods import SimCLR
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-root", default="/work/data/cifar10")
+    parser.add_argument("--out", default="/work/runs/pretrain_knn/last.ckpt",
+                        help="where the pre-trained checkpoint is written")
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128],
+                        help="SmallConvNet stage widths")
+    parser.add_argument("--lr", type=float, default=1.0, help="LARS base lr (× batch / 256)")
+    parser.add_argument("--temperature", type=float, default=0.2)
+    parser.add_argument("--knn-bank", type=int, default=10000,
+                        help="train images in the kNN bank (fixed subset; all test images query)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="data-loading processes")
+    parser.add_argument("--max-minutes", type=float, default=30.0, help="hard cap on training")
+    parser.add_argument("--limit-train-batches", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed)
+    data = CIFAR10DataModule(
+        root=args.data_root, batch_size=args.batch_size, num_workers=args.workers,
+        persistent_workers=args.workers > 0, knn_train_subset=args.knn_bank, eval_batch_size=512,
+        # Views made batch-wise from uint8 images: on CPU much cheaper than per-image PIL ops.
+        train_transform=UInt8Image(), device_transform=DeviceViews(preset="cifar"),
+    )
+    model = SimCLR(
+        SmallConvNet(widths=tuple(args.widths)), projection_hidden_dim=512, projection_dim=128,
+        temperature=args.temperature, optimizer="lars", lr=args.lr, lr_scaling="linear",
+        weight_decay=1e-6, warmup_epochs=1, final_lr_ratio=0.0,
+    )
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+
+    def trainer(callbacks: list[pl.Callback], **kwargs: object) -> pl.Trainer:
+        return pl.Trainer(
+            accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+            enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=out_dir,
+            enable_progress_bar=False, callbacks=callbacks, **kwargs,  # type: ignore[arg-type]
+        )
+
+    start = time.perf_counter()
+    knn = KNNCallback(k=200, temperature=0.07)
+    random_top1 = trainer([knn]).validate(model, datamodule=data, verbose=False)[0]["val/knn_top1"]
+    print(f"random init: kNN top-1 {random_top1:.2f}%  ({time.perf_counter() - start:.0f} s)",
+          flush=True)
+
+    start = time.perf_counter()
+    probe = OnlineProbe(num_classes=10)
+    fit = trainer([probe], max_epochs=args.epochs, max_time={"minutes": args.max_minutes},
+                  limit_train_batches=args.limit_train_batches, limit_val_batches=0)
+    fit.fit(model, datamodule=data)
+    train_seconds = time.perf_counter() - start
+    fit.save_checkpoint(args.out)
+    pretrained = trainer([knn, probe]).validate(model, datamodule=data, verbose=False)[0]
+    result = {
+        "random_init_knn_top1": random_top1,
+        "pretrained_knn_top1": pretrained["val/knn_top1"],
+        "pretrained_knn_top5": pretrained["val/knn_top5"],
+        "online_probe_top1": pretrained["val/probe_top1"],
+        "epochs_done": fit.current_epoch,
+        "steps": fit.global_step,
+        "train_minutes": round(train_seconds / 60, 1),
+        "args": vars(args),
+        "checkpoint": os.path.abspath(args.out),
+    }
+    print(json.dumps(result, indent=2))
+    with open(os.path.join(out_dir, "result.json"), "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
