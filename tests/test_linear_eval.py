@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 
@@ -121,10 +122,11 @@ def test_wrong_checkpoint_errors(tmp_path):
     simclr_checkpoint(SmallConvNet((8, 16), norm="group"), good)
     with pytest.raises(FileNotFoundError, match="missing.ckpt"):
         LinearEval(SmallConvNet((8, 16)), 4, checkpoint=str(tmp_path / "missing.ckpt"))
-    text = tmp_path / "notes.ckpt"
-    text.write_text("not a checkpoint")
-    with pytest.raises(ValueError, match="not a readable PyTorch Lightning checkpoint"):
-        LinearEval(SmallConvNet((8, 16)), 4, checkpoint=str(text))
+    for i, content in enumerate(["not a checkpoint", "hello", ""]):
+        text = tmp_path / f"notes{i}.ckpt"
+        text.write_text(content)
+        with pytest.raises(ValueError, match="not a readable PyTorch Lightning checkpoint"):
+            LinearEval(SmallConvNet((8, 16)), 4, checkpoint=str(text))
     plain = str(tmp_path / "plain.pt")
     torch.save(SmallConvNet((8, 16)).state_dict(), plain)
     with pytest.raises(ValueError, match="no 'state_dict' entry"):
@@ -138,6 +140,17 @@ def test_wrong_checkpoint_errors(tmp_path):
     with pytest.raises(ValueError, match="unexpected keys"):
         load_backbone(SmallConvNet((8, 16), norm="none"), good)
     assert os.path.exists(good)
+
+
+def test_checkpoint_with_pickled_python_objects_still_loads(tmp_path):
+    """weights_only=True refuses e.g. a Namespace in the hyperparameters; such (trusted)
+    checkpoints are read like Lightning reads them."""
+    backbone = SmallConvNet((8, 16))
+    path = str(tmp_path / "ns.ckpt")
+    torch.save({"state_dict": {f"backbone.{k}": v for k, v in backbone.state_dict().items()},
+                "hyper_parameters": argparse.Namespace(lr=0.1)}, path)
+    model = LinearEval(SmallConvNet((8, 16)), 4, checkpoint=path)
+    assert torch.equal(model.backbone.net[0].weight, backbone.net[0].weight)
 
 
 @pytest.mark.parametrize("kwargs, match", [

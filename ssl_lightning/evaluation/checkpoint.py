@@ -19,11 +19,22 @@ from torch import Tensor, nn
 DEFAULT_PREFIX = "backbone."
 
 
+def _torch_load(path: str) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" not in str(err):
+            raise
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
 def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     """The ``state_dict`` of a Lightning checkpoint file, on the CPU.
 
-    The file is read with ``torch.load(weights_only=True)``: tensors and plain containers only,
-    no arbitrary code.
+    The file is read with ``torch.load(weights_only=True)`` (tensors and plain containers, no
+    arbitrary code); a checkpoint that also pickles other Python objects (e.g. hyperparameters
+    of custom types) is then read like Lightning reads its own checkpoints
+    (``weights_only=False``): only evaluate checkpoints you trust.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -33,8 +44,8 @@ def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Checkpoint file not found: {path!r}.")
     try:
-        checkpoint: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+        checkpoint: Any = _torch_load(path)
+    except Exception as err:  # corrupt, truncated, text or foreign files all fail differently
         raise ValueError(
             f"{path!r} is not a readable PyTorch Lightning checkpoint ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else ''})."
