@@ -97,3 +97,27 @@ def test_moco_v2_symmetric_loss_is_mean_of_both_directions() -> None:
     torch.testing.assert_close(model.queue.queue[:4], torch.nn.functional.normalize(k2, dim=1),
                                atol=1e-6, rtol=0)
     assert int(model.queue.queue_ptr) == 4
+
+
+def test_moco_v3_and_byol_pair_each_query_with_the_other_views_key() -> None:
+    """The method losses are the papers' compositions: ctr(q1, k2) + ctr(q2, k1) for MoCo v3 and
+    L(p1, z2') + L(p2, z1') for BYOL (a swap of the views would still give a valid-looking loss)."""
+    views = [torch.randn(4, 3, 8, 8) for _ in range(2)]
+    for model in (_moco_v3(), _byol()):
+        model.train()
+        teacher_bb, teacher_proj = (t for _, t in model.ema_pairs())
+        for _, t in model.ema_pairs():  # make the teacher differ from the student
+            for p in t.parameters():
+                p.data.add_(0.1 * torch.randn_like(p))
+        loss, _ = model.training_loss(views)
+        with torch.no_grad():
+            p1, p2 = (model.predictor(model.projector(model.backbone(v))) for v in views)
+            z1, z2 = (teacher_proj(teacher_bb(v)) for v in views)
+            if isinstance(model, MoCoV3):
+                expected = model.criterion(p1, z2) + model.criterion(p2, z1)
+                swapped = model.criterion(p1, z1) + model.criterion(p2, z2)
+            else:
+                expected = model.criterion(p1, p2, z1, z2)
+                swapped = model.criterion(p1, p2, z2, z1)
+        torch.testing.assert_close(loss.detach(), expected, atol=1e-5, rtol=0)
+        assert not torch.allclose(swapped, expected, atol=1e-3)
