@@ -30,7 +30,7 @@ def _randn(*shape: int) -> Tensor:
 
 # One factory per loss class: (loss module, positional inputs (tensors or lists of tensors)).
 LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
-    "NTXentLoss": lambda: (losses.NTXentLoss(0.2), (_randn(B, D), _randn(B, D))),
+    "NTXentLoss": lambda: (losses.NTXentLoss(0.2, chunk_size=None), (_randn(B, D), _randn(B, D))),
     "NTXentLoss(chunked)": lambda: (losses.NTXentLoss(0.2, chunk_size=5),
                                     (_randn(B, D), _randn(B, D))),
     "InfoNCELoss": lambda: (losses.InfoNCELoss(0.2), (_randn(B, D), _randn(B, D), _randn(K, D))),
@@ -88,7 +88,7 @@ def test_nt_xent_in_bf16_would_fail_the_tolerance():
     """The 1e-5 tolerance above bites: the same NT-Xent computed in bf16 is off by more."""
     torch.manual_seed(0)
     z1, z2 = torch.randn(B, D).bfloat16(), torch.randn(B, D).bfloat16()
-    fp32 = losses.NTXentLoss(0.2)(z1.float(), z2.float())
+    fp32 = losses.NTXentLoss(0.2, chunk_size=None)(z1.float(), z2.float())
     z = torch.nn.functional.normalize(torch.cat([z1, z2]), dim=1)
     logits = (z @ z.T / 0.2).fill_diagonal_(float("-inf"))
     target = torch.cat([torch.arange(B, 2 * B), torch.arange(B)])

@@ -37,7 +37,7 @@ def test_chunked_nt_xent_matches_loop_reference_and_dense_gradients(n: int, chun
     temperature = 0.3
     chunked = NTXentLoss(temperature, chunk_size=chunk_size)(z1, z2)
     grads_chunked = torch.autograd.grad(chunked, [z1, z2])
-    dense = NTXentLoss(temperature)(z1, z2)
+    dense = NTXentLoss(temperature, chunk_size=None)(z1, z2)
     grads_dense = torch.autograd.grad(dense, [z1, z2])
     reference = _nt_xent_reference(z1.detach().numpy(), z2.detach().numpy(), temperature)
     assert chunked.dtype == torch.float32
@@ -140,7 +140,7 @@ def _ddp_both_variants(rank: int, world_size: int) -> dict:
 
 def test_chunked_nt_xent_two_process_ddp_equals_single_process():
     x1, x2, model = _data_and_model()
-    loss = NTXentLoss(0.5)(model(x1), model(x2))  # dense, whole global batch, one process
+    loss = NTXentLoss(0.5, chunk_size=None)(model(x1), model(x2))  # dense, global batch
     loss.backward()
     expected_grads = [p.grad for p in model.parameters()]
     results = run_in_processes(_ddp_both_variants, _WORLD)

@@ -24,6 +24,8 @@ class SimCLR(SSLMethod):
         projection_layers: Linear layers in the projection MLP (2 in v1, 3 in v2).
         projection_batch_norm: BatchNorm inside the projection MLP.
         temperature: NT-Xent temperature.
+        loss_chunk_size: Anchor rows per block of the memory-efficient NT-Xent; ``None`` for the
+            dense logit matrix (see :class:`NTXentLoss`).
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -35,6 +37,7 @@ class SimCLR(SSLMethod):
         projection_layers: int = 2,
         projection_batch_norm: bool = True,
         temperature: float = 0.2,
+        loss_chunk_size: int | None = 1024,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
@@ -42,7 +45,7 @@ class SimCLR(SSLMethod):
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=projection_batch_norm,
         )
-        self.criterion = NTXentLoss(temperature)
+        self.criterion = NTXentLoss(temperature, chunk_size=loss_chunk_size)
 
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         if len(views) < 2:

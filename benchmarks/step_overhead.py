@@ -1,0 +1,116 @@
+"""Lightning overhead: a SimCLR training step through our LightningModule + Trainer vs a
+hand-written PyTorch loop with the same model, loss, optimiser, LR schedule and data, on CPU.
+
+Both read the same precomputed views from a ``DataLoader`` (no workers); a step is timed from
+one batch's start to the next (data fetch, forward, backward, optimiser and scheduler step, and
+for Lightning its hooks, logging and closure). Lightning and the hand loop alternate over
+``--rounds`` rounds; the figure is the median step time over all timed steps.
+
+Usage:
+    python benchmarks/step_overhead.py --backbone small --batch 128 --steps 30 --rounds 3
+    python benchmarks/step_overhead.py --backbone resnet18 --batch 64 --steps 10 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ssl_lightning.backbones import ResNet, SmallConvNet
+from ssl_lightning.methods import SimCLR
+from ssl_lightning.optim import WarmupCosine
+
+
+class FixedViews(Dataset):
+    """``n`` samples of two fixed random 32-px views and a target."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.views = torch.randn(2, n, 3, 32, 32, generator=g)
+
+    def __len__(self) -> int:
+        return self.views.shape[1]
+
+    def __getitem__(self, i: int) -> tuple[list[torch.Tensor], int]:
+        return [self.views[0, i], self.views[1, i]], 0
+
+
+def make_model(backbone: str) -> SimCLR:
+    torch.manual_seed(0)
+    net = ResNet(18, cifar_stem=True) if backbone == "resnet18" else SmallConvNet()
+    return SimCLR(net, projection_hidden_dim=512, projection_dim=128, optimizer="sgd", lr=0.1,
+                  lr_scaling="none", weight_decay=5e-4, warmup_epochs=0.0)
+
+
+class StepTimer(pl.Callback):
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.starts.append(time.perf_counter())
+
+
+def lightning_steps(backbone: str, loader: DataLoader, steps: int) -> list[float]:
+    timer = StepTimer()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps + 1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, callbacks=[timer])
+    trainer.fit(make_model(backbone), train_dataloaders=loader)
+    return [b - a for a, b in zip(timer.starts[1:-1], timer.starts[2:], strict=True)]
+
+
+def hand_steps(backbone: str, loader: DataLoader, steps: int) -> list[float]:
+    model = make_model(backbone)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(0, steps + 1, 0.0))
+    starts = []
+    for step, (views, _) in enumerate(loader):
+        starts.append(time.perf_counter())
+        if step == steps + 1:
+            break
+        loss, _ = model.training_loss(views)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+    return [b - a for a, b in zip(starts[1:-1], starts[2:], strict=True)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backbone", choices=["small", "resnet18"], default="small")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loader = DataLoader(FixedViews(args.batch * (args.steps + 2)), batch_size=args.batch,
+                        drop_last=True)
+    times: dict[str, list[float]] = {"lightning": [], "hand-written loop": []}
+    for _ in range(args.rounds):
+        times["hand-written loop"] += hand_steps(args.backbone, loader, args.steps)
+        times["lightning"] += lightning_steps(args.backbone, loader, args.steps)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    overhead = median["lightning"] / median["hand-written loop"] - 1
+    for name, t in median.items():
+        print(f"{name:20s} {t * 1e3:8.1f} ms/step")
+    print(f"Lightning overhead: {overhead * 100:+.1f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ms_per_step": {k: v * 1e3 for k, v in median.items()},
+                       "overhead": overhead, **vars(args)}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

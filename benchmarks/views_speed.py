@@ -1,0 +1,94 @@
+"""2-view SimCLR augmentation on CIFAR-10 JPEGs, images/s on one CPU core, side by side:
+
+- ``lightly``: ``lightly.transforms.SimCLRTransform`` (CIFAR settings: 32 px, colour strength 0.5,
+  no blur, CIFAR normalisation), per image;
+- ``SimCLRViews``: ours, per image (what the data loader workers run by default);
+- ``DeviceViews (CPU)``: ours, decode per image to uint8 (:class:`UInt8Image`), then the batched
+  augmentation of :class:`DeviceViews` on the CPU, ``--batch`` images per call (the same code runs
+  on the GPU in ``on_after_batch_transfer``).
+
+Every pipeline includes the JPEG decode and returns 2 normalised float views per image.
+
+Usage:
+    python benchmarks/views_speed.py --root /work/data/cifar10 --images 2048 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ssl_lightning.data import DeviceViews, SimCLRViews, UInt8Image
+from ssl_lightning.data.datasets import find_images, load_image
+
+CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
+
+
+def per_image(transform: Callable) -> Callable[[list[str]], int]:
+    def run(paths: list[str]) -> int:
+        for path in paths:
+            views = transform(load_image(path))
+            assert len(views) == 2
+        return len(paths)
+    return run
+
+
+def batched(batch: int) -> Callable[[list[str]], int]:
+    decode, views = UInt8Image(), DeviceViews("cifar")
+
+    def run(paths: list[str]) -> int:
+        for start in range(0, len(paths), batch):
+            images = torch.stack([decode(load_image(p))[0] for p in paths[start:start + batch]])
+            out = views(images)
+            assert len(out) == 2 and out[0].shape[0] == len(images)
+        return len(paths)
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="/work/data/cifar10")
+    parser.add_argument("--images", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    all_paths = find_images(Path(args.root) / "train")
+    step = max(1, len(all_paths) // args.images)
+    paths = all_paths[::step][: args.images]  # spread over the classes
+    pipelines: dict[str, Callable[[list[str]], int]] = {}
+    try:
+        from lightly.transforms import SimCLRTransform
+
+        lightly = SimCLRTransform(input_size=32, cj_strength=0.5, gaussian_blur=0.0,
+                                  normalize={"mean": CIFAR_MEAN, "std": CIFAR_STD})
+        pipelines["lightly SimCLRTransform"] = per_image(lightly)
+    except ImportError:
+        print("lightly is not installed (pip install -e .[benchmark]); skipping it")
+    pipelines["ours SimCLRViews"] = per_image(SimCLRViews("cifar"))
+    pipelines[f"ours DeviceViews on CPU (batch {args.batch})"] = batched(args.batch)
+    rates: dict[str, list[float]] = {name: [] for name in pipelines}
+    for _ in range(args.rounds):  # interleaved rounds, so load changes hit every pipeline
+        for name, run in pipelines.items():
+            start = time.perf_counter()
+            count = run(paths)
+            rates[name].append(count / (time.perf_counter() - start))
+    results = {name: statistics.median(r) for name, r in rates.items()}
+    baseline = results.get("lightly SimCLRTransform")
+    for name, rate in results.items():
+        ratio = f"  ({rate / baseline:.2f}x lightly)" if baseline else ""
+        print(f"{name:45s} {rate:8.0f} images/s{ratio}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"images_per_s": results, "images": len(paths), "threads": 1}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
