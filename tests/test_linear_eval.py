@@ -90,8 +90,10 @@ def test_logged_accuracy_matches_manual_top1_top5():
     model = LinearEval(bn_backbone(), 8)
     nn.init.normal_(model.classifier.weight, std=1.0)
     images, targets = separable_data(32, 1).tensors
+    # val loaders [train_eval, val] as the data modules give them: only the last one is scored
+    bank = DataLoader(TensorDataset(images, (targets + 1) % NUM_CLASSES), batch_size=8)
     trainer = tiny_trainer()
-    trainer.validate(model, DataLoader(TensorDataset(images, targets), batch_size=8))
+    trainer.validate(model, [bank, DataLoader(TensorDataset(images, targets), batch_size=8)])
     with torch.no_grad():
         top = model(images).topk(5, dim=1).indices
     top1 = 100 * (top[:, 0] == targets).float().mean()

@@ -59,7 +59,7 @@ def plot_embeddings(
         ax.legend(markerscale=3, fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
         fig.tight_layout()
         fig.canvas.draw()
-        return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+        return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()  # type: ignore[attr-defined]
     finally:
         plt.close(fig)
 

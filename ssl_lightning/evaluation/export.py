@@ -24,7 +24,7 @@ from torch import Tensor
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_state_dict
 
 ExportFormat = Literal["torchvision", "backbone"]
-_RESNET_DEPTHS = {
+_RESNET_DEPTHS: dict[tuple[bool, tuple[int, ...]], int] = {
     (False, (2, 2, 2, 2)): 18,
     (False, (3, 4, 6, 3)): 34,
     (True, (3, 4, 6, 3)): 50,
