@@ -98,11 +98,11 @@ class DINO(MomentumMethod):
     def teacher_temperature(self, epoch: int) -> float:
         """τ_t of ``epoch``: linear from the warm-up value to the final one, then constant."""
         hp = self.hparams
-        warmup = hp.warmup_teacher_temperature_epochs
+        warmup = hp["warmup_teacher_temperature_epochs"]
         if epoch >= warmup:
-            return hp.teacher_temperature
-        start = hp.warmup_teacher_temperature
-        return start + (hp.teacher_temperature - start) * epoch / warmup
+            return hp["teacher_temperature"]
+        start = hp["warmup_teacher_temperature"]
+        return start + (hp["teacher_temperature"] - start) * epoch / warmup
 
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         if len(views) < 2:
@@ -126,13 +126,13 @@ class DINO(MomentumMethod):
 
     def adjust_gradients_(self, epoch: int) -> None:
         """Per-parameter clipping, then drop the last layer's gradients while it is frozen."""
-        clip = self.hparams.clip_grad
+        clip = self.hparams["clip_grad"]
         if clip is not None:
             for p in self.trainable_parameters():
                 if p.grad is not None:
                     scale = clip / (torch.linalg.vector_norm(p.grad) + 1e-6)
                     p.grad.mul_(scale.clamp(max=1.0))
-        if epoch < self.hparams.freeze_last_layer_epochs:
+        if epoch < self.hparams["freeze_last_layer_epochs"]:
             for p in self.head.last_layer_parameters():
                 p.grad = None  # skipped by the optimiser: no momentum, no weight decay
 
@@ -141,11 +141,11 @@ class DINO(MomentumMethod):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.adjust_gradients_(self.current_epoch)
-        end = self.hparams.weight_decay_end
+        end = self.hparams["weight_decay_end"]
         if end is not None:
             wd = cosine_momentum(self.trainer.global_step,
                                  int(self.trainer.estimated_stepping_batches),
-                                 self.hparams.weight_decay, end)
+                                 self.hparams["weight_decay"], end)
             for group in optimizer.param_groups:
                 if group.get("weight_decay_schedule"):
                     group["weight_decay"] = wd

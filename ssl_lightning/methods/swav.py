@@ -99,7 +99,7 @@ class SwAV(SSLMethod):
         z = F.normalize(self.projector(features), dim=1)
         scores = self.prototypes(z).chunk(len(views))
         queue_active = (self.queue.shape[1] > 0
-                        and self.current_epoch >= self.hparams.queue_start_epoch)
+                        and self.current_epoch >= self.hparams["queue_start_epoch"])
         queue_scores = None
         if queue_active and int(self.queue_filled) >= self.queue.shape[1]:
             with torch.no_grad():
@@ -130,7 +130,7 @@ class SwAV(SSLMethod):
 
     def freeze_prototypes_(self, step: int) -> None:
         """Drop the prototypes' gradients during the first ``freeze_prototypes_steps`` steps."""
-        if step < self.hparams.freeze_prototypes_steps:
+        if step < self.hparams["freeze_prototypes_steps"]:
             for p in self.prototypes.parameters():
                 p.grad = None
 
