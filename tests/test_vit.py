@@ -19,8 +19,10 @@ def tiny_vit(**kwargs) -> ViT:
 
 
 def test_shapes_presets_and_feature_dim():
-    assert ViT("small", image_size=224, patch_size=16).num_features == 384
-    assert ViT("tiny").blocks.__len__() == 12
+    small = ViT("small", image_size=224, patch_size=16, depth=1)
+    assert small.num_features == 384 and small.blocks[0].num_heads == 6
+    assert small.pos_embed.shape == (1, 14 * 14 + 1, 384)
+    assert len(ViT("tiny", embed_dim=8, num_heads=2).blocks) == 12
     model = tiny_vit()
     assert feature_dim(model) == 32
     out = model(torch.randn(3, 3, 32, 32))
