@@ -121,8 +121,11 @@ class OnlineProbe(pl.Callback):
         batch_idx: int,
     ) -> None:
         linear = self._ready(pl_module)
-        features = gather_variable(outputs["features"].detach().float())
-        targets = gather_variable(outputs["targets"].detach().long().to(features.device))
+        features = outputs["features"].detach().float()
+        targets = outputs["targets"].detach().to(features.device)
+        # One collective for both: targets ride along as an extra (exact) float column.
+        packed = gather_variable(torch.cat([features, targets.float().unsqueeze(1)], dim=1))
+        features, targets = packed[:, :-1], packed[:, -1].long()
         labeled = targets >= 0
         if not labeled.any():
             return
