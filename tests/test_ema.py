@@ -148,6 +148,7 @@ def test_one_update_per_optimizer_step(tmp_path, recorded_taus: list[float], acc
     assert steps == (8 if accumulate == 1 else 4)
     assert trainer.estimated_stepping_batches == steps
     assert recorded_taus == [pytest.approx(cosine_momentum(k, steps, 0.9)) for k in range(steps)]
+    assert float(trainer.callback_metrics["ema/tau"]) == pytest.approx(recorded_taus[-1])
 
 
 def test_resume_continues_schedule_and_teacher_exactly(tmp_path, recorded_taus: list[float]
