@@ -7,6 +7,7 @@ import copy
 import os
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from evaluation_helpers import simclr_checkpoint, tiny_trainer
 from torch import nn
@@ -163,3 +164,29 @@ def test_invalid_hyperparameters(kwargs, match):
     args = {"num_classes": 4, **kwargs}
     with pytest.raises(ValueError, match=match):
         LinearEval(SmallConvNet((8,)), **args)
+
+
+class StopAfterFirstEpoch(pl.Callback):
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        trainer.should_stop = True
+
+
+def test_resume_is_exact(tmp_path):
+    """fit 2 epochs == fit stopped after epoch 1 + resume to 2 (same cosine schedule)."""
+    train, val = separable_data(32, 0), separable_data(16, 1)
+
+    def run(callbacks: list, ckpt_path: str | None = None) -> tuple[LinearEval, pl.Trainer]:
+        model = make_model(weight_decay=1e-4)
+        trainer = tiny_trainer(max_epochs=2, callbacks=callbacks)
+        trainer.fit(model, DataLoader(train, batch_size=8), DataLoader(val, 16),
+                    ckpt_path=ckpt_path)
+        return model, trainer
+
+    straight, _ = run([])
+    _, first = run([StopAfterFirstEpoch()])
+    assert first.global_step == 4
+    first.save_checkpoint(str(tmp_path / "epoch1.ckpt"))
+    resumed, trainer = run([], str(tmp_path / "epoch1.ckpt"))
+    assert trainer.global_step == 8
+    for key, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
