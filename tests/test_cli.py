@@ -99,6 +99,16 @@ def test_main_fit_trains_and_writes_checkpoint(tiny_config: Path, tmp_path: Path
         "temperature"] == 0.3  # the run's full config is saved beside the logs
 
 
+def test_main_without_run_builds_the_simclr_config(tiny_image_folder: Path) -> None:
+    cli = main(["--config", str(ROOT / "configs" / "simclr.yaml"),
+                "--data.root", str(tiny_image_folder)], run=False)
+    assert isinstance(cli.model, SimCLR) and cli.model.feature_dim == 512  # ResNet-18
+    assert cli.model.backbone.net.conv1.stride == (1, 1)  # CIFAR stem
+    assert type(cli.datamodule).__name__ == "CIFAR10DataModule"
+    names = {type(c).__name__ for c in cli.trainer.callbacks}
+    assert {"ModelCheckpoint", "LearningRateMonitor", "KNNCallback", "OnlineProbe"} <= names
+
+
 def test_backbone_swapped_for_a_torchvision_model(tiny_config: Path) -> None:
     cli = main(["fit", "--config", str(tiny_config),
                 "--model.backbone", "torchvision.models.resnet18",

@@ -25,6 +25,11 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 EXTRA_ARGS: dict[str, list[str]] = {
     "simclr.yaml": [],
+    "moco_v2.yaml": ["--model.init_args.projection_hidden_dim", "64"],
+    "moco_v3.yaml": ["--model.init_args.projection_hidden_dim", "64"],
+    "byol.yaml": ["--model.init_args.projection_hidden_dim", "64"],
+    "moco_v3_vit.yaml": ["--model.init_args.projection_hidden_dim", "64",
+                         "--model.init_args.backbone.init_args.depth", "2"],
 }
 
 
@@ -77,7 +82,7 @@ def test_config_runs_through_the_cli(
         assert losses and all(math.isfinite(float(v)) for v in losses)
     callbacks = (declared.get("trainer") or {}).get("callbacks") or []
     if any(c["class_path"].endswith("KNNCallback") for c in callbacks):
-        assert 0.0 <= float(metrics["val/knn_top1"]) <= 1.0  # validation ran with the kNN
+        assert 0.0 <= float(metrics["val/knn_top1"]) <= 100.0  # percent; validation ran
 
 
 def test_simclr_config_has_the_documented_defaults() -> None:
