@@ -69,12 +69,12 @@ def ema_update_(
                                  f"{tuple(s.shape)} vs teacher {tuple(t.shape)}.")
             t_params.append(t)
             s_params.append(s.detach())
-        for s, t in zip(student.buffers(), teacher.buffers(), strict=True):
-            if buffer_policy == "ema" and t.is_floating_point():
-                t_buffers.append(t)
-                s_buffers.append(s)
+        for s_buf, t_buf in zip(student.buffers(), teacher.buffers(), strict=True):
+            if buffer_policy == "ema" and t_buf.is_floating_point():
+                t_buffers.append(t_buf)
+                s_buffers.append(s_buf)
             elif buffer_policy != "none":
-                t.copy_(s)
+                t_buf.copy_(s_buf)
     for teachers, students in ((t_params, s_params), (t_buffers, s_buffers)):
         if teachers:
             torch._foreach_mul_(teachers, tau)

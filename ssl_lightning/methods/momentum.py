@@ -10,7 +10,7 @@ lets a model's callbacks replace trainer callbacks of the same type: an ``EMACal
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytorch_lightning as pl
 import torch
@@ -45,17 +45,16 @@ class MomentumMethod(SSLMethod):
     ) -> None:
         super().__init__(backbone, **kwargs)
         # Built here so invalid values fail at construction, not at fit time.
-        self._ema_args = dict(momentum_base=momentum_base, momentum_end=momentum_end,
-                              schedule=momentum_schedule, buffer_policy=ema_buffer_policy)
-        EMACallback(**self._ema_args)
+        self.ema_callback = EMACallback(momentum_base, momentum_end, momentum_schedule,
+                                        ema_buffer_policy)
 
     def configure_callbacks(self) -> list[pl.Callback]:
         """The EMA teacher update, configured from this method's ``momentum_*`` arguments."""
-        return [EMACallback(**self._ema_args)]
+        return [self.ema_callback]
 
     def gather_no_grad(self, x: Tensor) -> Tensor:
         """Concatenate ``x`` over all ranks (rank-major) outside autograd (keys, queues)."""
         if self._trainer is None:
             return all_gather_no_grad(x)
         with torch.no_grad():
-            return flatten_gathered(self.all_gather(x), x)
+            return flatten_gathered(cast(Tensor, self.all_gather(x)), x)
