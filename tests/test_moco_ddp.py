@@ -7,6 +7,7 @@ rank-major order are a known permutation of the single-process batch.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from distributed_utils import average_gradients_like_ddp, run_in_processes
 
@@ -48,10 +49,19 @@ def _train_moco_v2(rank: int, world: int, shuffle_bn: bool) -> dict:
             "key_encoder": torch.cat([p.flatten() for p in model.key_backbone.parameters()])}
 
 
-def test_moco_v2_queue_and_pointer_match_single_process() -> None:
+def _both(rank: int, world: int) -> dict:
     # shuffle_bn=True: the 2-process run takes the gather-permute-encode-unshuffle path.
-    ranks = run_in_processes(_train_moco_v2, WORLD, True)
-    single = _train_moco_v2(0, 1, True)
+    return {"v2": _train_moco_v2(rank, world, True), "v3": _moco_v3_grads(rank, world)}
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple[list[dict], dict]:
+    """One 2-process spawn for both MoCo checks, and the single-process reference."""
+    return run_in_processes(_both, WORLD), _both(0, 1)
+
+
+def test_moco_v2_queue_and_pointer_match_single_process(runs) -> None:  # type: ignore[no-untyped-def]
+    ranks, single = [r["v2"] for r in runs[0]], runs[1]["v2"]
     # Each enqueued block of the 2-process run holds keys of samples [0, 2, 1, 3] of the step.
     within_block = [i for r in range(WORLD) for i in range(r, GLOBAL_BATCH, WORLD)]
     order = [b + i for b in range(0, QUEUE, GLOBAL_BATCH) for i in within_block]
@@ -92,9 +102,8 @@ def _moco_v3_grads(rank: int, world: int) -> dict:
                       if p.grad is not None}}
 
 
-def test_moco_v3_loss_and_gradients_match_single_process() -> None:
-    ranks = run_in_processes(_moco_v3_grads, WORLD)
-    single = _moco_v3_grads(0, 1)
+def test_moco_v3_loss_and_gradients_match_single_process(runs) -> None:  # type: ignore[no-untyped-def]
+    ranks, single = [r["v3"] for r in runs[0]], runs[1]["v3"]
     mean_loss = sum(r["loss"] for r in ranks) / WORLD
     torch.testing.assert_close(mean_loss, single["loss"], atol=1e-10, rtol=0)
     assert not torch.allclose(sum(r["no_offset"] for r in ranks) / WORLD, single["loss"])
