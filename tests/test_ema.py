@@ -112,13 +112,18 @@ def test_invalid_arguments_raise(kwargs: dict) -> None:
 
 
 def test_callback_rejects_missing_pairs_and_trainable_teacher() -> None:
-    trainer = SimpleNamespace(global_step=0)
+    trainer = SimpleNamespace(global_step=0, estimated_stepping_batches=10)
     with pytest.raises(ValueError, match="ema_pairs"):
         EMACallback().on_train_start(trainer, SSLMethod(_net(), image_size=16))
     method = TinyTeacherMethod()
     method.teacher.requires_grad_(True)
     with pytest.raises(ValueError, match="requires_grad"):
         EMACallback().on_train_start(trainer, method)
+    method.teacher.requires_grad_(False)
+    endless = SimpleNamespace(global_step=0, estimated_stepping_batches=float("inf"))
+    with pytest.raises(ValueError, match="infinite"):
+        EMACallback().on_train_start(endless, method)
+    EMACallback(schedule="constant").on_train_start(endless, method)  # needs no total
 
 
 @pytest.fixture

@@ -133,6 +133,12 @@ class EMACallback(pl.Callback):
                     f"EMA teacher {type(teacher).__name__} has parameters with requires_grad="
                     "True; build it with ssl_lightning.callbacks.ema.momentum_teacher()."
                 )
+        if self.schedule == "cosine" and not math.isfinite(trainer.estimated_stepping_batches):
+            raise ValueError(
+                "The cosine momentum schedule needs the total number of optimiser steps, but "
+                "trainer.estimated_stepping_batches is infinite; set max_epochs or max_steps, or "
+                "use schedule='constant'."
+            )
         self._last_step = trainer.global_step
 
     def on_train_batch_end(
