@@ -86,6 +86,16 @@ def test_chunked_logsumexp_matches_torch(with_exclude: bool, chunk_size: int):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
+def test_detached_candidates_get_no_gradient_and_anchors_the_same_one():
+    anchors = torch.randn(6, 4, requires_grad=True)
+    candidates = torch.randn(9, 4)
+    (grad,) = torch.autograd.grad(chunked_logsumexp(anchors, candidates, 0.5, None, 4).sum(),
+                                  [anchors])
+    (expected,) = torch.autograd.grad(torch.logsumexp(anchors @ candidates.T / 0.5, 1).sum(),
+                                      [anchors])
+    torch.testing.assert_close(grad, expected, atol=1e-6, rtol=0)
+
+
 def test_chunked_is_fp32_under_bf16_inputs():
     anchors = torch.randn(6, 4).bfloat16()
     lse = chunked_logsumexp(anchors, anchors, 0.1, torch.arange(6), 4)

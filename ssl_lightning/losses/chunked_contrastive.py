@@ -70,8 +70,9 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         scale, rows = ctx.scale, ctx.rows  # type: ignore[attr-defined]
         num_anchors = anchors.shape[0]
         block = anchors.new_empty(rows, candidates.shape[0])
-        grad_anchors = torch.empty_like(anchors)
-        grad_candidates = torch.zeros_like(candidates)
+        need_anchors, need_candidates = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
+        grad_anchors = torch.empty_like(anchors) if need_anchors else None
+        grad_candidates = torch.zeros_like(candidates) if need_candidates else None
         weight = grad_lse * scale
         for start in range(0, num_anchors, rows):
             stop = min(start + rows, num_anchors)
@@ -80,8 +81,10 @@ class _ChunkedLogSumExp(torch.autograd.Function):
                 None if exclude is None else exclude[start:stop], scale,
             )
             probs = logits.sub_(lse[start:stop, None]).exp_().mul_(weight[start:stop, None])
-            torch.mm(probs, candidates, out=grad_anchors[start:stop])
-            grad_candidates.addmm_(probs.T, anchors[start:stop])
+            if grad_anchors is not None:
+                torch.mm(probs, candidates, out=grad_anchors[start:stop])
+            if grad_candidates is not None:  # e.g. not for detached keys (MoCo v3)
+                grad_candidates.addmm_(probs.T, anchors[start:stop])
         return grad_anchors, grad_candidates, None, None, None
 
 
