@@ -174,7 +174,8 @@ class DeviceViews:
         """``images``: uint8 (B, 3, H, W) -> ``num_views`` float (B, 3, crop, crop) tensors."""
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"DeviceViews expects uint8 (B, 3, H, W) images, got "
-                             f"{images.dtype} {tuple(images.shape)}.")
+                             f"{images.dtype} {tuple(images.shape)}; with a device_transform "
+                             "the data module's train_transform must only decode: UInt8Image.")
         x = images.float().div_(255)
         return [self.view(x) for _ in range(self.num_views)]
 
