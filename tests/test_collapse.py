@@ -120,3 +120,17 @@ def test_gathers_features_of_all_ranks():
 def test_invalid_arguments(kwargs):
     with pytest.raises(ValueError):
         CollapseMonitor(**kwargs)
+
+
+def test_sample_cap_takes_a_spread_subset_of_a_class_sorted_loader():
+    monitor = CollapseMonitor(max_samples=20)
+    trainer = SimpleNamespace(num_val_batches=[1])
+    features, targets = torch.randn(100, 4), torch.arange(100) // 25  # sorted by class
+    for i in range(0, 100, 10):
+        out = {"features": features[i:i + 10], "targets": targets[i:i + 10]}
+        monitor.on_validation_batch_end(trainer, None, out, None, i)
+    kept, kept_targets = monitor.collected()
+    assert len(kept) == 20 and set(kept_targets.tolist()) == {0, 1, 2, 3}
+    rows = [int((features == row).all(1).nonzero()) for row in kept]
+    assert rows == sorted(set(rows)) and torch.equal(kept_targets, targets[rows])
+    assert torch.equal(monitor.collected()[0], kept)  # the same subset every time

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ssl_lightning.callbacks.knn import gather_variable
+from ssl_lightning.distributed import world_size
 
 
 class ValFeatureCollector(pl.Callback):
@@ -24,7 +25,9 @@ class ValFeatureCollector(pl.Callback):
     Args:
         dataloader_idx: Which val dataloader to use; ``-1``: the last one (the val split when a
             data module returns ``[train_eval, val]``).
-        max_samples: Keep at most this many samples in total (split evenly over ranks).
+        max_samples: Use at most this many samples in total (split evenly over ranks): each rank
+            keeps its features of the epoch and then a fixed random subset of them, so that a
+            class-sorted val loader still gives every class.
     """
 
     def __init__(self, dataloader_idx: int = -1, max_samples: int = 10_000) -> None:
@@ -34,10 +37,9 @@ class ValFeatureCollector(pl.Callback):
         self.max_samples = max_samples
         self._features: list[Tensor] = []
         self._targets: list[Tensor] = []
-        self._count = 0
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._features, self._targets, self._count = [], [], 0
+        self._features, self._targets = [], []
 
     def on_validation_batch_end(
         self,
@@ -55,13 +57,8 @@ class ValFeatureCollector(pl.Callback):
                 f"{type(self).__name__} needs validation_step to return a dict with 'features' "
                 f"and 'targets'; {type(pl_module).__name__} returned {type(outputs).__name__}."
             )
-        room = math.ceil(self.max_samples / trainer.world_size) - self._count
-        if room <= 0:
-            return
-        features = outputs["features"][:room].detach().float()
-        self._features.append(features.flatten(1))
-        self._targets.append(outputs["targets"][:room].detach())
-        self._count += len(features)
+        self._features.append(outputs["features"].detach().float().flatten(1))
+        self._targets.append(outputs["targets"].detach())
 
     def collected(self) -> tuple[Tensor, Tensor] | None:
         """``(features, targets)`` of this epoch from all ranks; ``None`` when nothing was seen.
@@ -70,4 +67,10 @@ class ValFeatureCollector(pl.Callback):
         """
         if not self._features:
             return None
-        return gather_variable(torch.cat(self._features)), gather_variable(torch.cat(self._targets))
+        features, targets = torch.cat(self._features), torch.cat(self._targets)
+        room = math.ceil(self.max_samples / world_size())
+        if len(features) > room:  # a fixed random subset: val loaders are often sorted by class
+            generator = torch.Generator().manual_seed(0)
+            keep = torch.randperm(len(features), generator=generator)[:room].sort().values
+            features, targets = features[keep.to(features.device)], targets[keep.to(targets.device)]
+        return gather_variable(features), gather_variable(targets)
