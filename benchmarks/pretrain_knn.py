@@ -92,7 +92,7 @@ def main() -> None:
         "pretrained_knn_top1": pretrained["val/knn_top1"],
         "pretrained_knn_top5": pretrained["val/knn_top5"],
         "online_probe_top1": pretrained["val/probe_top1"],
-        "epochs_done": fit.current_epoch,
+        "epochs_done": round(fit.global_step / max(1, fit.num_training_batches), 2),
         "steps": fit.global_step,
         "train_minutes": round(train_seconds / 60, 1),
         "args": vars(args),
