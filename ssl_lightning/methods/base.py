@@ -171,7 +171,7 @@ class SSLMethod(pl.LightningModule):
     def param_groups(self) -> list[dict]:
         """Optimiser parameter groups (weights with decay; biases and norms without). A group
         with ``"fixed_lr": True`` keeps the scaled peak lr throughout (no warm-up, no cosine)."""
-        return split_decay_groups(self.trainable_modules(), self.hparams.weight_decay)
+        return split_decay_groups(self.trainable_modules(), self.hparams["weight_decay"])
 
     def global_batch_size(self) -> int:
         """Per-device batch × world size × gradient-accumulation steps, from the train loader."""

@@ -55,6 +55,7 @@ class SimSiam(SSLMethod):
             projection_dim, predictor_hidden_dim, projection_dim, 2, batch_norm=batch_norm
         )
         self.criterion = NegativeCosineLoss()
+        self.fixed_predictor_lr = fixed_predictor_lr
 
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         if len(views) < 2:
@@ -65,9 +66,9 @@ class SimSiam(SSLMethod):
 
     def param_groups(self) -> list[dict]:
         """The base groups, with the predictor in groups of its own marked ``fixed_lr``."""
-        if not self.hparams.fixed_predictor_lr:
+        if not self.fixed_predictor_lr:
             return super().param_groups()
-        weight_decay = self.hparams.weight_decay
+        weight_decay = self.hparams["weight_decay"]
         others = [m for m in self.trainable_modules() if m is not self.predictor]
         predictor = split_decay_groups([self.predictor], weight_decay)
         return split_decay_groups(others, weight_decay) + [
