@@ -108,7 +108,11 @@ def test_probe_rejects_bad_arguments_and_missing_sizes() -> None:
         OnlineProbe(lr=0.0)
     with pytest.raises(ValueError, match="momentum"):
         OnlineProbe(momentum=1.0)
-    trainer = _trainer(OnlineProbe(), epochs=1)
-    with pytest.raises(ValueError, match="num_classes"):
-        loader = DataLoader(TensorDataset(*_separable(8, 0)))
+    # Unlabeled data and no num_classes anywhere: the probe switches itself off, training runs.
+    probe = OnlineProbe()
+    trainer = _trainer(probe, epochs=1)
+    loader = DataLoader(TensorDataset(*_separable(8, 0)))
+    with pytest.warns(UserWarning, match="OnlineProbe is disabled"):
         trainer.fit(_FeatureModule(), train_dataloaders=loader)
+    assert probe.linear is None and "train/probe_acc_step" not in trainer.callback_metrics
+    assert trainer.global_step == 8

@@ -13,6 +13,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ssl_lightning.callbacks.knn import gather_variable, padding_mask, val_sampler
@@ -34,7 +35,8 @@ class OnlineProbe(pl.Callback):
     state are saved in the checkpoint (``state_dict``) and restored on resume.
 
     Args:
-        num_classes: Number of classes; read from ``trainer.datamodule.num_classes`` when None.
+        num_classes: Number of classes; read from ``trainer.datamodule.num_classes`` when None
+            (the probe disables itself with a warning when neither knows it: unlabeled data).
         feature_dim: Input size; read from ``pl_module.feature_dim`` when None.
         lr: Learning rate of the probe's SGD.
         momentum: SGD momentum.
@@ -76,12 +78,17 @@ class OnlineProbe(pl.Callback):
             return
         num_classes = self.num_classes or getattr(trainer.datamodule, "num_classes", None)
         feature_dim = self.feature_dim or getattr(pl_module, "feature_dim", None)
-        if not isinstance(num_classes, int) or not isinstance(feature_dim, int):
+        if not isinstance(feature_dim, int):
             raise ValueError(
-                "OnlineProbe needs num_classes (or a datamodule with a num_classes attribute) and "
-                f"feature_dim (or a module with a feature_dim attribute); got num_classes="
-                f"{num_classes}, feature_dim={feature_dim}."
+                "OnlineProbe needs feature_dim (or a module with a feature_dim attribute); got "
+                f"{feature_dim}."
             )
+        if not isinstance(num_classes, int):
+            rank_zero_warn(
+                "OnlineProbe is disabled: no num_classes given and the datamodule does not know "
+                "it (unlabeled data without a labeled val split)."
+            )
+            return
         self.linear = nn.Linear(feature_dim, num_classes)
         # Zero init: deterministic and identical on every rank without a broadcast (the problem
         # is convex, so nothing is lost against a random init).
@@ -120,6 +127,8 @@ class OnlineProbe(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:
+        if self.linear is None:
+            return
         linear = self._ready(pl_module)
         features = outputs["features"].detach().float()
         targets = outputs["targets"].detach().to(features.device)
@@ -150,7 +159,7 @@ class OnlineProbe(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
         batch_idx: int, dataloader_idx: int = 0,
     ) -> None:
-        if dataloader_idx != self.val_dataloader_idx:
+        if dataloader_idx != self.val_dataloader_idx or self.linear is None:
             return
         linear = self._ready(pl_module)
         with torch.no_grad(), torch.autocast(pl_module.device.type, enabled=False):
