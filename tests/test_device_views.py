@@ -88,6 +88,18 @@ def test_each_sample_draws_its_own_parameters():
         assert abs(changed.float().mean() - max(p_jitter, p_gray)) < 0.03
 
 
+def test_reproducible_under_a_seed_and_different_on_each_rank(monkeypatch):
+    images = _images(8)
+
+    def views_on_rank(rank: int) -> torch.Tensor:
+        monkeypatch.setattr("ssl_lightning.data.device_views.rank", lambda: rank)
+        torch.manual_seed(0)
+        return DeviceViews("cifar", crop_size=16)(images)[0]
+
+    assert torch.equal(views_on_rank(0), views_on_rank(0))
+    assert not torch.allclose(views_on_rank(0), views_on_rank(1))
+
+
 def test_crop_matches_torchvision_resized_crop_inside_the_box():
     x = torch.rand(1, 3, 32, 32)
     for x0, y0, x1, y1 in [(3, 5, 13, 20), (10, 2, 30, 30), (0, 0, 32, 32)]:

@@ -27,6 +27,7 @@ from torch import Tensor
 from torchvision.ops import roi_align
 
 from ssl_lightning.data.transforms import MultiViewTransform, Triple, get_preset
+from ssl_lightning.distributed import rank
 
 _GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
 
@@ -169,6 +170,18 @@ class DeviceViews:
         self.mean = mean if mean is not None else p.mean
         self.std = std if std is not None else p.std
         self.blur_kernel = int(0.1 * self.crop_size) // 2 * 2 + 1
+        self._generator: torch.Generator | None = None
+
+    def _uniform(self, shape: tuple[int, ...], low: float = 0.0, high: float = 1.0, *,
+                 device: Any) -> Tensor:
+        """U(low, high) samples from this transform's generator on ``device``. The generator is
+        seeded from the global CPU RNG (so ``seed_everything`` makes runs reproducible) plus the
+        process rank, so DDP ranks draw different parameters for their different images."""
+        device = torch.device(device)
+        if self._generator is None or self._generator.device != device:
+            seed = int(torch.randint(0, 2**62, (1,)).item()) + 1_000_003 * rank()
+            self._generator = torch.Generator(device).manual_seed(seed)
+        return torch.empty(shape, device=device).uniform_(low, high, generator=self._generator)
 
     def __call__(self, images: Tensor) -> list[Tensor]:
         """``images``: uint8 (B, 3, H, W) -> ``num_views`` float (B, 3, crop, crop) tensors."""
@@ -183,9 +196,9 @@ class DeviceViews:
         """(n, 4) boxes ``x0, y0, x1, y1`` drawn as torchvision's RandomResizedCrop (10 tries,
         then the largest centred box within the ratio range)."""
         tries = 10
-        area = height * width * torch.empty(n, tries, device=device).uniform_(*self.crop_scale)
-        log_ratio = torch.empty(n, tries, device=device).uniform_(
-            math.log(self.crop_ratio[0]), math.log(self.crop_ratio[1]))
+        area = height * width * self._uniform((n, tries), *self.crop_scale, device=device)
+        log_ratio = self._uniform((n, tries), math.log(self.crop_ratio[0]),
+                                  math.log(self.crop_ratio[1]), device=device)
         w = torch.sqrt(area * log_ratio.exp()).round()
         h = torch.sqrt(area / log_ratio.exp()).round()
         ok = (w > 0) & (w <= width) & (h > 0) & (h <= height)
@@ -196,7 +209,7 @@ class DeviceViews:
         fb_h = float(height) if ratio >= self.crop_ratio[0] else round(width / self.crop_ratio[0])
         w = torch.where(found, w, torch.full_like(w, fb_w))
         h = torch.where(found, h, torch.full_like(h, fb_h))
-        u = torch.rand(n, 2, device=device)
+        u = self._uniform((n, 2), device=device)
         x0 = torch.where(found, (u[:, 0] * (width - w + 1)).floor(), (width - w) / 2)
         y0 = torch.where(found, (u[:, 1] * (height - h + 1)).floor(), (height - h) / 2)
         return torch.stack([x0, y0, x0 + w, y0 + h], 1)
@@ -207,17 +220,17 @@ class DeviceViews:
         boxes = self.crop_boxes(n, x.shape[2], x.shape[3], device)
         index = torch.arange(n, device=device, dtype=boxes.dtype).unsqueeze(1)
         x = roi_align(x, torch.cat([index, boxes], 1), self.crop_size, aligned=True)
-        flip = torch.rand(n, device=device) < self.flip_p
+        flip = self._uniform((n,), device=device) < self.flip_p
         x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
         x = self._color_jitter(x)
-        gray = torch.rand(n, device=device) < self.grayscale_p
+        gray = self._uniform((n,), device=device) < self.grayscale_p
         x = torch.where(gray.view(-1, 1, 1, 1), _gray(x).expand_as(x), x)
         if self.blur_p > 0:
-            blur = (torch.rand(n, device=device) < self.blur_p).nonzero()[:, 0]
-            sigma = torch.empty(len(blur), device=device).uniform_(0.1, 2.0)
+            blur = (self._uniform((n,), device=device) < self.blur_p).nonzero()[:, 0]
+            sigma = self._uniform((len(blur),), 0.1, 2.0, device=device)
             x[blur] = _gaussian_blur(x[blur], sigma, self.blur_kernel)
         if self.solarize_p > 0:
-            sol = (torch.rand(n, device=device) < self.solarize_p).view(-1, 1, 1, 1)
+            sol = (self._uniform((n,), device=device) < self.solarize_p).view(-1, 1, 1, 1)
             x = torch.where(sol & (x >= 128 / 255), 1.0 - x, x)
         mean = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
         std = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
@@ -228,11 +241,12 @@ class DeviceViews:
         n, device, s = x.shape[0], x.device, self.jitter_strength
         if s == 0 or self.jitter_p == 0:
             return x
-        apply = torch.rand(n, 1, device=device) < self.jitter_p
-        factors = torch.empty(n, 3, device=device).uniform_(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s)
+        apply = self._uniform((n, 1), device=device) < self.jitter_p
+        factors = self._uniform((n, 3), max(0.0, 1 - 0.8 * s), 1 + 0.8 * s, device=device)
         factors = torch.where(apply, factors, torch.ones_like(factors))
-        hue = torch.empty(n, device=device).uniform_(-0.2 * s, 0.2 * s) * apply[:, 0]
-        return color_jitter(x, factors, hue, torch.rand(n, 4, device=device).argsort(1))
+        hue = self._uniform((n,), -0.2 * s, 0.2 * s, device=device) * apply[:, 0]
+        order = self._uniform((n, 4), device=device).argsort(1)
+        return color_jitter(x, factors, hue, order)
 
 
 def color_jitter(x: Tensor, factors: Tensor, hue: Tensor, order: Tensor) -> Tensor:
