@@ -91,7 +91,8 @@ def split_decay_groups(modules: Iterable[nn.Module], weight_decay: float) -> lis
 
     The second group is also marked ``exclude_from_lars``. Frozen parameters are skipped.
     """
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     seen: set[int] = set()
     for module in modules:
         for p in module.parameters():

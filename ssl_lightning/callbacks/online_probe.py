@@ -76,7 +76,8 @@ class OnlineProbe(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.linear is not None:
             return
-        num_classes = self.num_classes or getattr(trainer.datamodule, "num_classes", None)
+        datamodule = getattr(trainer, "datamodule", None)
+        num_classes = self.num_classes or getattr(datamodule, "num_classes", None)
         feature_dim = self.feature_dim or getattr(pl_module, "feature_dim", None)
         if not isinstance(feature_dim, int):
             raise ValueError(

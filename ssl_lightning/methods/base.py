@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import pytorch_lightning as pl
 import torch
@@ -109,7 +110,7 @@ class SSLMethod(pl.LightningModule):
         """
         if self._trainer is None:
             return all_gather_with_grad(x)
-        return flatten_gathered(self.all_gather(x, sync_grads=True), x)
+        return flatten_gathered(cast(Tensor, self.all_gather(x, sync_grads=True)), x)
 
     def rank_offset(self, local_batch: int) -> int:
         """Index of this rank's first sample in a gathered batch (equal batches on all ranks)."""
@@ -178,11 +179,11 @@ class SSLMethod(pl.LightningModule):
         loader = self.trainer.train_dataloader
         batch_size = getattr(loader, "batch_size", None)
         if not isinstance(batch_size, int):
-            if self.hparams.lr_scaling == "none":
+            if self.hparams["lr_scaling"] == "none":
                 return 1
             raise ValueError(
                 "Cannot read the batch size from the train dataloader to apply lr_scaling="
-                f"{self.hparams.lr_scaling!r}; set lr_scaling: none and give the final lr."
+                f"{self.hparams['lr_scaling']!r}; set lr_scaling: none and give the final lr."
             )
         return batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
 
