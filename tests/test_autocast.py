@@ -1,9 +1,10 @@
 """Mixed precision and layout.
 
-Every loss class in ``ssl_lightning.losses`` runs under ``autocast(bfloat16)`` on CPU. The stated
-tolerance: given the same (bf16-rounded) inputs, the loss under autocast equals the fp32 loss to
-1e-5 relative (so it really computes in fp32 inside: a bf16 softmax/matmul is off by ~1e-2), and
-it stays within 3e-2 relative of the loss on the unrounded fp32 inputs. Also: the
+Every loss class in ``ssl_lightning.losses`` runs under ``autocast(bfloat16)`` and
+``autocast(float16)`` on CPU. The stated tolerance: given the same (rounded) inputs, the loss
+under autocast equals the fp32 loss to 1e-5 relative (so it really computes in fp32 inside: a
+bf16 softmax/matmul is off by ~1e-2), and it stays within 3e-2 relative of the loss on the
+unrounded fp32 inputs. Also: the
 ``channels_last`` and ``compile_backbone`` options of :class:`SSLMethod`.
 """
 
@@ -64,21 +65,23 @@ def test_every_loss_class_has_an_autocast_case():
     assert classes <= {name.split("(")[0] for name in LOSS_CASES}, classes
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", sorted(LOSS_CASES))
-def test_loss_computes_in_fp32_under_bf16_autocast(name: str):
+def test_loss_computes_in_fp32_under_autocast(name: str, dtype: torch.dtype):
+    """bf16-mixed and 16-mixed: the same check with fp16 autocast (on CPU since torch 2.x)."""
     torch.manual_seed(0)
     loss_fn, inputs = LOSS_CASES[name]()
     reference_fn = copy.deepcopy(loss_fn)  # DINO's centre is updated by each call
     exact_fn = copy.deepcopy(loss_fn)
-    bf16 = _map(inputs, lambda t: t.bfloat16().requires_grad_())
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = loss_fn(*bf16)
+    low = _map(inputs, lambda t: t.to(dtype).requires_grad_())
+    with torch.autocast("cpu", dtype=dtype):
+        out = loss_fn(*low)
     assert out.dtype == torch.float32 and torch.isfinite(out)
     out.backward()
-    for leaf in _leaves(bf16):
+    for leaf in _leaves(low):
         if leaf.grad is not None:
-            assert leaf.grad.dtype == torch.bfloat16 and torch.isfinite(leaf.grad).all()
-    same_values = reference_fn(*_map(bf16, lambda t: t.detach().float()))
+            assert leaf.grad.dtype == dtype and torch.isfinite(leaf.grad).all()
+    same_values = reference_fn(*_map(low, lambda t: t.detach().float()))
     torch.testing.assert_close(out, same_values, rtol=1e-5, atol=1e-6)
     unrounded = exact_fn(*inputs)
     torch.testing.assert_close(out, unrounded, rtol=3e-2, atol=1e-3)
