@@ -69,14 +69,14 @@ def peak_memory_child(mode: str, n: int, dim: int, chunk: int, device: str) -> f
     loss = NTXentLoss(0.2, chunk_size=None if mode == "dense" else chunk)
     if device == "cuda":
         torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
+        allocated = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         loss(z1, z2).backward()
         torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    base = _status_mb("VmRSS")
+        return (torch.cuda.max_memory_allocated() - allocated) / 2**20
+    resident = _status_mb("VmRSS")
     loss(z1, z2).backward()
-    return _status_mb("VmHWM") - base
+    return _status_mb("VmHWM") - resident
 
 
 def peak_memory(mode: str, n: int, dim: int, chunk: int, device: str, threads: int) -> float:

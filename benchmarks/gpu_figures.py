@@ -96,7 +96,7 @@ class StepTimer(pl.Callback):
         self.starts.append(time.perf_counter())
 
 
-def fit(model: pl.LightningModule, transform: Callable, batch: int, steps: int, precision: str,
+def fit(model: pl.LightningModule, transform: Callable, batch: int, steps: int, precision: Any,
         accelerator: str, workers: int) -> tuple[list[float], float]:
     """``steps`` training steps; returns (step times after the first 3, last logged loss)."""
     data = SyntheticData(batch * (steps + 1), 32, batch_size=batch, num_workers=workers,

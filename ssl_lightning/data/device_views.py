@@ -63,7 +63,7 @@ class UInt8Image(MultiViewTransform):
             scale = self.size / min(w, h)
             crop_w, crop_h = self.size / scale, self.size / scale
             left, top = (w - crop_w) / 2, (h - crop_h) / 2
-            image = image.resize((self.size, self.size), Image.BILINEAR,
+            image = image.resize((self.size, self.size), Image.Resampling.BILINEAR,
                                  box=(left, top, left + crop_w, top + crop_h))
         return _pil_to_uint8(image)
 

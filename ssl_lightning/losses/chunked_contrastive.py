@@ -58,7 +58,7 @@ class _ChunkedLogSumExp(torch.autograd.Function):
             )
             row_max = logits.amax(dim=1, keepdim=True)
             lse[start:stop] = logits.sub_(row_max).exp_().sum(dim=1).log_().add_(row_max[:, 0])
-        ctx.save_for_backward(anchors, candidates, exclude, lse)
+        ctx.save_for_backward(anchors, candidates, exclude, lse)  # type: ignore[arg-type]
         ctx.scale = scale  # type: ignore[attr-defined]
         ctx.rows = rows  # type: ignore[attr-defined]
         return lse
