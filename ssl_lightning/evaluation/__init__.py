@@ -1,8 +1,11 @@
-"""Evaluation of pre-trained backbones: linear eval, kNN eval, export, embedding pictures."""
+"""Evaluation of pre-trained backbones: linear eval, kNN eval, export, embedding pictures.
+
+The export command lives in :mod:`ssl_lightning.evaluation.export` (not imported here, so that
+``python -m ssl_lightning.evaluation.export`` runs it cleanly).
+"""
 
 from ssl_lightning.evaluation.checkpoint import backbone_state_dict, load_backbone
 from ssl_lightning.evaluation.embedding_plot import EmbeddingPlot, pca_2d
-from ssl_lightning.evaluation.export import export_backbone
 from ssl_lightning.evaluation.knn_eval import KNNEval
 from ssl_lightning.evaluation.linear import LinearEval
 
@@ -11,7 +14,6 @@ __all__ = [
     "KNNEval",
     "LinearEval",
     "backbone_state_dict",
-    "export_backbone",
     "load_backbone",
     "pca_2d",
 ]
