@@ -35,13 +35,13 @@ EXTRA_ARGS: dict[str, list[str]] = {
 
 
 def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
-    """A real (2-step) SimCLR checkpoint with the configs' ResNet-18 CIFAR backbone."""
+    """A real (1-step) SimCLR checkpoint with the configs' ResNet-18 CIFAR backbone."""
     from evaluation_helpers import simclr_checkpoint
 
     from ssl_lightning.backbones import ResNet
 
     path = str(tmp_path / "pretrain.ckpt")
-    simclr_checkpoint(ResNet(18, cifar_stem=True), path)
+    simclr_checkpoint(ResNet(18, cifar_stem=True), path, steps=1)
     return ["--model.checkpoint", path]
 
 
