@@ -1,14 +1,11 @@
-"""Shared pieces of the evaluation tests: tiny trainers, method checkpoints, image folders."""
+"""Shared pieces of the evaluation tests: a quiet trainer and real method checkpoints."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 from lightning_ddp_utils import PrecomputedViews
-from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -37,17 +34,3 @@ def simclr_checkpoint(backbone: nn.Module, path: str, view_size: int = 8, steps:
     trainer.save_checkpoint(path)
     return model
 
-
-def write_image_folder(root: str, num_classes: int = 10, per_class: int = 2, size: int = 32,
-                       seed: int = 0) -> str:
-    """``root/{train,test}/<class>/*.png`` with random images whose colour depends on the class."""
-    rng = np.random.default_rng(seed)
-    colours = rng.integers(0, 256, (num_classes, 3))
-    for split in ("train", "test"):
-        for c in range(num_classes):
-            folder = os.path.join(root, split, f"class{c:02d}")
-            os.makedirs(folder, exist_ok=True)
-            for i in range(per_class):
-                pixels = np.clip(colours[c] + rng.normal(0, 20, (size, size, 3)), 0, 255)
-                Image.fromarray(pixels.astype(np.uint8)).save(os.path.join(folder, f"{i}.png"))
-    return root
