@@ -33,7 +33,6 @@ EXTRA_ARGS: dict[str, list[str]] = {
 }
 
 
-
 def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     """A real (1-step) SimCLR checkpoint with the configs' ResNet-18 CIFAR backbone."""
     from evaluation_helpers import simclr_checkpoint
@@ -45,17 +44,13 @@ def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> l
     return ["--model.checkpoint", path]
 
 
-def _validate_config(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
-    pytest.skip("a `validate` config: run through the CLI in tests/test_knn_eval.py")
-
-
 SUBCOMMANDS: dict[str, str] = {
     "knn.yaml": "validate",
 }
 
 PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
     "linear.yaml": _pretraining_checkpoint,
-    "knn.yaml": _validate_config,
+    "knn.yaml": _pretraining_checkpoint,
 }
 
 
