@@ -26,8 +26,8 @@ class ValFeatureCollector(pl.Callback):
         dataloader_idx: Which val dataloader to use; ``-1``: the last one (the val split when a
             data module returns ``[train_eval, val]``).
         max_samples: Use at most this many samples in total (split evenly over ranks): each rank
-            keeps its features of the epoch and then a fixed random subset of them, so that a
-            class-sorted val loader still gives every class.
+            keeps its features of the epoch (in CPU memory) and then a fixed random subset of
+            them, so that a class-sorted val loader still gives every class.
     """
 
     def __init__(self, dataloader_idx: int = -1, max_samples: int = 10_000) -> None:
@@ -37,6 +37,7 @@ class ValFeatureCollector(pl.Callback):
         self.max_samples = max_samples
         self._features: list[Tensor] = []
         self._targets: list[Tensor] = []
+        self._device = torch.device("cpu")
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._features, self._targets = [], []
@@ -57,8 +58,10 @@ class ValFeatureCollector(pl.Callback):
                 f"{type(self).__name__} needs validation_step to return a dict with 'features' "
                 f"and 'targets'; {type(pl_module).__name__} returned {type(outputs).__name__}."
             )
-        self._features.append(outputs["features"].detach().float().flatten(1))
-        self._targets.append(outputs["targets"].detach())
+        features = outputs["features"].detach()
+        self._device = features.device
+        self._features.append(features.float().flatten(1).cpu())  # off the accelerator
+        self._targets.append(outputs["targets"].detach().cpu())
 
     def collected(self) -> tuple[Tensor, Tensor] | None:
         """``(features, targets)`` of this epoch from all ranks; ``None`` when nothing was seen.
@@ -72,5 +75,5 @@ class ValFeatureCollector(pl.Callback):
         if len(features) > room:  # a fixed random subset: val loaders are often sorted by class
             generator = torch.Generator().manual_seed(0)
             keep = torch.randperm(len(features), generator=generator)[:room].sort().values
-            features, targets = features[keep.to(features.device)], targets[keep.to(targets.device)]
-        return gather_variable(features), gather_variable(targets)
+            features, targets = features[keep], targets[keep]
+        return gather_variable(features.to(self._device)), gather_variable(targets.to(self._device))
