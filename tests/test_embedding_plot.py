@@ -89,3 +89,15 @@ def test_writes_png_and_tensorboard_image(tmp_path, stage):
     assert os.path.getsize(plot.last_path) < 200_000
     events = tensorboard_images(logger.log_dir)
     assert len(events) == 1 and events[0].height == image.shape[0]
+
+
+def test_missing_matplotlib_is_reported_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a),
+    )
+    with pytest.raises(ImportError, match=r"\[plots\]"):
+        EmbeddingPlot()

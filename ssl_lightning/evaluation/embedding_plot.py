@@ -7,6 +7,7 @@ Matplotlib (``pip install ssl_lightning[plots]``) is imported only when a pictur
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
 
@@ -85,6 +86,12 @@ class EmbeddingPlot(ValFeatureCollector):
         max_samples: int = 5000,
     ) -> None:
         super().__init__(dataloader_idx, max_samples)
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ImportError(
+                "EmbeddingPlot draws with matplotlib, which is not installed: run "
+                "`pip install -e \".[plots]\"` (or `pip install matplotlib`), or remove "
+                "EmbeddingPlot from trainer.callbacks."
+            )
         self.dirpath = dirpath
         self.class_names = class_names
         self._latest: tuple[Tensor, Tensor, int] | None = None
