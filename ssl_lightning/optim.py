@@ -112,10 +112,11 @@ def build_optimizer(
     lr: float,
     momentum: float = 0.9,
     betas: tuple[float, float] = (0.9, 0.999),
+    trust_coefficient: float = 0.001,
 ) -> Optimizer:
     """Build LARS, SGD or AdamW over ``param_groups`` (from :func:`split_decay_groups`)."""
     if name == "lars":
-        return LARS(param_groups, lr=lr, momentum=momentum)
+        return LARS(param_groups, lr=lr, momentum=momentum, trust_coefficient=trust_coefficient)
     groups = [{k: v for k, v in g.items() if k != "exclude_from_lars"} for g in param_groups]
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum)

@@ -116,3 +116,17 @@ def test_ssl_method_schedule_is_per_step_with_scaled_peak() -> None:
     peak = 0.4 * 4 / 256  # linear rule with a global batch of 4
     schedule = WarmupCosine(4, 8)  # 1 warm-up epoch of 4 steps, 8 steps in all
     np.testing.assert_allclose(record.lrs, [peak * schedule(s) for s in range(8)], rtol=1e-12)
+
+
+def test_ssl_method_passes_the_lars_trust_coefficient_and_validates_it() -> None:
+    model = SimCLR(SmallConvNet(widths=(4,)), projection_hidden_dim=8, projection_dim=4,
+                   optimizer="lars", lars_trust_coefficient=0.02, warmup_epochs=0)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(model, datamodule=TensorDataModule(PrecomputedViews(8), batch_size=4))
+    optimizer = trainer.optimizers[0]
+    assert isinstance(optimizer, LARS)
+    assert {g["trust_coefficient"] for g in optimizer.param_groups} == {0.02}
+    with pytest.raises(ValueError, match="lars_trust_coefficient must be > 0, got 0.0"):
+        SimCLR(SmallConvNet(widths=(4,)), lars_trust_coefficient=0.0)

@@ -46,6 +46,8 @@ class SSLMethod(pl.LightningModule):
             accumulate_grad_batches.
         weight_decay: Weight decay for weights; biases and norm parameters get none.
         momentum: SGD/LARS momentum.
+        lars_trust_coefficient: LARS eta (0.001 in the LARS paper and SimCLR; solo-learn's CIFAR
+            recipes use 0.02 with their clipped variant).
         warmup_epochs: Linear warm-up length in epochs (fractions allowed), then cosine decay.
         final_lr_ratio: Learning rate at the end of the cosine as a fraction of the peak.
         image_size: Image side used to infer the backbone's feature size when it does not expose
@@ -63,6 +65,7 @@ class SSLMethod(pl.LightningModule):
         lr_scaling: LRScaling = "linear",
         weight_decay: float = 1e-6,
         momentum: float = 0.9,
+        lars_trust_coefficient: float = 0.001,
         warmup_epochs: float = 10.0,
         final_lr_ratio: float = 0.0,
         image_size: int = 32,
@@ -74,6 +77,8 @@ class SSLMethod(pl.LightningModule):
             raise ValueError(f"lr must be > 0, got {lr}.")
         if weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+        if lars_trust_coefficient <= 0:
+            raise ValueError(f"lars_trust_coefficient must be > 0, got {lars_trust_coefficient}.")
         if warmup_epochs < 0:
             raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}.")
         if not 0 <= final_lr_ratio <= 1:
@@ -159,7 +164,10 @@ class SSLMethod(pl.LightningModule):
         )
         lr = scale_lr(hp.lr, self.global_batch_size(), hp.lr_scaling)
         groups = self.param_groups()
-        optimizer = build_optimizer(hp.optimizer, groups, lr=lr, momentum=hp.momentum)
+        optimizer = build_optimizer(
+            hp.optimizer, groups, lr=lr, momentum=hp.momentum,
+            trust_coefficient=hp.lars_trust_coefficient,
+        )
         warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
         schedule = WarmupCosine(warmup, total_steps, hp.final_lr_ratio)
         constant = WarmupCosine(0, total_steps, final_ratio=1.0)
