@@ -38,3 +38,17 @@ def test_byol_views_output_shapes_and_errors() -> None:
         BYOLViews(blur_p=(1.5, 0.1))
     with pytest.raises(ValueError, match="2 each"):
         BYOLViews(blur_p=(1.0,))  # type: ignore[arg-type]
+
+
+def test_byol_views_use_the_papers_colour_jitter() -> None:
+    for pipeline in BYOLViews(preset="cifar").transforms:
+        jitter = next(
+            t for step in pipeline.transforms if isinstance(step, v2.RandomApply)
+            for t in step.transforms if isinstance(t, v2.ColorJitter)
+        )
+        assert jitter.brightness == pytest.approx((0.6, 1.4))
+        assert jitter.contrast == pytest.approx((0.6, 1.4))
+        assert jitter.saturation == pytest.approx((0.8, 1.2))  # BYOL Table 6: 0.2, not SimCLR's 0.4
+        assert jitter.hue == pytest.approx((-0.1, 0.1))
+    with pytest.raises(ValueError, match="hue <= 0.5"):
+        BYOLViews(jitter=(0.4, 0.4, 0.2, 0.7))

@@ -6,9 +6,8 @@ random resized crop (scale 0.08-1), horizontal flip, colour jitter (p=0.8) and g
 second rarely blurred and sometimes solarised (blur p=0.1, solarize p=0.2). MoCo v3 uses the same
 recipe (Chen, Xie & He, 2021, §4).
 
-Built from :func:`~ssl_lightning.data.transforms.simclr_augmentation`, whose colour jitter is
-parameterised by one strength s: (0.8s, 0.8s, 0.8s, 0.2s). s = 0.5 gives BYOL's brightness 0.4,
-contrast 0.4 and hue 0.1, but saturation 0.4 instead of BYOL's 0.2.
+Built from :func:`~ssl_lightning.data.transforms.simclr_augmentation` with BYOL's explicit colour
+jitter: brightness 0.4, contrast 0.4, saturation 0.2, hue 0.1.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ class BYOLViews(MultiViewTransform):
         preset: ``"cifar"`` (32 px crops, CIFAR statistics) or ``"imagenet"`` (224 px).
         crop_size: Crop side; preset default if None.
         crop_scale: Area range of the random resized crop.
-        jitter_strength: Colour-jitter strength s (0.5 matches BYOL but for saturation).
+        jitter: Colour jitter (brightness, contrast, saturation, hue); BYOL's by default.
         blur_p: Gaussian-blur probability of view 1 and view 2 (BYOL: 1.0 and 0.1).
         solarize_p: Solarisation probability of view 1 and view 2 (BYOL: 0.0 and 0.2).
         mean: Normalisation mean; preset default if None.
@@ -43,7 +42,7 @@ class BYOLViews(MultiViewTransform):
         preset: PresetName = "cifar",
         crop_size: int | None = None,
         crop_scale: tuple[float, float] = (0.08, 1.0),
-        jitter_strength: float = 0.5,
+        jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.2, 0.1),
         blur_p: tuple[float, float] = (1.0, 0.1),
         solarize_p: tuple[float, float] = (0.0, 0.2),
         mean: Triple | None = None,
@@ -59,7 +58,7 @@ class BYOLViews(MultiViewTransform):
                 mean=mean if mean is not None else p.mean,
                 std=std if std is not None else p.std,
                 crop_scale=crop_scale,
-                jitter_strength=jitter_strength,
+                jitter=jitter,
                 blur_p=blur,
                 solarize_p=solarize,
             )

@@ -112,6 +112,7 @@ def simclr_augmentation(
     blur_p: float = 0.0,
     solarize_p: float = 0.0,
     flip_p: float = 0.5,
+    jitter: tuple[float, float, float, float] | None = None,
 ) -> v2.Compose:
     """One SimCLR-style augmentation pipeline: PIL image or tensor -> normalised float tensor.
 
@@ -132,6 +133,8 @@ def simclr_augmentation(
             crop size (odd).
         solarize_p: Probability of solarising (threshold 128 on uint8, as in BYOL).
         flip_p: Probability of a horizontal flip.
+        jitter: Explicit (brightness, contrast, saturation, hue) of the colour jitter, replacing
+            the ``jitter_strength`` rule (BYOL: (0.4, 0.4, 0.2, 0.1)).
 
     Returns:
         The composed pipeline.
@@ -145,10 +148,13 @@ def simclr_augmentation(
                     ("solarize_p", solarize_p), ("flip_p", flip_p)]:
         _check_probability(name, p)
     s = jitter_strength
+    brightness, contrast, saturation, hue = jitter or (0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)
+    if min(brightness, contrast, saturation, hue) < 0 or hue > 0.5:
+        raise ValueError(f"jitter needs values >= 0 and hue <= 0.5, got {jitter}.")
     steps: list[Callable] = [
         v2.RandomResizedCrop(crop_size, scale=crop_scale, antialias=True),
         v2.RandomHorizontalFlip(p=flip_p),
-        v2.RandomApply([v2.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)], p=jitter_p),
+        v2.RandomApply([v2.ColorJitter(brightness, contrast, saturation, hue)], p=jitter_p),
         v2.RandomGrayscale(p=grayscale_p),
     ]
     if blur_p > 0 or solarize_p > 0:
