@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.losses.vicreg import at_least_fp32, off_diagonal
+from ssl_lightning.losses.numerics import at_least_fp32, off_diagonal
 
 ReduceSum = Callable[[Tensor], Tensor]
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.losses.numerics import at_least_fp32
+
 
 class InfoNCELoss(nn.Module):
     """InfoNCE of queries against their positive keys and a shared set of negatives.
@@ -46,11 +48,10 @@ class InfoNCELoss(nn.Module):
                 f"InfoNCELoss expects query and key (B, D) and negatives (K, D), got "
                 f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(negatives.shape)}."
             )
-        dtype = torch.promote_types(query.dtype, torch.float32)
         with torch.autocast(device_type=query.device.type, enabled=False):
-            q = F.normalize(query.to(dtype), dim=1)
-            k = F.normalize(key.detach().to(dtype), dim=1)
-            n = F.normalize(negatives.detach().to(dtype), dim=1)
+            q = F.normalize(at_least_fp32(query), dim=1)
+            k = F.normalize(at_least_fp32(key.detach()).to(q.dtype), dim=1)
+            n = F.normalize(at_least_fp32(negatives.detach()).to(q.dtype), dim=1)
             positive = (q * k).sum(dim=1, keepdim=True)
             logits = torch.cat([positive, q @ n.T], dim=1) / self.temperature
             labels = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.losses.numerics import at_least_fp32
+
 
 class MoCoV3Loss(nn.Module):
     """One direction ``ctr(q, k)`` of the MoCo v3 loss.
@@ -48,10 +50,9 @@ class MoCoV3Loss(nn.Module):
         if rank_offset < 0 or rank_offset + batch > n_global:
             raise ValueError(f"rank_offset {rank_offset} with local batch {batch} does not fit in "
                              f"the {n_global} gathered keys.")
-        dtype = torch.promote_types(query.dtype, torch.float32)
         with torch.autocast(device_type=query.device.type, enabled=False):
-            q = F.normalize(query.to(dtype), dim=1)
-            k = F.normalize(keys_all.detach().to(dtype), dim=1)
+            q = F.normalize(at_least_fp32(query), dim=1)
+            k = F.normalize(at_least_fp32(keys_all.detach()).to(q.dtype), dim=1)
             labels = torch.arange(batch, device=q.device) + rank_offset
             loss = F.cross_entropy(q @ k.T / self.temperature, labels)
             return loss * (2 * self.temperature)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.vicreg import at_least_fp32
+from ssl_lightning.losses.numerics import at_least_fp32
 
 
 class NegativeCosineLoss(nn.Module):

@@ -24,16 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def off_diagonal(matrix: Tensor) -> Tensor:
-    """The off-diagonal entries of a square matrix, flattened."""
-    n = matrix.shape[0]
-    return matrix.flatten()[:-1].view(n - 1, n + 1)[:, 1:].flatten()
-
-
-def at_least_fp32(x: Tensor) -> Tensor:
-    """``x`` in fp32, or unchanged when already fp32/fp64 (so float64 checks stay float64)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+from ssl_lightning.losses.numerics import at_least_fp32, off_diagonal
 
 
 class VICRegLoss(nn.Module):
