@@ -13,9 +13,9 @@ from momentum_utils import cpu_trainer, fit_and_resume, state_of
 from multicrop_utils import CountingModule, multicrop_loader
 
 from ssl_lightning.backbones import SmallConvNet, ViT
-from ssl_lightning.heads_prototypes import DINOHead
+from ssl_lightning.backbones.vit import DropPath
+from ssl_lightning.heads import DINOHead
 from ssl_lightning.methods import DINO
-from ssl_lightning.vit import DropPath
 
 
 def make_dino(**kwargs) -> DINO:

@@ -11,7 +11,7 @@ from momentum_utils import cpu_trainer, fit_and_resume, state_of
 from multicrop_utils import CountingModule, multicrop_loader
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.heads_prototypes import SwAVPrototypes
+from ssl_lightning.heads import SwAVPrototypes
 from ssl_lightning.methods import SwAV
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ssl_lightning.backbones import ViT, feature_dim
-from ssl_lightning.vit import Block, DropPath, sincos_position_embedding
+from ssl_lightning.backbones.vit import Block, DropPath, sincos_position_embedding
 
 
 def tiny_vit(**kwargs) -> ViT:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ssl_lightning.evaluation.features import ValFeatureCollector
+from ssl_lightning.callbacks.features import ValFeatureCollector
 
 
 class CollapseWarning(UserWarning):

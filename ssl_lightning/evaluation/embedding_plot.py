@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pytorch_lightning.loggers import TensorBoardLogger
 from torch import Tensor
 
-from ssl_lightning.evaluation.features import ValFeatureCollector
+from ssl_lightning.callbacks.features import ValFeatureCollector
 
 
 def pca_2d(features: Tensor) -> Tensor:

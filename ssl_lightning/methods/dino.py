@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.vit import DropPath
 from ssl_lightning.callbacks.ema import cosine_momentum, momentum_teacher
-from ssl_lightning.heads_prototypes import DINOHead
+from ssl_lightning.heads import DINOHead
 from ssl_lightning.losses import DINOLoss
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.multicrop_forward import forward_by_resolution
-from ssl_lightning.vit import DropPath
 
 
 class DINO(MomentumMethod):

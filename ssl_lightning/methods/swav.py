@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.distributed import all_gather_no_grad, rank, world_size
-from ssl_lightning.heads import ProjectionHead
-from ssl_lightning.heads_prototypes import SwAVPrototypes
+from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import SwAVLoss
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.multicrop_forward import forward_by_resolution

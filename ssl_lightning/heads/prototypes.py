@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.heads import build_mlp
+from ssl_lightning.heads.mlp import build_mlp
 
 
 class DINOHead(nn.Module):

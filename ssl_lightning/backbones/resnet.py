@@ -1,0 +1,49 @@
+"""ResNet backbone (torchvision's, without its classifier), with the CIFAR stem option.
+
+The CIFAR stem (3×3 conv, stride 1, no max-pool) follows the SimCLR paper's CIFAR-10 setup
+(Chen et al., 2020, Appendix B.9).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torchvision
+from torch import Tensor, nn
+
+
+class ResNet(nn.Module):
+    """torchvision ResNet without its classifier; outputs pooled features (B, num_features).
+
+    Args:
+        depth: 18, 34 or 50.
+        cifar_stem: Replace the 7×7/stride-2 conv and max-pool with a 3×3/stride-1 conv (for 32 px).
+        zero_init_residual: Zero-init the last BN of each residual block (Goyal et al., 2017).
+        norm: ``"batch"`` (default), or ``"group"`` (GroupNorm, 32 groups) for BN-free training.
+    """
+
+    def __init__(
+        self,
+        depth: Literal[18, 34, 50] = 18,
+        cifar_stem: bool = False,
+        zero_init_residual: bool = False,
+        norm: Literal["batch", "group"] = "batch",
+    ) -> None:
+        super().__init__()
+        builders = {18: torchvision.models.resnet18, 34: torchvision.models.resnet34,
+                    50: torchvision.models.resnet50}
+        if depth not in builders:
+            raise ValueError(f"ResNet depth must be one of {sorted(builders)}, got {depth}.")
+        norm_layer = None if norm == "batch" else (lambda c: nn.GroupNorm(32, c))
+        net = builders[depth](
+            weights=None, zero_init_residual=zero_init_residual, norm_layer=norm_layer
+        )
+        if cifar_stem:
+            net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+            net.maxpool = nn.Identity()  # type: ignore[assignment]
+        self.num_features: int = net.fc.in_features
+        net.fc = nn.Identity()  # type: ignore[assignment]
+        self.net = net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)

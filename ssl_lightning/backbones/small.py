@@ -1,0 +1,38 @@
+"""A small BatchNorm-free ConvNet for exact-DDP tests and CPU smoke runs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor, nn
+
+
+class SmallConvNet(nn.Module):
+    """A few conv layers with GroupNorm (or no norm) and global average pooling.
+
+    Fast on CPU and free of BatchNorm, so its outputs for a sample do not depend on the rest of
+    the batch: used by the exact-DDP tests and for short CPU smoke runs.
+
+    Args:
+        widths: Channels of each stride-2 conv stage.
+        norm: ``"group"`` (GroupNorm with 8 groups) or ``"none"``.
+    """
+
+    def __init__(
+        self, widths: tuple[int, ...] = (32, 64, 128), norm: Literal["group", "none"] = "group"
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for width in widths:
+            layers.append(nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=norm == "none"))
+            if norm == "group":
+                layers.append(nn.GroupNorm(min(8, width), width))
+            layers.append(nn.ReLU(inplace=True))
+            channels = width
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.net = nn.Sequential(*layers)
+        self.num_features: int = channels
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)

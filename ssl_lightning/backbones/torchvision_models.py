@@ -1,0 +1,60 @@
+"""Any torchvision classification model as a backbone, by name, without its classifier."""
+
+from __future__ import annotations
+
+import torchvision
+from torch import Tensor, nn
+
+
+class TorchvisionBackbone(nn.Module):
+    """Any torchvision classification model, by name, with its final classifier Linear removed.
+
+    The last ``nn.Linear`` of the model's ``fc`` / ``classifier`` / ``heads`` / ``head`` is replaced
+    by ``nn.Identity``, so the output is the penultimate features (ResNet-50: 2048, ConvNeXt-T:
+    768, MobileNetV3-S: 1024, ...). Weights start random (SSL pre-training from scratch).
+
+    Args:
+        name: A ``torchvision.models.get_model`` name, e.g. ``"resnet50"``, ``"convnext_tiny"``.
+        cifar_stem: For models with ``conv1`` and ``maxpool`` (ResNet family): 3×3/stride-1 first
+            convolution and no max-pool, for 32 px images.
+    """
+
+    def __init__(self, name: str = "resnet18", cifar_stem: bool = False) -> None:
+        super().__init__()
+        if name not in torchvision.models.list_models(module=torchvision.models):
+            raise ValueError(
+                f"Unknown torchvision classification model {name!r}; see "
+                "torchvision.models.list_models(module=torchvision.models)."
+            )
+        net = torchvision.models.get_model(name, weights=None)
+        _drop_classifier(net, name)
+        if cifar_stem:
+            conv1 = getattr(net, "conv1", None)
+            if not isinstance(conv1, nn.Conv2d) or not hasattr(net, "maxpool"):
+                raise ValueError(
+                    f"cifar_stem needs a model with conv1 and maxpool; {name} has none."
+                )
+            net.conv1 = nn.Conv2d(3, conv1.out_channels, 3, stride=1, padding=1, bias=False)
+            net.maxpool = nn.Identity()
+        self.net = net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+def _drop_classifier(net: nn.Module, name: str) -> None:
+    """Replace the last Linear of the model's classifier attribute with Identity, in place."""
+    for attribute in ("fc", "classifier", "heads", "head"):
+        head = getattr(net, attribute, None)
+        if isinstance(head, nn.Linear):
+            setattr(net, attribute, nn.Identity())
+            return
+        if isinstance(head, nn.Sequential):
+            linear_names = [n for n, m in head.named_children() if isinstance(m, nn.Linear)]
+            if linear_names:
+                setattr(head, linear_names[-1], nn.Identity())
+                return
+    raise ValueError(
+        f"Cannot find the classifier of torchvision model {name!r} (looked for a Linear in fc, "
+        "classifier, heads, head); wrap the model yourself so it returns (B, D) features."
+    )
