@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import pytorch_lightning as pl
 import torch
@@ -90,7 +90,23 @@ class SSLMethod(pl.LightningModule):
     # ----------------------------------------------------------------- to implement / override
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """Return ``(loss, features)``: the scalar loss of this rank and the backbone features
-        of the first view (used, detached, by the evaluation callbacks)."""
+        of the first view (used, detached, by the evaluation callbacks).
+
+        The default splits the step in two (what gradient caching needs): the networks
+        (:meth:`forward_views`) and the loss on their outputs (:meth:`loss_from_outputs`).
+        """
+        outputs = self.forward_views(views)
+        return self.loss_from_outputs(outputs), outputs["features"]
+
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        """The networks only: per-sample outputs the loss needs (every leaf tensor or list of
+        tensors has the batch in dim 0; teacher outputs computed under ``no_grad``), and
+        ``"features"``: the backbone features of the first view. No gathers, no state updates."""
+        raise NotImplementedError
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        """The loss of this rank from :meth:`forward_views`'s outputs for the whole batch:
+        gathers across ranks, queue / centre updates happen here."""
         raise NotImplementedError
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
