@@ -110,3 +110,40 @@ def test_invalid_arguments_raise(kwargs):
 def test_rejects_image_not_multiple_of_patch():
     with pytest.raises(ValueError, match="multiple of patch"):
         tiny_vit()(torch.randn(1, 3, 20, 20))
+
+
+def test_forward_tokens_keep_selects_patches_with_their_positions() -> None:
+    torch.manual_seed(0)
+    vit = ViT(depth=2, embed_dim=32, num_heads=2).eval()
+    x = torch.randn(2, 3, 16, 16)
+    full = vit.forward_tokens(x)
+    assert full.shape == (2, 1 + 16, 32)
+    assert torch.allclose(full[:, 0], vit(x))
+    perm = torch.stack([torch.randperm(16), torch.randperm(16)])
+    permuted = vit.forward_tokens(x, keep=perm)  # attention is equivariant to token order
+    expected = full[:, 1:].gather(1, perm.unsqueeze(-1).expand(-1, -1, 32))
+    assert torch.allclose(permuted[:, 1:], expected, atol=1e-5)
+    subset = vit.forward_tokens(x, keep=perm[:, :4])
+    assert subset.shape == (2, 5, 32)
+    assert not torch.allclose(subset[:, 0], full[:, 0])  # fewer tokens attended
+
+
+def test_forward_tokens_mask_token_and_registers() -> None:
+    torch.manual_seed(0)
+    vit = ViT(depth=1, embed_dim=32, num_heads=2, num_registers=3, mask_token=True).eval()
+    assert vit.num_prefix_tokens == 4
+    x = torch.randn(2, 3, 16, 16)
+    none = torch.zeros(2, 16, dtype=torch.bool)
+    assert torch.equal(vit.forward_tokens(x, mask=none), vit.forward_tokens(x))
+    mask = none.clone()
+    mask[0, 3] = True
+    out = vit.forward_tokens(x, mask=mask)
+    assert out.shape == (2, 4 + 16, 32)
+    assert torch.equal(out[1], vit.forward_tokens(x)[1])  # other samples unaffected
+    # a masked patch's input no longer depends on its pixels
+    y = x.clone()
+    y[0, :, 0:4, 12:16] = 5.0  # patch index 3 (row 0, column 3)
+    assert torch.allclose(vit.forward_tokens(y, mask=mask), out, atol=1e-6)
+    with pytest.raises(ValueError, match="mask_token=True"):
+        ViT(depth=1, embed_dim=32, num_heads=2).forward_tokens(x, mask=mask)
+    assert "register_tokens" not in ViT(depth=1, embed_dim=32, num_heads=2).state_dict()

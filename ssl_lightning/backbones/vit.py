@@ -1,4 +1,4 @@
-"""Vision Transformer backbone returning the [CLS] token.
+"""Vision Transformer backbone returning the [CLS] token, or all tokens for masked methods.
 
 Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale",
 ICLR 2021: patch embedding, a learnable [CLS] token, position embeddings and pre-norm transformer
@@ -10,7 +10,11 @@ Details used by the SSL recipes:
   Self-Supervised Vision Transformers", ICCV 2021);
 - ``pos_embed="sincos"`` gives MoCo v3's fixed 2-D sin-cos position embedding (Chen, Xie & He,
   "An Empirical Study of Training Self-Supervised Vision Transformers", ICCV 2021);
-- stochastic depth (:class:`DropPath`, Huang et al., 2016) as in DINO's ViT-S recipe.
+- stochastic depth (:class:`DropPath`, Huang et al., 2016) as in DINO's ViT-S recipe;
+- :meth:`ViT.forward_tokens` runs on a per-sample subset of patches (MAE, He et al., CVPR 2022;
+  I-JEPA, Assran et al., CVPR 2023) or with masked patches replaced by a learned mask token
+  (iBOT, Zhou et al., ICLR 2022), and returns [CLS], register and patch tokens;
+- optional register tokens (Darcet et al., "Vision Transformers Need Registers", ICLR 2024).
 """
 
 from __future__ import annotations
@@ -102,6 +106,9 @@ class ViT(nn.Module):
         qkv_bias: Bias on the query/key/value projection.
         drop_path_rate: Stochastic-depth rate of the last block (linearly increasing from 0).
         pos_embed: ``"learned"`` (ViT, DINO) or ``"sincos"`` (fixed, MoCo v3).
+        num_registers: Register tokens after [CLS] (no position embedding); 0: none.
+        mask_token: Create a learned mask token for ``forward_tokens(x, mask=...)`` (iBOT).
+            Both default off, so existing checkpoints keep their keys.
     """
 
     def __init__(
@@ -116,6 +123,8 @@ class ViT(nn.Module):
         qkv_bias: bool = True,
         drop_path_rate: float = 0.0,
         pos_embed: Literal["learned", "sincos"] = "learned",
+        num_registers: int = 0,
+        mask_token: bool = False,
     ) -> None:
         super().__init__()
         if arch not in VIT_SIZES:
@@ -132,11 +141,20 @@ class ViT(nn.Module):
             raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}.")
         if pos_embed not in ("learned", "sincos"):
             raise ValueError(f"pos_embed must be 'learned' or 'sincos', got {pos_embed!r}.")
+        if num_registers < 0:
+            raise ValueError(f"num_registers must be >= 0, got {num_registers}.")
         self.patch_size = patch_size
+        self.num_registers = num_registers
+        #: Tokens before the patch tokens in :meth:`forward_tokens`' output: [CLS] + registers.
+        self.num_prefix_tokens = 1 + num_registers
         self.num_features: int = dim
         self.grid = image_size // patch_size
         self.patch_embed = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.register_tokens = (
+            nn.Parameter(torch.zeros(1, num_registers, dim)) if num_registers else None
+        )
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, dim)) if mask_token else None
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, self.grid**2 + 1, dim))
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
@@ -146,7 +164,9 @@ class ViT(nn.Module):
         rates = torch.linspace(0, drop_path_rate, n_blocks).tolist()
         self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, qkv_bias, r) for r in rates)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for token in (self.cls_token, self.register_tokens, self.mask_token):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=0.02)
         self.apply(_init_weights)
 
     def position_embedding(self, grid_h: int, grid_w: int) -> Tensor:
@@ -161,6 +181,25 @@ class ViT(nn.Module):
         return torch.cat([cls_pos, patch_pos.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
 
     def forward(self, x: Tensor) -> Tensor:
+        """The final-LayerNorm [CLS] token (B, embed_dim)."""
+        return self.forward_tokens(x)[:, 0]
+
+    def forward_tokens(
+        self, x: Tensor, keep: Tensor | None = None, mask: Tensor | None = None
+    ) -> Tensor:
+        """All output tokens after the final LayerNorm: (B, prefix + patches, D).
+
+        The first :attr:`num_prefix_tokens` are [CLS] and the registers; then the patch tokens
+        in row-major grid order, or in the order of ``keep``.
+
+        Args:
+            x: Images (B, 3, H, W), H and W multiples of ``patch_size``.
+            keep: (B, K) indices into the row-major patch grid: only these patches (with their
+                position embeddings) enter the encoder (MAE's visible set, I-JEPA's context).
+            mask: (B, N) bool over the patch grid: True patches are replaced by the learned
+                mask token before the position embedding is added (iBOT); needs
+                ``mask_token=True``.
+        """
         if x.shape[-1] % self.patch_size or x.shape[-2] % self.patch_size:
             raise ValueError(
                 f"Image size {tuple(x.shape[-2:])} is not a multiple of patch {self.patch_size}."
@@ -168,11 +207,31 @@ class ViT(nn.Module):
         patches = self.patch_embed(x)
         grid_h, grid_w = patches.shape[-2:]
         tokens = patches.flatten(2).transpose(1, 2)
-        tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
-        tokens = tokens + self.position_embedding(grid_h, grid_w)
+        if mask is not None:
+            if self.mask_token is None:
+                raise ValueError("forward_tokens(mask=...) needs a ViT built with mask_token=True.")
+            if mask.shape != tokens.shape[:2]:
+                raise ValueError(
+                    f"mask must have shape (B, patches) = {tuple(tokens.shape[:2])}, "
+                    f"got {tuple(mask.shape)}."
+                )
+            tokens = torch.where(mask.unsqueeze(-1), self.mask_token.to(tokens.dtype), tokens)
+        pos = self.position_embedding(grid_h, grid_w)
+        tokens = tokens + pos[:, 1:]
+        if keep is not None:
+            if keep.dim() != 2 or keep.shape[0] != tokens.shape[0]:
+                raise ValueError(
+                    f"keep must be (B, K) patch indices with B = {tokens.shape[0]}, "
+                    f"got shape {tuple(keep.shape)}."
+                )
+            tokens = tokens.gather(1, keep.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
+        prefix = [(self.cls_token + pos[:, :1]).expand(x.shape[0], -1, -1)]
+        if self.register_tokens is not None:
+            prefix.append(self.register_tokens.expand(x.shape[0], -1, -1))
+        tokens = torch.cat([*prefix, tokens], dim=1)
         for block in self.blocks:
             tokens = block(tokens)
-        return self.norm(tokens[:, 0])
+        return self.norm(tokens)
 
 
 def _init_weights(module: nn.Module) -> None:
