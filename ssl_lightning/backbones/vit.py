@@ -26,6 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.pretrained import load_pretrained
+from ssl_lightning.backbones.spec import remember_init_args
+
 VIT_SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (192, 12, 3),
     "small": (384, 12, 6),
@@ -109,6 +112,8 @@ class ViT(nn.Module):
         num_registers: Register tokens after [CLS] (no position embedding); 0: none.
         mask_token: Create a learned mask token for ``forward_tokens(x, mask=...)`` (iBOT).
             Both default off, so existing checkpoints keep their keys.
+        pretrained_path: A local state-dict file to start from (our export); see
+            :mod:`ssl_lightning.backbones.pretrained`.
     """
 
     def __init__(
@@ -125,8 +130,10 @@ class ViT(nn.Module):
         pos_embed: Literal["learned", "sincos"] = "learned",
         num_registers: int = 0,
         mask_token: bool = False,
+        pretrained_path: str | None = None,
     ) -> None:
         super().__init__()
+        remember_init_args(self, locals())
         if arch not in VIT_SIZES:
             raise ValueError(f"ViT arch must be one of {sorted(VIT_SIZES)}, got {arch!r}.")
         dim, n_blocks, heads = VIT_SIZES[arch]
@@ -168,6 +175,8 @@ class ViT(nn.Module):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
         self.apply(_init_weights)
+        if pretrained_path is not None:
+            load_pretrained(self, pretrained_path)
 
     def position_embedding(self, grid_h: int, grid_w: int) -> Tensor:
         """Position embedding (1, 1 + grid_h·grid_w, D), interpolated when the grid differs."""

@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.backbones import feature_dim
+from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
 from ssl_lightning.optim import (
     LRScaling,
@@ -138,6 +138,13 @@ class SSLMethod(pl.LightningModule):
         return (self.global_rank if self._trainer is not None else rank()) * local_batch
 
     # ------------------------------------------------------------------------ Lightning hooks
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the backbone's class and arguments, so evaluation, ``embed`` and ``export``
+        rebuild it from the checkpoint alone."""
+        spec = backbone_spec(self.backbone)
+        if spec is not None:
+            checkpoint["backbone_spec"] = spec
+
     def setup(self, stage: str) -> None:
         """Apply ``channels_last`` / ``compile_backbone`` once, after subclasses built their
         heads and teachers (compiling before a teacher is deep-copied would share the graph)."""
