@@ -57,7 +57,13 @@ def build_backbone(spec: Mapping[str, Any], load_pretrained: bool = False) -> nn
     init_args = dict(spec.get("init_args") or {})
     if not load_pretrained:
         init_args.pop("pretrained_path", None)
-    module = cls(**init_args)
+    try:
+        module = cls(**init_args)
+    except TypeError as err:
+        raise ValueError(
+            f"Cannot build the backbone {class_path}(**{init_args}): {err}. Pass the backbone "
+            "explicitly (--model.backbone ...)."
+        ) from err
     if not isinstance(module, nn.Module):
         raise ValueError(f"{class_path!r} built a {type(module).__name__}, not an nn.Module.")
     return module
