@@ -9,11 +9,14 @@ overrides such as ``--model.temperature 0.2`` are LightningCLI's.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningCLI
 
 
-def main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+def main(args: list[str] | None = None, run: bool = True) -> Any:
     """Build and run the CLI.
 
     Args:
@@ -23,9 +26,15 @@ def main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
             instantiates the trainer, model and data module (for inspection).
 
     Returns:
-        The ``LightningCLI`` object (``.trainer``, ``.model``, ``.datamodule``, ``.config``).
+        The ``LightningCLI`` object (``.trainer``, ``.model``, ``.datamodule``, ``.config``), or
+        the result of ``embed`` / ``export``.
     """
     import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
+    from ssl_lightning.commands import EXTRA_COMMANDS, project_description
+
+    argv = sys.argv[1:] if args is None else list(args)
+    if run and argv and argv[0] in EXTRA_COMMANDS:
+        return EXTRA_COMMANDS[argv[0]](argv[1:])
 
     return LightningCLI(
         pl.LightningModule,
@@ -35,4 +44,5 @@ def main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
         args=args,
         run=run,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"description": project_description()},
     )
