@@ -180,7 +180,7 @@ class MultiViewTransform:
         transforms: One callable per view, each mapping an image to a (C, H, W) tensor.
     """
 
-    def __init__(self, transforms: Sequence[Callable[[Any], Tensor]]) -> None:
+    def __init__(self, transforms: Sequence[Callable[..., Any]]) -> None:
         if len(transforms) == 0:
             raise ValueError("A MultiViewTransform needs at least one view pipeline, got none.")
         self.transforms = list(transforms)
