@@ -1,4 +1,4 @@
-"""Experiment trackers through the CLI: MLflow (local file store) and W&B (offline), real loggers."""
+"""Experiment trackers through the CLI: MLflow (local file store), W&B (offline), real loggers."""
 
 from __future__ import annotations
 
