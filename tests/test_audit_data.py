@@ -30,12 +30,14 @@ from ssl_lightning.data.datasets import load_image
 
 LOADER = {"num_workers": 0, "batch_size": 4}
 RAMP = (np.arange(16 * 16).reshape(16, 16) * 256).astype(np.uint16)  # 0 .. 65280
+DARK = (RAMP // 64).astype(np.uint16)  # 0 .. 1020: stays dark (a per-image stretch would not)
 
 
 # ------------------------------------------------------------------ 16-bit and float images
 @pytest.mark.parametrize(("name", "array", "expected"), [
     ("i16.png", RAMP, np.rint(RAMP / 257.0)),             # PIL opens it as I;16
     ("i16.tif", RAMP, np.rint(RAMP / 257.0)),
+    ("dark.png", DARK, np.rint(DARK / 257.0)),
     ("i32.tif", RAMP.astype(np.int32), np.rint(RAMP / 257.0)),  # mode I
     ("f.tif", (RAMP / 65535.0).astype(np.float32), np.rint(RAMP / 257.0)),  # mode F in [0, 1]
 ])
