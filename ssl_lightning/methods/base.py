@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
@@ -57,6 +58,15 @@ class SSLMethod(pl.LightningModule):
         compile_backbone: ``torch.compile`` the (student) backbone in place when fitting starts.
     """
 
+    #: Smallest global batch (per-device batch x processes) the loss is meaningful for; a loss
+    #: that compares each sample with the others of the batch needs 2 (checked at fit start).
+    min_global_batch: int = 1
+    #: Why :attr:`min_global_batch` is needed, for the error message.
+    min_global_batch_reason: str = ""
+    #: Views per sample the loss uses; None: all of them (multi-crop methods). A transform that
+    #: makes more gets a warning: the extra views would be computed and silently ignored.
+    views_used: int | None = 2
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -86,6 +96,7 @@ class SSLMethod(pl.LightningModule):
         self.save_hyperparameters(ignore=["backbone"])
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
+        self._views_checked = False
 
     # ----------------------------------------------------------------- to implement / override
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
@@ -157,8 +168,43 @@ class SSLMethod(pl.LightningModule):
         if self.hparams.get("compile_backbone", False):
             self.backbone.compile()
 
+    def on_fit_start(self) -> None:
+        self.check_global_batch()
+
+    def check_global_batch(self) -> None:
+        """Refuse a global batch below :attr:`min_global_batch`, before the first step.
+
+        Raises:
+            ValueError: naming the per-device batch, the process count and why.
+        """
+        if self.trainer.train_dataloader is None:
+            self.trainer.fit_loop.setup_data()
+        batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
+        world = self.trainer.world_size
+        if isinstance(batch_size, int) and batch_size * world < self.min_global_batch:
+            raise ValueError(
+                f"{type(self).__name__} needs a global batch (batch_size x processes) of >= "
+                f"{self.min_global_batch}, got batch_size={batch_size} x {world} process(es): "
+                f"{self.min_global_batch_reason}. Raise --data.batch_size."
+            )
+
+    def warn_unused_views(self, views: Sequence[Tensor]) -> None:
+        """Warn once when the batch has more views than the loss uses (:attr:`views_used`)."""
+        if self._views_checked:
+            return
+        self._views_checked = True
+        if self.views_used is not None and len(views) > self.views_used:
+            rank_zero_warn(
+                f"{type(self).__name__} uses {self.views_used} views per sample, but the train "
+                f"transform makes {len(views)}: the other {len(views) - self.views_used} (e.g. "
+                "the local crops of MultiCropViews) are computed and ignored. Use a "
+                f"{self.views_used}-view transform (SimCLRViews, BYOLViews) or a multi-crop "
+                "method (DINO, SwAV)."
+            )
+
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets = batch
+        self.warn_unused_views(views)
         loss, features = self.training_loss(views)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
