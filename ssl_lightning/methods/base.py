@@ -73,6 +73,14 @@ class SSLMethod(pl.LightningModule):
         compile_backbone: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(backbone, nn.Module):
+            got = (f"the class {backbone.__name__} itself" if isinstance(backbone, type)
+                   else f"{backbone!r} ({type(backbone).__name__})")
+            raise TypeError(
+                f"backbone must be an nn.Module instance, got {got}. Pass an instance, e.g. "
+                "SmallConvNet() rather than SmallConvNet; in a config, backbone: {class_path: "
+                "..., init_args: {...}}."
+            )
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}.")
         if weight_decay < 0:
