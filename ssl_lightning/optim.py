@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -208,7 +208,7 @@ class WarmupCosineLR(LRScheduler):
                             for g in optimizer.param_groups]
         super().__init__(optimizer)
 
-    def get_lr(self) -> list[float]:  # type: ignore[override]
+    def get_lr(self) -> list[float | Tensor]:
         factor = self.schedule(self.last_epoch + self.step_shift)
         return [base if fixed else base * factor
                 for base, fixed in zip(self.base_lrs, self.fixed_groups, strict=True)]
@@ -221,7 +221,8 @@ class WarmupCosineLR(LRScheduler):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Take the step count from ``state_dict``; keep this run's schedule (warn if it differs)."""
+        """Take the step count from ``state_dict``, keep this run's schedule (warn if it
+        differs)."""
         old = _StoredSchedule.read(state_dict)
         if old.optimizer_class not in (None, self.optimizer_class):
             raise ValueError(
@@ -272,15 +273,13 @@ class _StoredSchedule:
 
     def changes(self, new: WarmupCosineLR) -> list[str]:
         """``"name old -> new"`` for every schedule quantity that differs from ``new``'s."""
-        pairs = [("total steps", self.total_steps, new.schedule.total_steps),
-                 ("warm-up steps", self.warmup_steps, new.schedule.warmup_steps),
-                 ("steps per epoch", self.steps_per_epoch, new.steps_per_epoch),
-                 ("global batch", self.global_batch_size, new.global_batch_size),
-                 ("peak lr", self.base_lrs, new.base_lrs)]
-        out = []
-        for name, before, after in pairs:
-            if before is not None and before != -1 and before != after:
-                if name == "peak lr":
-                    before, after = f"{before[0]:.6g}", f"{after[0]:.6g}"
-                out.append(f"{name} {before} -> {after}")
-        return out
+        pairs: list[tuple[str, object, object]] = [
+            ("total steps", self.total_steps, new.schedule.total_steps),
+            ("warm-up steps", self.warmup_steps, new.schedule.warmup_steps),
+            ("steps per epoch", self.steps_per_epoch, new.steps_per_epoch),
+            ("global batch", self.global_batch_size, new.global_batch_size),
+        ]
+        if self.base_lrs != list(new.base_lrs):
+            pairs.append(("peak lr", f"{self.base_lrs[0]:.6g}", f"{float(new.base_lrs[0]):.6g}"))
+        return [f"{name} {before} -> {after}" for name, before, after in pairs
+                if before not in (None, -1) and before != after]

@@ -38,7 +38,8 @@ class SSLLightningCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._resume: tuple[str, Mapping[str, Any]] | None = None
-        super().__init__(*args, parser_class=ReadableArgumentParser, **kwargs)
+        kwargs["parser_class"] = ReadableArgumentParser
+        super().__init__(*args, **kwargs)
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` against the config (LightningCLI's version overwrote the
