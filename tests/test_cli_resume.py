@@ -117,23 +117,23 @@ def test_resume_to_two_epochs_follows_the_two_epoch_cosine(first_run, resume) ->
 
 def test_resume_with_a_larger_batch_and_overrides_uses_the_new_values(resume) -> None:
     with pytest.warns(UserWarning) as record:
-        cli = resume("--trainer.max_epochs", "2", "--data.batch_size", "8", "--model.lr", "0.05",
+        cli = resume("--trainer.max_epochs", "2", "--data.batch_size", "8", "--model.lr", "0.08",
                      "--model.init_args.temperature", "0.3", "--model.weight_decay", "0.001")
     messages = [str(w.message) for w in record]
     hparams = [m for m in messages if "hyperparameter(s) that differ" in m]
     assert len(hparams) == 1, messages  # ONE warning listing every difference
-    for item in ("lr: 0.1 (checkpoint) -> 0.05 (this run)", "temperature: 0.2 (checkpoint) -> "
+    for item in ("lr: 0.1 (checkpoint) -> 0.08 (this run)", "temperature: 0.2 (checkpoint) -> "
                  "0.3 (this run)", "weight_decay: 1e-06 (checkpoint) -> 0.001 (this run)"):
         assert item in hparams[0]
     assert "This run's values are used" in hparams[0]
     schedule = next(m for m in messages if "changed schedule" in m)
-    assert "global batch 4 -> 8" in schedule and "steps per epoch 6 -> 3" in schedule
+    assert "steps per epoch 6 -> 3; global batch 4 -> 8; peak lr 0.0015625 -> 0.0025" in schedule
     assert cli.model.criterion.temperature == 0.3
     groups = cli.trainer.optimizers[0].param_groups
     assert [g["weight_decay"] for g in groups] == [0.001, 0.0]
     # 1 of 2 epochs done = position 3 of the new 6-step schedule (3 steps per epoch,
     # warm-up round(0.5 * 3) = 2), at the new global batch's peak lr.
-    peak = 0.05 * 8 / 256
+    peak = 0.08 * 8 / 256  # the new lr scaled for the new global batch
     lrs = recorded(cli)
     assert [s for s, _ in lrs] == [6, 7, 8]
     for step, values in lrs:
