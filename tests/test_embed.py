@@ -94,3 +94,19 @@ def test_embed_bad_input_is_a_clear_error(embedded, tmp_path, capsys):
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "e.npy").exists()  # no partial output left behind
+
+
+def test_a_torchvision_backbone_named_in_the_config_is_rebuilt_from_the_checkpoint(run_config):
+    """A class that records nothing itself (torchvision's) gets the config's spec via the CLI."""
+    from ssl_lightning.evaluation.checkpoint import backbone_from_checkpoint
+
+    cli = run_config(Path(__file__).resolve().parents[1] / "configs" / "simclr.yaml",
+                     ["--model.init_args.backbone", "torchvision.models.mobilenet_v3_small",
+                      "--model.init_args.backbone.init_args.num_classes", "32",
+                      "--model.init_args.projection_hidden_dim", "16"])
+    path = str(Path(cli.trainer.default_root_dir) / "m.ckpt")
+    cli.trainer.save_checkpoint(path)
+    rebuilt = backbone_from_checkpoint(path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.eval()(x), cli.model.backbone.eval()(x))

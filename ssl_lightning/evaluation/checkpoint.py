@@ -34,17 +34,18 @@ def _torch_load(path: str) -> Any:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def read_checkpoint(path: str | os.PathLike) -> Mapping[str, Any]:
-    """A Lightning checkpoint file as a mapping, on the CPU.
+def load_checkpoint(path: str | os.PathLike) -> Mapping[str, Any]:
+    """A Lightning checkpoint file (the whole dict), on the CPU.
 
     The file is read with ``torch.load(weights_only=True)`` (tensors and plain containers, no
     arbitrary code); a checkpoint that also pickles other Python objects (e.g. hyperparameters
     of custom types) is then read like Lightning reads its own checkpoints
-    (``weights_only=False``): only evaluate checkpoints you trust.
+    (``weights_only=False``): only load checkpoints you trust.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: The file is not a torch file, or not a Lightning checkpoint (no ``state_dict``).
+        ValueError: The file is not a torch file (empty, truncated, foreign), or not a
+            Lightning checkpoint (no ``state_dict``).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -66,8 +67,9 @@ def read_checkpoint(path: str | os.PathLike) -> Mapping[str, Any]:
 
 
 def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
-    """The ``state_dict`` of a Lightning checkpoint file (see :func:`read_checkpoint`)."""
-    return dict(read_checkpoint(path)["state_dict"])
+    """The ``state_dict`` of a Lightning checkpoint file, on the CPU (see
+    :func:`load_checkpoint`; same errors)."""
+    return dict(load_checkpoint(path)["state_dict"])
 
 
 def backbone_state_dict(
@@ -145,7 +147,7 @@ def backbone_from_checkpoint(
             backbone class from Python), plus the errors of :func:`load_backbone`.
     """
     if backbone is None:
-        spec = read_checkpoint(path).get(SPEC_KEY)
+        spec = load_checkpoint(path).get(SPEC_KEY)
         if not isinstance(spec, Mapping):
             raise ValueError(
                 f"Checkpoint {os.fspath(path)!r} does not record its backbone class (it was "

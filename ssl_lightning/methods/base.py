@@ -22,7 +22,7 @@ from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, ra
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
-    WarmupCosine,
+    WarmupCosineLR,
     build_optimizer,
     scale_lr,
     split_decay_groups,
@@ -83,6 +83,14 @@ class SSLMethod(pl.LightningModule):
         compile_backbone: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(backbone, nn.Module):
+            got = (f"the class {backbone.__name__} itself" if isinstance(backbone, type)
+                   else f"{backbone!r} ({type(backbone).__name__})")
+            raise TypeError(
+                f"backbone must be an nn.Module instance, got {got}. Pass an instance, e.g. "
+                "SmallConvNet() rather than SmallConvNet; in a config, backbone: {class_path: "
+                "..., init_args: {...}}."
+            )
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}.")
         if weight_decay < 0:
@@ -231,17 +239,20 @@ class SSLMethod(pl.LightningModule):
             max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
             if math.isfinite(batches) else 1
         )
-        lr = scale_lr(hp.lr, self.global_batch_size(), hp.lr_scaling)
+        global_batch = self.global_batch_size()
+        lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
         groups = self.param_groups()
         optimizer = build_optimizer(
             hp.optimizer, groups, lr=lr, momentum=hp.momentum,
             trust_coefficient=hp.lars_trust_coefficient,
         )
         warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
-        schedule = WarmupCosine(warmup, total_steps, hp.final_lr_ratio)
-        constant = WarmupCosine(0, total_steps, final_ratio=1.0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, [constant if g.get("fixed_lr") else schedule for g in optimizer.param_groups]
+        scheduler = WarmupCosineLR(
+            optimizer, warmup, total_steps, hp.final_lr_ratio,
+            fixed_groups=[bool(g.get("fixed_lr")) for g in optimizer.param_groups],
+            steps_per_epoch=steps_per_epoch,
+            global_batch_size=global_batch,
+            epoch_based=self.trainer.max_steps == -1 or total_steps < self.trainer.max_steps,
         )
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -4,7 +4,9 @@ Model and data module are chosen in subclass mode, so a config names any ``Light
 (every :class:`~ssl_lightning.methods.SSLMethod`, and the linear-evaluation module, which is not
 one) and any ``LightningDataModule`` by ``class_path``; the public classes of ``ssl_lightning``
 can be named without their module (``class_path: SimCLR``). ``--help``, ``--print_config`` and
-overrides such as ``--model.temperature 0.2`` are LightningCLI's.
+overrides such as ``--model.temperature 0.2`` are LightningCLI's. Errors are printed as
+``error: <message>`` with a non-zero exit code, and ``--ckpt_path`` resumes the run the config
+describes (see ``docs/cli.md``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ import sys
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.cli import LightningCLI
+
+from ssl_lightning.cli.app import SSLLightningCLI
+from ssl_lightning.cli.errors import CLIError, debug_mode
+
+__all__ = ["SSLLightningCLI", "main"]
 
 
 def main(args: list[str] | None = None, run: bool = True) -> Any:
@@ -26,8 +32,12 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
             instantiates the trainer, model and data module (for inspection).
 
     Returns:
-        The ``LightningCLI`` object (``.trainer``, ``.model``, ``.datamodule``, ``.config``), or
-        the result of ``embed`` / ``export``.
+        The CLI object (``.trainer``, ``.model``, ``.datamodule``, ``.config``), or the result
+        of ``embed`` / ``export``.
+
+    Raises:
+        SystemExit: With code 2 for a command-line / config error, 1 for a value a constructor
+            or a pre-flight check refused; the message is on stderr.
     """
     import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
     from ssl_lightning.commands import EXTRA_COMMANDS, project_description
@@ -36,13 +46,19 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
     if run and argv and argv[0] in EXTRA_COMMANDS:
         return EXTRA_COMMANDS[argv[0]](argv[1:])
 
-    return LightningCLI(
-        pl.LightningModule,
-        pl.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args,
-        run=run,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"description": project_description()},
-    )
+    try:
+        return SSLLightningCLI(
+            pl.LightningModule,
+            pl.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args,
+            run=run,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": project_description()},
+        )
+    except CLIError as err:
+        if debug_mode():
+            raise
+        sys.stderr.write(f"error: {err}\n")
+        raise SystemExit(1) from err
