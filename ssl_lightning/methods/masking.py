@@ -15,6 +15,7 @@ draws the same table: ranks get different masks, and 2 processes × B use exactl
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 from torch import Tensor
@@ -114,8 +115,8 @@ class MultiBlockMasking:
 
     def block_sizes(self, step: int) -> tuple[tuple[int, int], tuple[int, int]]:
         """Target and context block sizes of ``step`` (a pure function of seed and step)."""
-        g = torch.Generator().manual_seed((self.seed << 32) + step)
-        u = torch.rand(3, generator=g, dtype=torch.float64).tolist()
+        rng = random.Random(f"{self.seed}:{step}")  # str seeds: deterministic in every process
+        u = [rng.random() for _ in range(3)]
         (s0, s1), (a0, a1), (c0, c1) = self.target_scale, self.target_aspect, self.context_scale
         return self.block(s0 + u[0] * (s1 - s0), a0 + u[1] * (a1 - a0)), \
             self.block(c0 + u[2] * (c1 - c0), 1.0)
