@@ -151,3 +151,15 @@ def test_bad_input_is_refused_before_training() -> None:
         tiny_ijepa(target_scale=(0.9, 1.0))
     with pytest.raises(ValueError, match="expects views of 16x16 px"):
         tiny_mae().forward_views([torch.randn(2, 3, 32, 32)])
+
+
+def test_vit_pool_mean_averages_the_patch_tokens_and_cls_stays_the_default() -> None:
+    torch.manual_seed(0)
+    vit = tiny_vit(num_registers=2)
+    x = torch.randn(2, 3, SIZE, SIZE)
+    tokens = vit.forward_tokens(x)
+    torch.testing.assert_close(vit(x), tokens[:, 0])
+    vit.pool = "mean"
+    torch.testing.assert_close(vit(x), tokens[:, 3:].mean(dim=1))  # registers excluded
+    with pytest.raises(ValueError, match="pool"):
+        tiny_vit(pool="max")
