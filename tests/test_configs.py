@@ -30,6 +30,10 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "byol.yaml": ["--model.init_args.projection_hidden_dim", "64"],
     "moco_v3_vit.yaml": ["--model.init_args.projection_hidden_dim", "64",
                          "--model.init_args.backbone.init_args.depth", "2"],
+    "mae.yaml": ["--model.init_args.backbone.init_args.depth", "1",
+                 "--model.init_args.decoder_depth", "1"],
+    "ijepa.yaml": ["--model.init_args.backbone.init_args.depth", "1",
+                   "--model.init_args.predictor_depth", "1"],
 }
 
 

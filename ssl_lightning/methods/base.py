@@ -47,6 +47,7 @@ class SSLMethod(pl.LightningModule):
             accumulate_grad_batches.
         weight_decay: Weight decay for weights; biases and norm parameters get none.
         momentum: SGD/LARS momentum.
+        betas: AdamW's (beta1, beta2); MAE uses (0.9, 0.95).
         lars_trust_coefficient: LARS eta (0.001 in the LARS paper and SimCLR; solo-learn's CIFAR
             recipes use 0.02 with their clipped variant).
         warmup_epochs: Linear warm-up length in epochs (fractions allowed), then cosine decay.
@@ -75,6 +76,7 @@ class SSLMethod(pl.LightningModule):
         lr_scaling: LRScaling = "linear",
         weight_decay: float = 1e-6,
         momentum: float = 0.9,
+        betas: tuple[float, float] = (0.9, 0.999),
         lars_trust_coefficient: float = 0.001,
         warmup_epochs: float = 10.0,
         final_lr_ratio: float = 0.0,
@@ -95,6 +97,8 @@ class SSLMethod(pl.LightningModule):
             raise ValueError(f"lr must be > 0, got {lr}.")
         if weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"betas must be two values in [0, 1), got {betas}.")
         if lars_trust_coefficient <= 0:
             raise ValueError(f"lars_trust_coefficient must be > 0, got {lars_trust_coefficient}.")
         if warmup_epochs < 0:
@@ -243,7 +247,7 @@ class SSLMethod(pl.LightningModule):
         lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
         groups = self.param_groups()
         optimizer = build_optimizer(
-            hp.optimizer, groups, lr=lr, momentum=hp.momentum,
+            hp.optimizer, groups, lr=lr, momentum=hp.momentum, betas=(hp.betas[0], hp.betas[1]),
             trust_coefficient=hp.lars_trust_coefficient,
         )
         warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
