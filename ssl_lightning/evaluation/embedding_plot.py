@@ -110,15 +110,21 @@ class EmbeddingPlot(ValFeatureCollector):
         self.draw(trainer, "fit")
 
     def draw(self, trainer: pl.Trainer, stage: str) -> None:
-        """Write the latest picture (rank 0 only) as PNG and to TensorBoard loggers."""
-        if self._latest is None or not trainer.is_global_zero:
+        """Write the latest picture (rank 0 only) as PNG and to TensorBoard loggers.
+
+        Every rank calls this: ``trainer.log_dir`` is a broadcast under DDP, so it is read on all
+        ranks before the non-zero ranks return.
+        """
+        if self._latest is None:
+            return
+        dirpath = self.dirpath or trainer.log_dir or trainer.default_root_dir
+        if not trainer.is_global_zero:
             return
         points, targets, epoch = self._latest
         image = plot_embeddings(
             points, targets, f"PCA of val embeddings ({stage}, epoch {epoch}, n={len(targets)})",
             self.class_names,
         )
-        dirpath = self.dirpath or trainer.log_dir or trainer.default_root_dir
         os.makedirs(dirpath, exist_ok=True)
         self.last_path = os.path.join(dirpath, f"embeddings_{stage}_epoch{epoch:03d}.png")
         from PIL import Image

@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from torch import Tensor, nn
 
 from ssl_lightning.callbacks.knn import KNNCallback
-from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, load_backbone
+from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, load_backbone, resolve_checkpoint
 from ssl_lightning.evaluation.linear import first_view
 
 
@@ -27,8 +27,9 @@ class KNNEval(pl.LightningModule):
 
     Args:
         backbone: The backbone class the checkpoint was trained with.
-        checkpoint: Pre-training checkpoint of any ssl_lightning method; ``None`` evaluates the
-            backbone as given.
+        checkpoint: Pre-training checkpoint of any ssl_lightning method, or ``"random"`` to
+            evaluate the backbone as constructed (the random-init baseline). Required: ``None``
+            is refused with a ValueError.
         checkpoint_prefix: State-dict prefix of the backbone in the checkpoint.
         k: Number of neighbours.
         temperature: Vote temperature.
@@ -50,8 +51,9 @@ class KNNEval(pl.LightningModule):
         super().__init__()
         self.knn = KNNCallback(k, temperature, chunk_size, num_classes)  # validates the values
         self.save_hyperparameters(ignore=["backbone"])
-        if checkpoint is not None:
-            load_backbone(backbone, checkpoint, checkpoint_prefix)
+        path = resolve_checkpoint(checkpoint, "KNNEval")
+        if path is not None:
+            load_backbone(backbone, path, checkpoint_prefix)
         self.backbone = backbone.requires_grad_(False).eval()
 
     def train(self, mode: bool = True) -> KNNEval:
