@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -102,6 +103,13 @@ class EmbeddingPlot(ValFeatureCollector):
         if collected is None or trainer.sanity_checking:
             return
         features, targets = collected
+        if not bool(torch.isfinite(features).all()):  # gathered: the same on every rank
+            if trainer.is_global_zero:
+                warnings.warn(f"EmbeddingPlot: the validation embeddings at epoch "
+                              f"{trainer.current_epoch} contain NaN/inf values; no picture.",
+                              stacklevel=2)
+            self._latest = None
+            return
         self._latest = (pca_2d(features).cpu(), targets.cpu(), trainer.current_epoch)
         if trainer.state.fn is not None and trainer.state.fn.value != "fit":
             self.draw(trainer, trainer.state.fn.value)

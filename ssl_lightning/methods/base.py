@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones import feature_dim
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
+from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -153,6 +154,7 @@ class SSLMethod(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets = batch
         loss, features = self.training_loss(views)
+        check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         return {"loss": loss, "features": features.detach(), "targets": targets}
@@ -162,6 +164,15 @@ class SSLMethod(pl.LightningModule):
     ) -> dict[str, Tensor]:
         images, targets = batch
         return {"features": self.backbone(images), "targets": targets}
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Stop (on every rank) when the update just made left non-finite weights."""
+        check_finite_weights(self)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to write non-finite weights over the last good checkpoint (DDP: every rank
+        holds the same weights, so the local check raises on all ranks together)."""
+        check_finite_weights(self, reduce=False)
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams
