@@ -46,7 +46,7 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _diverge_spec(tmp: Path, data_root: Path) -> list[str]:
+def _diverge_args(data_root: Path) -> list[str]:
     config = ROOT / "configs" / "simclr.yaml"
     return ["fit", "--config", str(config), *shrink_args(config, data_root, 1), *DIVERGE]
 
@@ -56,6 +56,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) ->
     """Runs everything once: ``{world_size: {rank: results}}``, plus the divergence CLI run."""
     tmp = tmp_path_factory.mktemp("matrix")
     procs: list[tuple[int, int, subprocess.Popen, Path]] = []
+    logs = []
     port = _free_port()
     for world in (1, 2):
         spec = {"configs": [str(c) for c in CONFIGS], "workdir": str(tmp / f"w{world}"),
@@ -69,6 +70,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) ->
             env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                        RANK=str(rank), LOCAL_RANK=str(rank))
             log = open(tmp / f"log{world}_{rank}.txt", "w")  # noqa: SIM115 (closed below)
+            logs.append(log)
             proc = subprocess.Popen(
                 [sys.executable, str(ROOT / "tests" / "product_matrix.py"), str(spec_path),
                  str(out)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
@@ -76,7 +78,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) ->
     diverge_dir = tmp / "diverge"
     diverge_dir.mkdir()
     cli = subprocess.Popen([sys.executable, "-m", "ssl_lightning",
-                            *_diverge_spec(tmp, tiny_image_folder)], env=_env(), cwd=diverge_dir,
+                            *_diverge_args(tiny_image_folder)], env=_env(), cwd=diverge_dir,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + TIMEOUT_S
     cli_output = cli.communicate(timeout=TIMEOUT_S)[0]
@@ -85,8 +87,10 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) ->
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
+    for log in logs:
+        log.close()
     results: dict[str, Any] = {1: {}, 2: {}}
-    for world, rank, proc, out in procs:
+    for world, rank, _proc, out in procs:
         path = out / f"rank{rank}.json"
         results[world][rank] = json.loads(path.read_text()) if path.exists() else {}
         results[world][rank]["_log"] = (tmp / f"log{world}_{rank}.txt").read_text()[-3000:]

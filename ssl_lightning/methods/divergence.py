@@ -10,7 +10,6 @@ sees non-finite weights and the last good checkpoint is never overwritten.
 
 from __future__ import annotations
 
-
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
