@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import pytest
 import pytorch_lightning as pl
@@ -97,3 +98,39 @@ def test_overflowing_update_stops_after_that_step_and_no_checkpoint_is_written(t
     with pytest.raises(TrainingDivergedError, match="weights are not finite"):
         trainer.save_checkpoint(path)
     assert not os.path.exists(path)
+
+
+class _NaNOnRank1(SimCLR):
+    """SimCLR whose loss is NaN on rank 1 only, at global step 1; each rank appends the error it
+    raises to ``<out_dir>/rank<r>.txt``."""
+
+    out_dir = ""
+
+    def training_loss(self, views):  # type: ignore[no-untyped-def]
+        loss, features = super().training_loss(views)
+        if self.global_rank == 1 and self.trainer.global_step == 1:
+            loss = loss * float("nan")
+        return loss, features
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        try:
+            return super().training_step(batch, batch_idx)
+        except TrainingDivergedError as err:
+            with open(os.path.join(self.out_dir, f"rank{self.global_rank}.txt"), "w") as f:
+                f.write(f"TrainingDivergedError: {err}")
+            raise
+
+
+def test_nan_loss_on_one_rank_stops_both_ranks_at_that_step(tmp_path) -> None:
+    model = _NaNOnRank1(SmallConvNet((8, 16), norm="group"), projection_hidden_dim=16,
+                        projection_dim=8, optimizer="sgd", lr=0.1, lr_scaling="none",
+                        warmup_epochs=0)
+    model.out_dir = str(tmp_path)
+    with pytest.raises(Exception, match="TrainingDivergedError"):
+        fit_and_dump(model, TensorDataModule(PrecomputedViews(32), 4), devices=2, max_steps=4)
+    for rank, value in ((0, r"[0-9.]+"), (1, "nan")):
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert re.match(
+            rf"TrainingDivergedError: Training diverged: the loss is not finite on 1 of 2 ranks "
+            rf"\(rank {rank}: {value}\) at global step 1 \(epoch 0, batch 1\) with learning rate "
+            r"[0-9.]+\. The step was not applied", message), message

@@ -1,4 +1,4 @@
-"""LinearEval / KNNEval refuse to evaluate a random backbone unless asked (``checkpoint: random``)."""
+"""LinearEval and KNNEval refuse a random backbone unless asked (``checkpoint: random``)."""
 
 from __future__ import annotations
 

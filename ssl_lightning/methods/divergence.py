@@ -47,10 +47,12 @@ def check_finite_loss(module: pl.LightningModule, loss: Tensor, batch_idx: int) 
         f" at global step {trainer.global_step} (epoch {trainer.current_epoch}, batch "
         f"{batch_idx}) with learning rate {_lr(trainer)}"
     )
-    of_ranks = f" on {ranks} of {trainer.world_size} ranks" if trainer and trainer.world_size > 1 \
-        else ""
+    what = f"{loss.item()}"
+    if trainer is not None and trainer.world_size > 1:
+        what = (f"not finite on {ranks} of {trainer.world_size} ranks (rank "
+                f"{trainer.global_rank}: {what})")
     raise TrainingDivergedError(
-        f"Training diverged: the loss is {loss.item()}{of_ranks}{where}. The step was not "
+        f"Training diverged: the loss is {what}{where}. The step was not "
         f"applied and no checkpoint was written from it. {ADVICE}"
     )
 
