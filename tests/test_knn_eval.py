@@ -111,8 +111,8 @@ def test_backbone_stays_frozen_and_errors_are_those_of_the_loader(checkpoint, tm
 def test_knn_config_runs_through_the_cli_validate(run_config, tmp_path):
     backbone = ResNet(18, cifar_stem=True)
     path = str(tmp_path / "pretrain.ckpt")
-    torch.save({"state_dict": {f"backbone.{k}": v for k, v in backbone.state_dict().items()}},
-               path)
+    torch.save({"state_dict": {f"backbone.{k}": v for k, v in backbone.state_dict().items()},
+                "backbone_spec": backbone.backbone_spec}, path)  # what SSLMethod writes
     cli = run_config(ROOT / "configs" / "knn.yaml", ["--model.checkpoint", path],
                      subcommand="validate")
     assert isinstance(cli.model, KNNEval)

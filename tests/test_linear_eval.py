@@ -51,7 +51,8 @@ def fit_linear(model: LinearEval, epochs: int = 6, views: bool = False) -> objec
 
 
 def make_model(**kwargs: object) -> LinearEval:
-    return LinearEval(bn_backbone(), NUM_CLASSES, lr=0.5, lr_scaling="none", **kwargs)
+    return LinearEval(bn_backbone(), NUM_CLASSES, checkpoint="random", lr=0.5, lr_scaling="none",
+                      **kwargs)
 
 
 def test_frozen_linear_eval_separates_and_keeps_backbone_and_bn_stats():
@@ -88,7 +89,7 @@ def test_finetune_trains_backbone_and_updates_bn_stats():
 
 def test_logged_accuracy_matches_manual_top1_top5():
     """Untrained 8-class classifier on 4-class data: top-1 and top-5 are both non-trivial."""
-    model = LinearEval(bn_backbone(), 8)
+    model = LinearEval(bn_backbone(), 8, checkpoint="random")
     nn.init.normal_(model.classifier.weight, std=1.0)
     images, targets = separable_data(32, 1).tensors
     # val loaders [train_eval, val] as the data modules give them: only the last one is scored

@@ -27,8 +27,13 @@ def test_cli_names_the_mismatch_for_a_checkpoint_of_another_backbone(run_config,
                                                                       capsys):
     # The CLI prints a constructor's error as its own message (ssl_lightning/cli/errors.py)
     path = fake_checkpoint(SmallConvNet((64, 64)), tmp_path / "small.ckpt")
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(SystemExit):  # a checkpoint without backbone_spec and no backbone given
         run_config(CONFIG, ["--model.checkpoint", path])
+    assert "does not record its backbone class" in capsys.readouterr().err
+    resnet = ["--model.backbone", "ssl_lightning.ResNet", "--model.backbone.depth", "18",
+              "--model.backbone.cifar_stem", "true"]
+    with pytest.raises(SystemExit) as exit_info:
+        run_config(CONFIG, ["--model.checkpoint", path, *resnet])
     assert exit_info.value.code == 1
     assert "does not match the configured backbone" in capsys.readouterr().err
     with pytest.raises(SystemExit):

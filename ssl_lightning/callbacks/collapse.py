@@ -73,6 +73,16 @@ class CollapseMonitor(ValFeatureCollector):
         if collected is None or trainer.sanity_checking:
             return
         z = collected[0]
+        if not bool(torch.isfinite(z).all()):  # gathered: the same decision on every rank
+            pl_module.log("val/embedding_std", math.nan)
+            pl_module.log("val/rankme", math.nan)
+            if trainer.is_global_zero:
+                warnings.warn(
+                    f"The validation embeddings at epoch {trainer.current_epoch} contain NaN/inf "
+                    "values: the weights have diverged (see the training loss); embedding std and "
+                    "RankMe are logged as NaN.", CollapseWarning, stacklevel=2,
+                )
+            return
         std, rank = embedding_std(z), rankme(z)
         pl_module.log("val/embedding_std", std.item())
         pl_module.log("val/rankme", rank.item())

@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from ssl_lightning.callbacks.knn import gather_variable
+from ssl_lightning.callbacks.knn import gather_variable, padding_mask, val_sampler
 from ssl_lightning.distributed import world_size
 
 
@@ -38,6 +38,7 @@ class ValFeatureCollector(pl.Callback):
         self._features: list[Tensor] = []
         self._targets: list[Tensor] = []
         self._device = torch.device("cpu")
+        self._sampler: object = None
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._features, self._targets = [], []
@@ -60,17 +61,22 @@ class ValFeatureCollector(pl.Callback):
             )
         features = outputs["features"].detach()
         self._device = features.device
+        self._sampler = val_sampler(trainer, dataloader_idx)
         self._features.append(features.float().flatten(1).cpu())  # off the accelerator
         self._targets.append(outputs["targets"].detach().cpu())
 
     def collected(self) -> tuple[Tensor, Tensor] | None:
         """``(features, targets)`` of this epoch from all ranks; ``None`` when nothing was seen.
 
-        A collective under DDP: every rank must call it.
+        The duplicates that ``DistributedSampler`` pads the last batch with are dropped, so the
+        samples are those of one process (in another order). A collective under DDP: every rank
+        must call it.
         """
         if not self._features:
             return None
         features, targets = torch.cat(self._features), torch.cat(self._targets)
+        keep = padding_mask(len(targets), self._sampler, targets.device)
+        features, targets = features[keep], targets[keep]
         room = math.ceil(self.max_samples / world_size())
         if len(features) > room:  # a fixed random subset: val loaders are often sorted by class
             generator = torch.Generator().manual_seed(0)

@@ -230,7 +230,7 @@ class KNNCallback(pl.Callback):
 
 def val_sampler(trainer: pl.Trainer, dataloader_idx: int) -> object:
     """The sampler of validation dataloader ``dataloader_idx`` (None when unavailable)."""
-    loaders = trainer.val_dataloaders
+    loaders = getattr(trainer, "val_dataloaders", None)
     if loaders is None:
         return None
     if not isinstance(loaders, (list, tuple)):

@@ -23,6 +23,29 @@ from ssl_lightning.backbones.spec import build_backbone
 DEFAULT_PREFIX = "backbone."
 #: Checkpoint entry with the backbone's ``{"class_path", "init_args"}`` (written by SSLMethod).
 SPEC_KEY = "backbone_spec"
+#: The ``checkpoint`` value that asks an evaluation module to keep the backbone as constructed.
+RANDOM_INIT = "random"
+
+
+def resolve_checkpoint(checkpoint: str | os.PathLike | None, owner: str) -> str | None:
+    """The checkpoint path an evaluation module loads, or ``None`` for :data:`RANDOM_INIT`.
+
+    A missing checkpoint would silently evaluate a randomly initialised backbone, so it must be
+    asked for by name.
+
+    Raises:
+        ValueError: ``checkpoint`` is ``None`` or empty.
+    """
+    if checkpoint is None or os.fspath(checkpoint) == "":
+        raise ValueError(
+            f"{owner} got no checkpoint, so it would evaluate a randomly initialised backbone. "
+            "Pass the pre-training checkpoint: --model.checkpoint runs/<name>/version_N/"
+            f"checkpoints/last.ckpt (checkpoint=... in Python), or checkpoint: {RANDOM_INIT} to "
+            "evaluate the backbone as constructed (the random-init baseline, or weights you "
+            "loaded yourself)."
+        )
+    path = os.fspath(checkpoint)
+    return None if path == RANDOM_INIT else path
 
 
 def _torch_load(path: str) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -97,6 +98,13 @@ class EmbeddingPlot(ValFeatureCollector):
         if collected is None or trainer.sanity_checking:
             return
         features, targets = collected
+        if not bool(torch.isfinite(features).all()):  # gathered: the same on every rank
+            if trainer.is_global_zero:
+                warnings.warn(f"EmbeddingPlot: the validation embeddings at epoch "
+                              f"{trainer.current_epoch} contain NaN/inf values; no picture.",
+                              stacklevel=2)
+            self._latest = None
+            return
         self._latest = (project_2d(features, self.method).cpu(), targets.cpu(),
                         trainer.current_epoch)
         if trainer.state.fn is not None and trainer.state.fn.value != "fit":
@@ -106,8 +114,15 @@ class EmbeddingPlot(ValFeatureCollector):
         self.draw(trainer, "fit")
 
     def draw(self, trainer: pl.Trainer, stage: str) -> None:
-        """Write the latest picture (rank 0 only) as PNG and to TensorBoard loggers."""
-        if self._latest is None or not trainer.is_global_zero:
+        """Write the latest picture (rank 0 only) as PNG and to TensorBoard loggers.
+
+        Every rank calls this: ``trainer.log_dir`` is a broadcast under DDP, so it is read on all
+        ranks before the non-zero ranks return.
+        """
+        if self._latest is None:
+            return
+        dirpath = self.dirpath or trainer.log_dir or trainer.default_root_dir
+        if not trainer.is_global_zero:
             return
         points, targets, epoch = self._latest
         image = plot_embeddings(
@@ -115,7 +130,6 @@ class EmbeddingPlot(ValFeatureCollector):
             f"{_TITLES[self.method]} of val embeddings ({stage}, epoch {epoch}, n={len(targets)})",
             self.class_names, _TITLES[self.method].replace("PCA", "PC"),
         )
-        dirpath = self.dirpath or trainer.log_dir or trainer.default_root_dir
         os.makedirs(dirpath, exist_ok=True)
         kind = "" if self.method == "pca" else f"{self.method}_"
         self.last_path = os.path.join(dirpath, f"embeddings_{kind}{stage}_epoch{epoch:03d}.png")

@@ -15,7 +15,11 @@ import pytorch_lightning as pl
 from torch import Tensor, nn
 
 from ssl_lightning.callbacks.knn import KNNCallback
-from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, load_backbone
+from ssl_lightning.evaluation.checkpoint import (
+    DEFAULT_PREFIX,
+    backbone_from_checkpoint,
+    resolve_checkpoint,
+)
 from ssl_lightning.evaluation.linear import first_view
 
 
@@ -26,9 +30,11 @@ class KNNEval(pl.LightningModule):
     ssl_lightning data modules do). Logs ``val/knn_top1`` and ``val/knn_top5`` (percent).
 
     Args:
-        backbone: The backbone class the checkpoint was trained with.
-        checkpoint: Pre-training checkpoint of any ssl_lightning method; ``None`` evaluates the
-            backbone as given.
+        backbone: The backbone the checkpoint was trained with; ``None``: rebuilt from the
+            checkpoint's ``backbone_spec``. Given, it overrides the spec.
+        checkpoint: Pre-training checkpoint of any ssl_lightning method, or ``"random"`` to
+            evaluate the backbone as constructed (the random-init baseline). Required: ``None``
+            is refused with a ValueError.
         checkpoint_prefix: State-dict prefix of the backbone in the checkpoint.
         k: Number of neighbours.
         temperature: Vote temperature.
@@ -39,7 +45,7 @@ class KNNEval(pl.LightningModule):
 
     def __init__(
         self,
-        backbone: nn.Module,
+        backbone: nn.Module | None = None,
         checkpoint: str | None = None,
         checkpoint_prefix: str = DEFAULT_PREFIX,
         k: int = 200,
@@ -50,8 +56,11 @@ class KNNEval(pl.LightningModule):
         super().__init__()
         self.knn = KNNCallback(k, temperature, chunk_size, num_classes)  # validates the values
         self.save_hyperparameters(ignore=["backbone"])
-        if checkpoint is not None:
-            load_backbone(backbone, checkpoint, checkpoint_prefix)
+        path = resolve_checkpoint(checkpoint, "KNNEval")
+        if path is not None:
+            backbone = backbone_from_checkpoint(path, backbone, checkpoint_prefix)
+        elif backbone is None:
+            raise ValueError("KNNEval with checkpoint: random needs a backbone (--model.backbone).")
         self.backbone = backbone.requires_grad_(False).eval()
 
     def train(self, mode: bool = True) -> KNNEval:

@@ -17,10 +17,15 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics.classification import MulticlassAccuracy
 
 from ssl_lightning.backbones import feature_dim
-from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, load_backbone
+from ssl_lightning.callbacks.knn import padding_mask, val_sampler
+from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
+from ssl_lightning.evaluation.checkpoint import (
+    DEFAULT_PREFIX,
+    backbone_from_checkpoint,
+    resolve_checkpoint,
+)
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.optim import WarmupCosine, build_optimizer, scale_lr, split_decay_groups
 
@@ -38,11 +43,21 @@ class LinearEval(pl.LightningModule):
     val]``), accuracy is measured on the last one only. Logs ``train/loss``, ``train/top1``,
     ``val/loss``, ``val/top1`` and ``val/top5`` (accuracies in percent, like ``val/knn_top1``).
 
+    Under DDP the metrics are those of one process over the whole data: ``train/top1`` is
+    reduced by Lightning with the other epoch metrics (one sample-weighted mean over ranks);
+    the val metrics sum per-sample hits over ranks without the duplicates that
+    ``DistributedSampler`` pads the last batch with. No hook makes a collective of its own at
+    ``on_train_epoch_end``, where rank 0's progress bar is already reducing the epoch metrics.
+
     Args:
-        backbone: The backbone class the checkpoint was trained with (features ``(B, D)``).
-        num_classes: Number of classes.
-        checkpoint: Path of a pre-training checkpoint of any ssl_lightning method; ``None``
-            keeps the backbone as given (random init or already loaded).
+        backbone: The backbone the checkpoint was trained with (features ``(B, D)``); ``None``:
+            rebuilt from the checkpoint's ``backbone_spec`` (every ssl_lightning checkpoint has
+            one). Given, it overrides the spec.
+        num_classes: Number of classes (required; after ``backbone`` so that positional calls
+            ``LinearEval(backbone, 10, ...)`` keep working).
+        checkpoint: Path of a pre-training checkpoint of any ssl_lightning method, or
+            ``"random"`` to evaluate the backbone as constructed (the random-init baseline, or
+            weights you loaded yourself). Required: ``None`` is refused with a ValueError.
         checkpoint_prefix: State-dict prefix of the backbone in the checkpoint
             (e.g. ``"teacher_backbone."`` to evaluate an EMA teacher, if the method has one).
         finetune: Train the backbone too (in train mode) instead of freezing it.
@@ -57,8 +72,8 @@ class LinearEval(pl.LightningModule):
 
     def __init__(
         self,
-        backbone: nn.Module,
-        num_classes: int,
+        backbone: nn.Module | None = None,
+        num_classes: int | None = None,
         checkpoint: str | None = None,
         checkpoint_prefix: str = DEFAULT_PREFIX,
         finetune: bool = False,
@@ -70,6 +85,8 @@ class LinearEval(pl.LightningModule):
         image_size: int = 32,
     ) -> None:
         super().__init__()
+        if num_classes is None:
+            raise ValueError("LinearEval needs num_classes (e.g. --model.num_classes 10).")
         if num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
         if lr <= 0:
@@ -79,18 +96,20 @@ class LinearEval(pl.LightningModule):
         if warmup_epochs < 0:
             raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}.")
         self.save_hyperparameters(ignore=["backbone"])
-        if checkpoint is not None:
-            load_backbone(backbone, checkpoint, checkpoint_prefix)
+        path = resolve_checkpoint(checkpoint, "LinearEval")
+        if path is not None:
+            backbone = backbone_from_checkpoint(path, backbone, checkpoint_prefix)
+        elif backbone is None:
+            raise ValueError(
+                "LinearEval with checkpoint: random needs a backbone (--model.backbone).")
         self.backbone = backbone
         self.backbone.requires_grad_(finetune)
         self.classifier = nn.Linear(feature_dim(backbone, image_size), num_classes)
         nn.init.normal_(self.classifier.weight, std=0.01)
         nn.init.zeros_(self.classifier.bias)
         self.finetune = finetune
-        top5 = min(5, num_classes)
-        self.train_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_top5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.top5 = min(5, num_classes)
+        self._val_rows: list[Tensor] = []  # per val sample: loss, top-1 hit, top-5 hit
         self.train()
 
     def train(self, mode: bool = True) -> LinearEval:
@@ -115,13 +134,15 @@ class LinearEval(pl.LightningModule):
         images, targets = batch
         logits = self(first_view(images))
         loss = F.cross_entropy(logits.float(), targets)
-        self.train_top1.update(logits.detach(), targets)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
+                 batch_size=len(targets))
+        top1 = 100 * (logits.detach().argmax(dim=1) == targets).float().mean()
+        self.log("train/top1", top1, on_step=False, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         return loss
 
-    def on_train_epoch_end(self) -> None:
-        self._log_accuracy("train/top1", self.train_top1)
+    def on_validation_epoch_start(self) -> None:
+        self._val_rows.clear()
 
     def validation_step(
         self, batch: tuple, batch_idx: int, dataloader_idx: int = 0
@@ -129,22 +150,28 @@ class LinearEval(pl.LightningModule):
         images, targets = batch
         features = self.backbone(first_view(images))
         if dataloader_idx == len(self.trainer.num_val_batches) - 1:
-            logits = self.classifier(features)
-            self.val_top1.update(logits, targets)
-            self.val_top5.update(logits, targets)
-            self.log("val/loss", F.cross_entropy(logits.float(), targets), sync_dist=True,
-                     add_dataloader_idx=False, on_epoch=True, batch_size=len(targets))
+            logits = self.classifier(features).float()
+            hits = logits.topk(self.top5, dim=1).indices == targets[:, None]
+            loss = F.cross_entropy(logits, targets, reduction="none")
+            self._val_rows.append(torch.stack([loss, hits[:, 0].float(),
+                                               hits.any(dim=1).float()], dim=1).detach())
         return {"features": features, "targets": targets}
 
     def on_validation_epoch_end(self) -> None:
-        self._log_accuracy("val/top1", self.val_top1, prog_bar=True)
-        self._log_accuracy("val/top5", self.val_top5)
-
-    def _log_accuracy(self, name: str, metric: MulticlassAccuracy, prog_bar: bool = False) -> None:
-        """Log ``metric`` (synchronised over ranks by torchmetrics) in percent, then reset it."""
-        if metric.update_called:
-            self.log(name, 100 * metric.compute(), prog_bar=prog_bar)
-        metric.reset()
+        if not self._val_rows:  # the same on every rank (equal batch counts per rank)
+            return
+        rows = torch.cat(self._val_rows)
+        self._val_rows.clear()
+        sampler = val_sampler(self.trainer, len(self.trainer.num_val_batches) - 1)
+        rows = rows[padding_mask(len(rows), sampler, rows.device)]
+        totals = torch.cat([rows.double().sum(dim=0), rows.new_tensor([len(rows)]).double()])
+        loss, top1, top5, count = (all_reduce_mean_no_grad(totals) * world_size()).tolist()
+        if count == 0:
+            return
+        # Already global values; sync_dist keeps Lightning's epoch reduction the same on all ranks.
+        self.log("val/loss", loss / count, sync_dist=True)
+        self.log("val/top1", 100 * top1 / count, prog_bar=True, sync_dist=True)
+        self.log("val/top5", 100 * top5 / count, sync_dist=True)
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams

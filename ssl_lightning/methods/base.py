@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
+from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -161,13 +162,6 @@ class SSLMethod(pl.LightningModule):
         return (self.global_rank if self._trainer is not None else rank()) * local_batch
 
     # ------------------------------------------------------------------------ Lightning hooks
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the backbone's class and arguments, so evaluation, ``embed`` and ``export``
-        rebuild it from the checkpoint alone."""
-        spec = backbone_spec(self.backbone)
-        if spec is not None:
-            checkpoint["backbone_spec"] = spec
-
     def setup(self, stage: str) -> None:
         """Apply ``channels_last`` / ``compile_backbone`` once, after subclasses built their
         heads and teachers (compiling before a teacher is deep-copied would share the graph)."""
@@ -218,6 +212,7 @@ class SSLMethod(pl.LightningModule):
         views, targets = batch
         self.warn_unused_views(views)
         loss, features = self.training_loss(views)
+        check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         return {"loss": loss, "features": features.detach(), "targets": targets}
@@ -227,6 +222,20 @@ class SSLMethod(pl.LightningModule):
     ) -> dict[str, Tensor]:
         images, targets = batch
         return {"features": self.backbone(images), "targets": targets}
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Stop (on every rank) when the update just made left non-finite weights."""
+        check_finite_weights(self)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to write non-finite weights over the last good checkpoint (DDP: every rank
+        holds the same weights, so the local check raises on all ranks together), and record
+        the backbone's class and arguments, so evaluation, ``embed`` and ``export`` rebuild it
+        from the checkpoint alone."""
+        check_finite_weights(self, reduce=False)
+        spec = backbone_spec(self.backbone)
+        if spec is not None:
+            checkpoint["backbone_spec"] = spec
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams

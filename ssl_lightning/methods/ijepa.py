@@ -142,7 +142,9 @@ class IJEPA(MomentumMethod):
         return {"features": self.target_backbone(images), "targets": targets}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         save_rng_state(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         load_rng_state(checkpoint)

@@ -111,7 +111,9 @@ class MAE(SSLMethod):
         return self.criterion(outputs["predictions"], outputs["patches"])
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         save_rng_state(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         load_rng_state(checkpoint)
