@@ -8,13 +8,17 @@ batch-size check and the ``[train_eval_loader, val_loader]`` validation pair liv
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, cast
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Subset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
+from ssl_lightning.data.seeding import EpochSampler, SeededDataset
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
 
 
@@ -45,6 +49,9 @@ class SSLDataModule(pl.LightningDataModule):
         device_transform: Make the training views on the accelerator, batched, from uint8
             images (:class:`DeviceViews`, in ``on_after_batch_transfer``); the default
             ``train_transform`` then only decodes (:class:`UInt8Image`).
+        seed: Seed of the training order and augmentations (both pure functions of seed, epoch,
+            sample index and view; see ``docs/resume.md``); None takes ``seed_everything``'s
+            seed (``PL_GLOBAL_SEED``), else 0. Saved in checkpoints and restored on resume.
     """
 
     #: Number of classes of the labeled splits (None when unknown or unlabeled).
@@ -64,6 +71,7 @@ class SSLDataModule(pl.LightningDataModule):
         eval_batch_size: int | None = None,
         preset: PresetName = "cifar",
         device_transform: DeviceViews | None = None,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         for name, value in [("batch_size", batch_size), ("prefetch_factor", prefetch_factor),
@@ -85,6 +93,11 @@ class SSLDataModule(pl.LightningDataModule):
             UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)
         self.knn_train_subset = knn_train_subset
+        self.seed = seed
+        self._restored_seed: int | None = None
+        self._restored_loader: dict[str, Any] | None = None
+        self._restored = False
+        self._train_loader: StatefulDataLoader | None = None
         self.train_dataset: Dataset | None = None
         self.eval_datasets: tuple[Dataset, Dataset] | None = None
 
@@ -111,7 +124,7 @@ class SSLDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             self.setup("fit")
-        return self._loader(cast(Dataset, self.train_dataset), self.batch_size, train=True)
+        return self._make_train_loader(cast(Dataset, self.train_dataset))
 
     def val_dataloader(self) -> list[DataLoader]:
         if self.eval_datasets is None:
@@ -125,9 +138,67 @@ class SSLDataModule(pl.LightningDataModule):
         if self.device_transform is None or self.trainer is None or not self.trainer.training:
             return batch
         views, targets = batch
-        return self.device_transform(views[0]), targets
+        return self.device_transform(views[0], seeds=views[1]), targets
+
+    def state_dict(self) -> dict[str, Any]:
+        """The order/augmentation seed and the train loader's position.
+
+        Lightning also saves the loader's ``state_dict`` in its loop state, but applies it only
+        if the loader is built after the checkpoint is restored; a method that reads
+        ``trainer.estimated_stepping_batches`` in ``configure_optimizers`` builds it before. The
+        data module's own state is restored first, so :meth:`train_dataloader` positions the
+        loader itself.
+        """
+        state: dict[str, Any] = {"seed": self.train_seed}
+        if self._train_loader is not None:
+            state["train_loader"] = self._train_loader.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored_seed = int(state_dict["seed"])
+        self._restored_loader = state_dict.get("train_loader")
+        self._restored = True
+
+    @property
+    def train_seed(self) -> int:
+        """Seed of the training order and augmentations (see the ``seed`` argument)."""
+        if self._restored_seed is not None:
+            return self._restored_seed
+        if self.seed is not None:
+            return self.seed
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     # ------------------------------------------------------------------ helpers
+    def _make_train_loader(self, dataset: Dataset) -> StatefulDataLoader:
+        """Resumable loader of ``(epoch, index)`` keys: order and views are pure functions of
+        (seed, epoch, index, view), its position goes into the checkpoint (Lightning saves the
+        ``state_dict`` of a ``StatefulDataLoader``)."""
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        sampler = EpochSampler(dataset, self.batch_size, self.drop_last, num_replicas=world,
+                               rank=rank, seed=self.train_seed)
+        if trainer is not None and trainer.ckpt_path is not None and not self._restored:
+            rank_zero_warn(
+                f"The checkpoint {trainer.ckpt_path} holds no data-loader position and seed "
+                "(written before exact resume existed): the resumed run restarts the epoch at "
+                "its beginning, with other samples and augmentations than an uninterrupted run.")
+        workers = self.num_workers > 0
+        loader = StatefulDataLoader(
+            SeededDataset(dataset, self.train_seed, with_seed=self.device_transform is not None),
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            persistent_workers=self.persistent_workers and workers,
+            prefetch_factor=self.prefetch_factor if workers else None,
+        )
+        if self._restored_loader is not None:
+            _restore_position(loader, sampler, self._restored_loader)
+            self._restored_loader = None
+        self._train_loader = loader
+        return loader
+
     def _loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
         workers = self.num_workers > 0
         return DataLoader(
@@ -161,3 +232,21 @@ class SSLDataModule(pl.LightningDataModule):
                 f"images{split} of {dataset}, and drop_last=True would drop every batch. "
                 "Lower batch_size or set drop_last: false."
             )
+
+
+def _restore_position(loader: StatefulDataLoader, sampler: EpochSampler,
+                      state: dict[str, Any]) -> None:
+    """Load a saved loader state; with another number of workers (torchdata's state only
+    loads into the same count) restore just the sampler, which carries the epoch position."""
+    snapshot = state.get("_snapshot", {})
+    main = snapshot.get("_main_snapshot", state)
+    if main.get("_num_workers", 0) == loader.num_workers:
+        loader.load_state_dict(state)
+        return
+    sampler_state = (main.get("_sampler_iter_state") or {}).get("sampler_state")
+    if sampler_state is None or state.get("_steps_since_snapshot", 0):
+        raise ValueError(
+            f"The checkpoint's data-loader position was saved with "
+            f"num_workers={main.get('_num_workers', 0)} in a form that cannot be moved to "
+            f"num_workers={loader.num_workers}; resume with the checkpoint's num_workers.")
+    sampler.load_state_dict(sampler_state)
