@@ -4,7 +4,9 @@ modules and random augmentations, in a process of its own.
 Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs
 ``{"method", "data_root", "workers", "epochs", "out", "ckpt_dir", "resume", "device_views"}``:
 ``ckpt_dir`` writes a checkpoint after every optimizer step (``step=N.ckpt``), ``resume``
-continues from one. Each job ``torch.save``s its final state to ``out``: model, optimizer and
+continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
+``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
+sends SIGTERM then). Each job ``torch.save``s its final state to ``out``: model, optimizer and
 scheduler states, callback states (online probe), the last logged metrics and the global step.
 Every fit calls ``seed_everything(0)`` first, as the CLI does.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -21,7 +25,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.callbacks import KNNCallback, OnlineProbe
+from ssl_lightning.callbacks import KNNCallback, OnlineProbe, PreemptionCheckpoint
 from ssl_lightning.data import (
     BYOLViews,
     DeviceViews,
@@ -65,7 +69,8 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
                          warmup_teacher_temperature_epochs=1, freeze_last_layer_epochs=1, **OPT),
     "swav": lambda: SwAV(_net(), projection_hidden_dim=8, projection_dim=4, num_prototypes=6,
                          freeze_prototypes_steps=3, queue_length=8, queue_start_epoch=1, **OPT),
-    "vicreg": lambda: VICReg(_net(), expander_hidden_dim=8, expander_dim=6, **OPT),
+    "vicreg": lambda: VICReg(_net(), expander_hidden_dim=8, expander_dim=6,
+                             **{**OPT, "lr": 0.02}),
     "barlow_twins": lambda: BarlowTwins(_net(), projection_hidden_dim=8, projection_dim=6, **OPT),
     "simsiam": lambda: SimSiam(_net(), projection_hidden_dim=8, projection_dim=6,
                                predictor_hidden_dim=4, **OPT),
@@ -85,6 +90,21 @@ def transform(method: str) -> MultiViewTransform:
     return SimCLRViews("cifar", crop_size=SIZE)
 
 
+class _WaitForSignal(pl.Callback):
+    """From step ``step`` on, announce it in ``marker`` and hold until a signal was received."""
+
+    def __init__(self, preemption: PreemptionCheckpoint, step: int, marker: str) -> None:
+        self.preemption, self.step, self.marker = preemption, step, marker
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step < self.step:
+            return
+        Path(self.marker).write_text(str(trainer.global_step))
+        deadline = time.monotonic() + 120
+        while self.preemption.received is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
 def run(job: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
@@ -101,6 +121,10 @@ def run(job: dict[str, Any]) -> None:
     if job.get("ckpt_dir"):
         callbacks.append(ModelCheckpoint(job["ckpt_dir"], filename="{step}", save_top_k=-1,
                                          every_n_train_steps=1))
+    if job.get("preempt_dir"):
+        preemption = PreemptionCheckpoint(job["preempt_dir"])
+        callbacks += [preemption, _WaitForSignal(preemption, job["wait_step"],
+                                                 job["out"] + ".waiting")]
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_epochs=job["epochs"], logger=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

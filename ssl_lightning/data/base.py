@@ -137,8 +137,8 @@ class SSLDataModule(pl.LightningDataModule):
         """Turn the uint8 training batch into views when ``device_transform`` is set."""
         if self.device_transform is None or self.trainer is None or not self.trainer.training:
             return batch
-        views, targets = batch
-        return self.device_transform(views[0], seeds=views[1]), targets
+        views, targets = batch  # [images] or [images, per-sample seeds] (SeededDataset)
+        return self.device_transform(views[0], seeds=views[1] if len(views) > 1 else None), targets
 
     def state_dict(self) -> dict[str, Any]:
         """The order/augmentation seed and the train loader's position.
