@@ -155,9 +155,14 @@ class SSLDataModule(pl.LightningDataModule):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the seed and loader position for :meth:`train_dataloader`; check the layout now
+        (before Lightning builds the loaders), see :meth:`EpochSampler.load_state_dict`."""
         self._restored_seed = int(state_dict["seed"])
         self._restored_loader = state_dict.get("train_loader")
         self._restored = True
+        if self._restored_loader is not None and self.train_dataset is not None:
+            self._sampler(self.train_dataset).load_state_dict(
+                _saved_sampler_state(self._restored_loader)[1])
 
     @property
     def train_seed(self) -> int:
@@ -174,9 +179,7 @@ class SSLDataModule(pl.LightningDataModule):
         (seed, epoch, index, view), its position goes into the checkpoint (Lightning saves the
         ``state_dict`` of a ``StatefulDataLoader``)."""
         trainer = self.trainer
-        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        sampler = EpochSampler(dataset, self.batch_size, self.drop_last, num_replicas=world,
-                               rank=rank, seed=self.train_seed)
+        sampler = self._sampler(dataset)
         if trainer is not None and trainer.ckpt_path is not None and not self._restored:
             rank_zero_warn(
                 f"The checkpoint {trainer.ckpt_path} holds no data-loader position and seed "
@@ -198,6 +201,12 @@ class SSLDataModule(pl.LightningDataModule):
             self._restored_loader = None
         self._train_loader = loader
         return loader
+
+    def _sampler(self, dataset: Dataset) -> EpochSampler:
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        return EpochSampler(dataset, self.batch_size, self.drop_last, num_replicas=world,
+                            rank=rank, seed=self.train_seed)
 
     def _loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
         workers = self.num_workers > 0
@@ -234,19 +243,23 @@ class SSLDataModule(pl.LightningDataModule):
             )
 
 
+def _saved_sampler_state(state: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(num_workers, EpochSampler state) of a saved ``StatefulDataLoader`` state (torchdata's
+    single-process or multi-worker form)."""
+    main = state.get("_snapshot", {}).get("_main_snapshot", state)
+    sampler_state = (main.get("_sampler_iter_state") or {}).get("sampler_state")
+    if sampler_state is None or state.get("_steps_since_snapshot", 0):
+        raise ValueError("The checkpoint's data-loader state holds no EpochSampler position; "
+                         "resume from a checkpoint written by this version of ssl_lightning.")
+    return int(main.get("_num_workers", 0)), sampler_state
+
+
 def _restore_position(loader: StatefulDataLoader, sampler: EpochSampler,
                       state: dict[str, Any]) -> None:
     """Load a saved loader state; with another number of workers (torchdata's state only
     loads into the same count) restore just the sampler, which carries the epoch position."""
-    snapshot = state.get("_snapshot", {})
-    main = snapshot.get("_main_snapshot", state)
-    if main.get("_num_workers", 0) == loader.num_workers:
+    workers, sampler_state = _saved_sampler_state(state)
+    if workers == loader.num_workers:
         loader.load_state_dict(state)
-        return
-    sampler_state = (main.get("_sampler_iter_state") or {}).get("sampler_state")
-    if sampler_state is None or state.get("_steps_since_snapshot", 0):
-        raise ValueError(
-            f"The checkpoint's data-loader position was saved with "
-            f"num_workers={main.get('_num_workers', 0)} in a form that cannot be moved to "
-            f"num_workers={loader.num_workers}; resume with the checkpoint's num_workers.")
-    sampler.load_state_dict(sampler_state)
+    else:
+        sampler.load_state_dict(sampler_state)
