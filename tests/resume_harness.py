@@ -2,7 +2,9 @@
 modules and random augmentations, in a process of its own.
 
 Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs
-``{"method", "data_root", "workers", "epochs", "out", "ckpt_dir", "resume", "device_views"}``:
+``{"method", "data_root", "workers", "epochs", "out", "ckpt_dir", "resume", "device_views",
+"views_on"}`` (``device_views``: the batched ``DeviceViews`` path, made ``views_on`` the device
+or the workers):
 ``ckpt_dir`` writes a checkpoint after every optimizer step (``step=N.ckpt``), ``resume``
 continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
 ``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
@@ -114,6 +116,7 @@ def run(job: dict[str, Any]) -> None:
     data = ImageFolderDataModule(
         f"{root}/train", f"{root}/test", preset="cifar", batch_size=4, num_workers=job["workers"],
         prefetch_factor=2, eval_batch_size=12, device_transform=device,
+        batched_views_on=job.get("views_on", "auto"),
         train_transform=None if device is not None else transform(job["method"]))
     callbacks: list[pl.Callback] = []
     if job["method"] != "linear":

@@ -102,3 +102,24 @@ def test_seeded_dataset_is_a_pure_function_and_keeps_the_global_rng() -> None:
     assert not torch.equal(first[0], data[(2, 2)][0][0])  # other epoch, other views
     with pytest.raises(TypeError, match="EpochSampler"):
         data[2]  # type: ignore[index]
+
+
+def test_seeded_device_views_draw_the_generator_path_distribution() -> None:
+    """Counter-based per-sample draws give DeviceViews' (torchvision's) parameter laws."""
+    from ssl_lightning.data import DeviceViews
+
+    views, n = DeviceViews("cifar", crop_size=16), 4000
+
+    def draws() -> tuple[torch.Tensor, torch.Tensor]:
+        boxes = views.crop_boxes(n, 32, 32, "cpu")
+        area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) / 1024
+        return area, (views._uniform((n,), device="cpu") < views.flip_p).float()
+
+    torch.manual_seed(0)
+    area, flip = draws()
+    views._keys, views._counter = view_seed_tensor(torch.arange(n), 0), 0
+    seeded_area, seeded_flip = draws()
+    views._keys = None
+    q = torch.linspace(0.05, 0.95, 19)
+    torch.testing.assert_close(seeded_area.quantile(q), area.quantile(q), atol=0.03, rtol=0)
+    assert abs(float(seeded_flip.mean()) - 0.5) < 0.03 and abs(float(flip.mean()) - 0.5) < 0.03

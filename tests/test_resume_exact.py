@@ -4,12 +4,14 @@ was never stopped, with the real data modules, random augmentations and any numb
 One shared set of runs (``tests/resume_harness.py``, three fresh processes):
 
 1. straight 2-epoch fits of every method (``num_workers=0``, a checkpoint after every step),
-   plus SimCLR with 2 workers and SimCLR with the batched ``DeviceViews`` path;
+   plus SimCLR with 2 workers and SimCLR with the batched ``DeviceViews`` (after the batch
+   transfer);
 2. a SimCLR fit with 2 workers and :class:`PreemptionCheckpoint` that receives SIGTERM from
    this test inside epoch 1;
 3. every resume: each method from step 2 (inside epoch 0, with 2 workers) and from step 9
    (inside epoch 1, with 0 workers); SimCLR from the SIGTERM checkpoint; the DeviceViews run
-   from step 9 with 2 workers; a pre-change checkpoint (no data-module state).
+   from step 9 with its views made in 2 workers' collate; a pre-change checkpoint (no
+   data-module state).
 
 Tiny data: 24 train images of 32 px (6 steps of 4 per epoch), 16 px crops, SmallConvNet.
 """
@@ -17,7 +19,6 @@ Tiny data: 24 train images of 32 px (6 steps of 4 per epoch), 16 px crops, Small
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -73,7 +74,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
 
     straight = [job(m, m, 0, ckpt_dir=str(root / f"ckpt_{m}")) for m in METHODS]
     straight += [job("simclr_w2", "simclr", 2),
-                 job("device", "simclr", 0, device_views=True, ckpt_dir=str(root / "ckpt_dv"))]
+                 job("device", "simclr", 0, device_views=True, views_on="device",
+                     ckpt_dir=str(root / "ckpt_dv"))]
     _run_jobs(straight, root / "straight.json")
 
     sigterm = _sigterm_run(job("sigterm", "simclr", 2, preempt_dir=str(root / "preempt"),
@@ -87,7 +89,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
     resumes = [job(f"{m}_from{step}", m, workers, resume=str(root / f"ckpt_{m}/step={step}.ckpt"))
                for m in METHODS for step, workers in RESUME_POINTS.items()]
     resumes += [job("sigterm_resumed", "simclr", 2, resume=str(sigterm["checkpoint"])),
-                job("device_from9", "simclr", 2, device_views=True,
+                job("device_from9", "simclr", 2, device_views=True, views_on="workers",
                     resume=str(root / "ckpt_dv/step=9.ckpt")),
                 job("old_resumed", "simclr", 0, resume=str(root / "old.ckpt"))]
     stderr = _run_jobs(resumes, root / "resumes.json")
@@ -121,7 +123,8 @@ def test_same_weights_with_0_and_2_workers(runs: dict[str, Any]) -> None:
     _assert_identical(runs["load"]("simclr_w2"), runs["load"]("simclr"))
 
 
-def test_device_views_resume_is_bit_identical(runs: dict[str, Any]) -> None:
+def test_batched_views_resume_in_the_workers_is_bit_identical(runs: dict[str, Any]) -> None:
+    """Straight: DeviceViews after the transfer; resumed: in 2 workers' collate."""
     straight = runs["load"]("device")
     _assert_identical(runs["load"]("device_from9"), straight)
     # The batched path is a different pipeline: the equality above is not the SimCLRViews run.

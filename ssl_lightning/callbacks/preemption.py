@@ -55,7 +55,7 @@ class PreemptionCheckpoint(pl.Callback):
         self.received = signum
 
     def _signals(self, trainer: pl.Trainer) -> list[int]:
-        signals = [signal.SIGTERM]
+        signals: list[int] = [signal.SIGTERM]
         env = trainer._accelerator_connector.cluster_environment
         if isinstance(env, SLURMEnvironment) and env.auto_requeue and env.requeue_signal:
             signals.append(env.requeue_signal)
@@ -75,10 +75,10 @@ class PreemptionCheckpoint(pl.Callback):
 
     def checkpoint_path(self, trainer: pl.Trainer) -> str:
         """Where the checkpoint goes (see ``dirpath``)."""
-        dirpath = self.dirpath
+        dirpath: str | Path | None = self.dirpath
         if dirpath is None:
-            model_checkpoint = next((c for c in trainer.callbacks
-                                     if isinstance(c, ModelCheckpoint)), None)
+            callbacks = trainer.callbacks  # type: ignore[attr-defined]
+            model_checkpoint = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
             dirpath = model_checkpoint.dirpath if model_checkpoint is not None else None
         if dirpath is None:
             dirpath = os.path.join(trainer.default_root_dir, "checkpoints")

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
@@ -49,6 +49,10 @@ class SSLDataModule(pl.LightningDataModule):
         device_transform: Make the training views on the accelerator, batched, from uint8
             images (:class:`DeviceViews`, in ``on_after_batch_transfer``); the default
             ``train_transform`` then only decodes (:class:`UInt8Image`).
+        batched_views_on: Where ``device_transform`` runs: ``"device"`` (after the batch is
+            on the accelerator), ``"workers"`` (in the loader workers' collate step, on CPU:
+            batched augmentation without accelerator time) or ``"auto"``: the workers when
+            training on CPU, else the device. The views are the same either way.
         seed: Seed of the training order and augmentations (both pure functions of seed, epoch,
             sample index and view; see ``docs/resume.md``); None takes ``seed_everything``'s
             seed (``PL_GLOBAL_SEED``), else 0. Saved in checkpoints and restored on resume.
@@ -71,6 +75,7 @@ class SSLDataModule(pl.LightningDataModule):
         eval_batch_size: int | None = None,
         preset: PresetName = "cifar",
         device_transform: DeviceViews | None = None,
+        batched_views_on: Literal["auto", "device", "workers"] = "auto",
         seed: int | None = None,
     ) -> None:
         super().__init__()
@@ -89,6 +94,10 @@ class SSLDataModule(pl.LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.drop_last = drop_last
         self.device_transform = device_transform
+        if batched_views_on not in ("auto", "device", "workers"):
+            raise ValueError(f"batched_views_on must be 'auto', 'device' or 'workers', got "
+                             f"{batched_views_on!r}.")
+        self.batched_views_on = batched_views_on
         self.train_transform = train_transform or (
             UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)
@@ -135,7 +144,8 @@ class SSLDataModule(pl.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Turn the uint8 training batch into views when ``device_transform`` is set."""
-        if self.device_transform is None or self.trainer is None or not self.trainer.training:
+        if (self.device_transform is None or self.trainer is None or not self.trainer.training
+                or self._views_in_workers()):
             return batch
         views, targets = batch  # [images] or [images, per-sample seeds] (SeededDataset)
         return self.device_transform(views[0], seeds=views[1] if len(views) > 1 else None), targets
@@ -195,12 +205,21 @@ class SSLDataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.persistent_workers and workers,
             prefetch_factor=self.prefetch_factor if workers else None,
+            collate_fn=(BatchedViewsCollate(self.device_transform)
+                        if self.device_transform is not None and self._views_in_workers()
+                        else None),
         )
         if self._restored_loader is not None:
             _restore_position(loader, sampler, self._restored_loader)
             self._restored_loader = None
         self._train_loader = loader
         return loader
+
+    def _views_in_workers(self) -> bool:
+        if self.batched_views_on != "auto":
+            return self.batched_views_on == "workers"
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cpu"
 
     def _sampler(self, dataset: Dataset) -> EpochSampler:
         trainer = self.trainer
@@ -241,6 +260,18 @@ class SSLDataModule(pl.LightningDataModule):
                 f"images{split} of {dataset}, and drop_last=True would drop every batch. "
                 "Lower batch_size or set drop_last: false."
             )
+
+
+class BatchedViewsCollate:
+    """Collate ``([uint8 image, seed], target)`` items, then make the views batched on the CPU
+    with ``views`` (:class:`DeviceViews`; runs in the loader workers)."""
+
+    def __init__(self, views: DeviceViews) -> None:
+        self.views = views
+
+    def __call__(self, items: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        (images, seeds), targets = default_collate(items)
+        return self.views(images, seeds=seeds), targets
 
 
 def _saved_sampler_state(state: dict[str, Any]) -> tuple[int, dict[str, Any]]:
