@@ -144,10 +144,11 @@ class SSLDataModule(pl.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Turn the uint8 training batch into views when ``device_transform`` is set."""
-        if (self.device_transform is None or self.trainer is None or not self.trainer.training
-                or self._views_in_workers()):
+        if self.device_transform is None or self.trainer is None or not self.trainer.training:
             return batch
         views, targets = batch  # [images] or [images, per-sample seeds] (SeededDataset)
+        if views[0].dtype != torch.uint8:
+            return batch  # the views were made in the loader workers (BatchedViewsCollate)
         return self.device_transform(views[0], seeds=views[1] if len(views) > 1 else None), targets
 
     def state_dict(self) -> dict[str, Any]:

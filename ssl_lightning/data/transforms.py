@@ -202,7 +202,7 @@ class MultiViewTransform:
             return [transform(image) for transform in self.transforms]
         views = []
         for view, transform in enumerate(self.transforms):
-            torch.manual_seed(view_seed(seed, view))
+            torch.default_generator.manual_seed(view_seed(seed, view))
             views.append(transform(image))
         return views
 
