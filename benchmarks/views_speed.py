@@ -5,7 +5,11 @@
 - ``SimCLRViews``: ours, per image (what the data loader workers run by default);
 - ``DeviceViews (CPU)``: ours, decode per image to uint8 (:class:`UInt8Image`), then the batched
   augmentation of :class:`DeviceViews` on the CPU, ``--batch`` images per call (the same code runs
-  on the GPU in ``on_after_batch_transfer``).
+  on the GPU in ``on_after_batch_transfer``, or in the loader workers' collate on CPU).
+- ``seeded``: the same pipelines as the data modules run them since exact resume (issue 11):
+  per image through :class:`SeededDataset` (the global RNG seeded per sample and per view, and
+  restored), batched with per-sample seeds (counter-based draws). The ratio seeded / unseeded is
+  the cost of making augmentations a pure function of (seed, epoch, index, view).
 
 Every pipeline includes the JPEG decode and returns 2 normalised float views per image.
 
@@ -26,6 +30,7 @@ import torch
 
 from ssl_lightning.data import DeviceViews, SimCLRViews, UInt8Image
 from ssl_lightning.data.datasets import find_images, load_image
+from ssl_lightning.data.seeding import SeededDataset, sample_seed
 
 CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
 
@@ -39,13 +44,38 @@ def per_image(transform: Callable) -> Callable[[list[str]], int]:
     return run
 
 
-def batched(batch: int) -> Callable[[list[str]], int]:
+class _Images:
+    """Decoded, transformed images by index (what an image-folder dataset does)."""
+
+    def __init__(self, paths: list[str], transform: Callable) -> None:
+        self.paths, self.transform = paths, transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], int]:
+        return self.transform(load_image(self.paths[index])), 0
+
+
+def per_image_seeded(transform: Callable) -> Callable[[list[str]], int]:
+    def run(paths: list[str]) -> int:
+        data = SeededDataset(_Images(paths, transform), seed=0)
+        for index in range(len(paths)):
+            views, _ = data[(0, index)]
+            assert len(views) == 2
+        return len(paths)
+    return run
+
+
+def batched(batch: int, seeded: bool = False) -> Callable[[list[str]], int]:
     decode, views = UInt8Image(), DeviceViews("cifar")
 
     def run(paths: list[str]) -> int:
         for start in range(0, len(paths), batch):
-            images = torch.stack([decode(load_image(p))[0] for p in paths[start:start + batch]])
-            out = views(images)
+            chunk = range(start, min(start + batch, len(paths)))
+            images = torch.stack([decode(load_image(paths[i]))[0] for i in chunk])
+            seeds = torch.tensor([sample_seed(0, 0, i) for i in chunk]) if seeded else None
+            out = views(images, seeds=seeds)
             assert len(out) == 2 and out[0].shape[0] == len(images)
         return len(paths)
     return run
@@ -73,7 +103,9 @@ def main() -> None:
     except ImportError:
         print("lightly is not installed (pip install -e .[benchmark]); skipping it")
     pipelines["ours SimCLRViews"] = per_image(SimCLRViews("cifar"))
+    pipelines["ours SimCLRViews seeded"] = per_image_seeded(SimCLRViews("cifar"))
     pipelines[f"ours DeviceViews on CPU (batch {args.batch})"] = batched(args.batch)
+    pipelines[f"ours DeviceViews on CPU seeded (batch {args.batch})"] = batched(args.batch, True)
     rates: dict[str, list[float]] = {name: [] for name in pipelines}
     for _ in range(args.rounds):  # interleaved rounds, so load changes hit every pipeline
         for name, run in pipelines.items():

@@ -9,14 +9,18 @@ batch-size check, the evaluation-data checks (:mod:`ssl_lightning.data.checks`) 
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+import os
+from typing import Any, Literal, cast
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from pytorch_lightning.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ssl_lightning.data.checks import balanced_order, check_eval_classes, check_view_sizes
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
+from ssl_lightning.data.seeding import EpochSampler, SeededDataset
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
 
 
@@ -50,6 +54,13 @@ class SSLDataModule(pl.LightningDataModule):
         device_transform: Make the training views on the accelerator, batched, from uint8
             images (:class:`DeviceViews`, in ``on_after_batch_transfer``); the default
             ``train_transform`` then only decodes (:class:`UInt8Image`).
+        batched_views_on: Where ``device_transform`` runs: ``"device"`` (after the batch is
+            on the accelerator), ``"workers"`` (in the loader workers' collate step, on CPU:
+            batched augmentation without accelerator time) or ``"auto"``: the workers when
+            training on CPU, else the device. The views are the same either way.
+        seed: Seed of the training order and augmentations (both pure functions of seed, epoch,
+            sample index and view; see ``docs/resume.md``); None takes ``seed_everything``'s
+            seed (``PL_GLOBAL_SEED``), else 0. Saved in checkpoints and restored on resume.
     """
 
     #: Number of classes of the labeled splits (None when unknown or unlabeled).
@@ -69,6 +80,8 @@ class SSLDataModule(pl.LightningDataModule):
         eval_batch_size: int | None = None,
         preset: PresetName = "cifar",
         device_transform: DeviceViews | None = None,
+        batched_views_on: Literal["auto", "device", "workers"] = "auto",
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         for name, value in [("batch_size", batch_size), ("prefetch_factor", prefetch_factor),
@@ -86,10 +99,19 @@ class SSLDataModule(pl.LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.drop_last = drop_last
         self.device_transform = device_transform
+        if batched_views_on not in ("auto", "device", "workers"):
+            raise ValueError(f"batched_views_on must be 'auto', 'device' or 'workers', got "
+                             f"{batched_views_on!r}.")
+        self.batched_views_on = batched_views_on
         self.train_transform = train_transform or (
             UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)
         self.knn_train_subset = knn_train_subset
+        self.seed = seed
+        self._restored_seed: int | None = None
+        self._restored_loader: dict[str, Any] | None = None
+        self._restored = False
+        self._train_loader: StatefulDataLoader | None = None
         self.train_dataset: Dataset | None = None
         self.eval_datasets: tuple[Dataset, Dataset] | None = None
 
@@ -121,7 +143,7 @@ class SSLDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             self.setup("fit")
-        return self._loader(cast(Dataset, self.train_dataset), self.batch_size, train=True)
+        return self._make_train_loader(cast(Dataset, self.train_dataset))
 
     def val_dataloader(self) -> list[DataLoader]:
         if self.eval_datasets is None:
@@ -136,10 +158,88 @@ class SSLDataModule(pl.LightningDataModule):
         """Turn the uint8 training batch into views when ``device_transform`` is set."""
         if self.device_transform is None or self.trainer is None or not self.trainer.training:
             return batch
-        views, targets = batch
-        return self.device_transform(views[0]), targets
+        views, targets = batch  # [images] or [images, per-sample seeds] (SeededDataset)
+        if views[0].dtype != torch.uint8:
+            return batch  # the views were made in the loader workers (BatchedViewsCollate)
+        return self.device_transform(views[0], seeds=views[1] if len(views) > 1 else None), targets
+
+    def state_dict(self) -> dict[str, Any]:
+        """The order/augmentation seed and the train loader's position.
+
+        Lightning also saves the loader's ``state_dict`` in its loop state, but applies it only
+        if the loader is built after the checkpoint is restored; a method that reads
+        ``trainer.estimated_stepping_batches`` in ``configure_optimizers`` builds it before. The
+        data module's own state is restored first, so :meth:`train_dataloader` positions the
+        loader itself.
+        """
+        state: dict[str, Any] = {"seed": self.train_seed}
+        if self._train_loader is not None:
+            state["train_loader"] = self._train_loader.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the seed and loader position for :meth:`train_dataloader`; check the layout now
+        (before Lightning builds the loaders), see :meth:`EpochSampler.load_state_dict`."""
+        self._restored_seed = int(state_dict["seed"])
+        self._restored_loader = state_dict.get("train_loader")
+        self._restored = True
+        if self._restored_loader is not None and self.train_dataset is not None:
+            self._sampler(self.train_dataset).load_state_dict(
+                _saved_sampler_state(self._restored_loader)[1])
+
+    @property
+    def train_seed(self) -> int:
+        """Seed of the training order and augmentations (see the ``seed`` argument)."""
+        if self._restored_seed is not None:
+            return self._restored_seed
+        if self.seed is not None:
+            return self.seed
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     # ------------------------------------------------------------------ helpers
+    def _make_train_loader(self, dataset: Dataset) -> StatefulDataLoader:
+        """Resumable loader of ``(epoch, index)`` keys: order and views are pure functions of
+        (seed, epoch, index, view), its position goes into the checkpoint (Lightning saves the
+        ``state_dict`` of a ``StatefulDataLoader``)."""
+        trainer = self.trainer
+        sampler = self._sampler(dataset)
+        if trainer is not None and trainer.ckpt_path is not None and not self._restored:
+            rank_zero_warn(
+                f"The checkpoint {trainer.ckpt_path} holds no data-loader position and seed "
+                "(written before exact resume existed): the resumed run restarts the epoch at "
+                "its beginning, with other samples and augmentations than an uninterrupted run.")
+        workers = self.num_workers > 0
+        loader = StatefulDataLoader(
+            SeededDataset(dataset, self.train_seed, with_seed=self.device_transform is not None),
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            persistent_workers=self.persistent_workers and workers,
+            prefetch_factor=self.prefetch_factor if workers else None,
+            collate_fn=(BatchedViewsCollate(self.device_transform)
+                        if self.device_transform is not None and self._views_in_workers()
+                        else None),
+        )
+        if self._restored_loader is not None:
+            _restore_position(loader, sampler, self._restored_loader)
+            self._restored_loader = None
+        self._train_loader = loader
+        return loader
+
+    def _views_in_workers(self) -> bool:
+        if self.batched_views_on != "auto":
+            return self.batched_views_on == "workers"
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cpu"
+
+    def _sampler(self, dataset: Dataset) -> EpochSampler:
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        return EpochSampler(dataset, self.batch_size, self.drop_last, num_replicas=world,
+                            rank=rank, seed=self.train_seed)
+
     def _loader(self, dataset: Dataset, batch_size: int, train: bool) -> DataLoader:
         workers = self.num_workers > 0
         return DataLoader(
@@ -173,3 +273,37 @@ class SSLDataModule(pl.LightningDataModule):
                 f"images{split} of {dataset}, and drop_last=True would drop every batch. "
                 "Lower batch_size or set drop_last: false."
             )
+
+
+class BatchedViewsCollate:
+    """Collate ``([uint8 image, seed], target)`` items, then make the views batched on the CPU
+    with ``views`` (:class:`DeviceViews`; runs in the loader workers)."""
+
+    def __init__(self, views: DeviceViews) -> None:
+        self.views = views
+
+    def __call__(self, items: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        (images, seeds), targets = default_collate(items)
+        return self.views(images, seeds=seeds), targets
+
+
+def _saved_sampler_state(state: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(num_workers, EpochSampler state) of a saved ``StatefulDataLoader`` state (torchdata's
+    single-process or multi-worker form)."""
+    main = state.get("_snapshot", {}).get("_main_snapshot", state)
+    sampler_state = (main.get("_sampler_iter_state") or {}).get("sampler_state")
+    if sampler_state is None or state.get("_steps_since_snapshot", 0):
+        raise ValueError("The checkpoint's data-loader state holds no EpochSampler position; "
+                         "resume from a checkpoint written by this version of ssl_lightning.")
+    return int(main.get("_num_workers", 0)), sampler_state
+
+
+def _restore_position(loader: StatefulDataLoader, sampler: EpochSampler,
+                      state: dict[str, Any]) -> None:
+    """Load a saved loader state; with another number of workers (torchdata's state only
+    loads into the same count) restore just the sampler, which carries the epoch position."""
+    workers, sampler_state = _saved_sampler_state(state)
+    if workers == loader.num_workers:
+        loader.load_state_dict(state)
+    else:
+        sampler.load_state_dict(sampler_state)

@@ -26,6 +26,7 @@ from PIL import Image
 from torch import Tensor
 from torchvision.ops import roi_align
 
+from ssl_lightning.data.seeding import counter_uniform, view_seed_tensor
 from ssl_lightning.data.transforms import MultiViewTransform, Triple, get_preset
 from ssl_lightning.distributed import rank
 
@@ -171,26 +172,53 @@ class DeviceViews:
         self.std = std if std is not None else p.std
         self.blur_kernel = int(0.1 * self.crop_size) // 2 * 2 + 1
         self._generator: torch.Generator | None = None
+        self._keys: Tensor | None = None  # per-sample streams of the view being made
+        self._counter = 0
 
     def _uniform(self, shape: tuple[int, ...], low: float = 0.0, high: float = 1.0, *,
-                 device: Any) -> Tensor:
-        """U(low, high) samples from this transform's generator on ``device``. The generator is
-        seeded from the global CPU RNG (so ``seed_everything`` makes runs reproducible) plus the
-        process rank, so DDP ranks draw different parameters for their different images."""
+                 device: Any, rows: Tensor | None = None) -> Tensor:
+        """U(low, high) samples, one row per sample (``rows``: the samples' positions).
+
+        With per-sample seeds (the data modules pass them) row ``i`` is a pure function of
+        sample ``i``'s seed, the view and the draw's position in the recipe. Without, the draws
+        come from this transform's generator, seeded from the global CPU RNG (so
+        ``seed_everything`` makes runs reproducible) plus the process rank, so DDP ranks draw
+        different parameters for their different images."""
         device = torch.device(device)
+        if self._keys is not None:
+            keys = self._keys if rows is None else self._keys[rows]
+            columns = math.prod(shape[1:])
+            self._counter += 1
+            u = counter_uniform(keys, self._counter, columns).view(shape)
+            return u * (high - low) + low
         if self._generator is None or self._generator.device != device:
             seed = int(torch.randint(0, 2**62, (1,)).item()) + 1_000_003 * rank()
             self._generator = torch.Generator(device).manual_seed(seed)
         return torch.empty(shape, device=device).uniform_(low, high, generator=self._generator)
 
-    def __call__(self, images: Tensor) -> list[Tensor]:
-        """``images``: uint8 (B, 3, H, W) -> ``num_views`` float (B, 3, crop, crop) tensors."""
+    def __call__(self, images: Tensor, seeds: Tensor | None = None) -> list[Tensor]:
+        """``images``: uint8 (B, 3, H, W) -> ``num_views`` float (B, 3, crop, crop) tensors.
+
+        ``seeds``: optional int64 (B,) per-sample seeds (the data modules' loaders add them);
+        view ``v`` of sample ``i`` is then a pure function of ``(seeds[i], v)``.
+        """
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"DeviceViews expects uint8 (B, 3, H, W) images, got "
                              f"{images.dtype} {tuple(images.shape)}; with a device_transform "
                              "the data module's train_transform must only decode: UInt8Image.")
+        if seeds is not None and (seeds.dtype != torch.int64 or seeds.shape != images.shape[:1]):
+            raise ValueError(f"seeds must be int64 of shape ({images.shape[0]},), got "
+                             f"{seeds.dtype} {tuple(seeds.shape)}.")
         x = images.float().div_(255)
-        return [self.view(x) for _ in range(self.num_views)]
+        views = []
+        for v in range(self.num_views):
+            self._keys = None if seeds is None else view_seed_tensor(seeds.to(x.device), v)
+            self._counter = 0
+            try:
+                views.append(self.view(x))
+            finally:
+                self._keys = None
+        return views
 
     def crop_boxes(self, n: int, height: int, width: int, device: Any) -> Tensor:
         """(n, 4) boxes ``x0, y0, x1, y1`` drawn as torchvision's RandomResizedCrop (10 tries,
@@ -227,7 +255,7 @@ class DeviceViews:
         x = torch.where(gray.view(-1, 1, 1, 1), _gray(x).expand_as(x), x)
         if self.blur_p > 0:
             blur = (self._uniform((n,), device=device) < self.blur_p).nonzero()[:, 0]
-            sigma = self._uniform((len(blur),), 0.1, 2.0, device=device)
+            sigma = self._uniform((len(blur),), 0.1, 2.0, device=device, rows=blur)
             x[blur] = _gaussian_blur(x[blur], sigma, self.blur_kernel)
         if self.solarize_p > 0:
             sol = (self._uniform((n,), device=device) < self.solarize_p).view(-1, 1, 1, 1)

@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 from torchvision.transforms import v2
 
+from ssl_lightning.data.seeding import active_sample_seed, view_seed
+
 PresetName = Literal["cifar", "imagenet"]
 Triple = tuple[float, float, float]
 
@@ -179,6 +181,10 @@ class MultiViewTransform:
     ``views``: a list of (B, C, H, W) tensors, one per position (views of different sizes are
     fine as long as a position always has the same size).
 
+    Inside the data modules' loaders (:class:`~ssl_lightning.data.seeding.SeededDataset`) each
+    view ``v`` runs with the global torch RNG seeded by ``view_seed(sample seed, v)``, so the
+    views are a pure function of (seed, epoch, sample index, view) whatever the pipelines are.
+
     Args:
         transforms: One callable per view, each mapping an image to a (C, H, W) tensor.
     """
@@ -194,7 +200,14 @@ class MultiViewTransform:
         return len(self.transforms)
 
     def __call__(self, image: Any) -> list[Tensor]:
-        return [transform(image) for transform in self.transforms]
+        seed = active_sample_seed()
+        if seed is None:
+            return [transform(image) for transform in self.transforms]
+        views = []
+        for view, transform in enumerate(self.transforms):
+            torch.default_generator.manual_seed(view_seed(seed, view))
+            views.append(transform(image))
+        return views
 
     def __repr__(self) -> str:
         lines = "\n".join(f"  view {i}: {t}" for i, t in enumerate(self.transforms))

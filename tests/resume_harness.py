@@ -1,0 +1,150 @@
+"""Exact-resume harness (issue 11): fit every method on a tiny image folder with the real data
+modules and random augmentations, in a process of its own.
+
+Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs
+``{"method", "data_root", "workers", "epochs", "out", "ckpt_dir", "resume", "device_views",
+"views_on"}`` (``device_views``: the batched ``DeviceViews`` path, made ``views_on`` the device
+or the workers):
+``ckpt_dir`` writes a checkpoint after every optimizer step (``step=N.ckpt``), ``resume``
+continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
+``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
+sends SIGTERM then). Each job ``torch.save``s its final state to ``out``: model, optimizer and
+scheduler states, callback states (online probe), the last logged metrics and the global step.
+Every fit calls ``seed_everything(0)`` first, as the CLI does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.callbacks import KNNCallback, OnlineProbe, PreemptionCheckpoint
+from ssl_lightning.data import (
+    BYOLViews,
+    DeviceViews,
+    ImageFolderDataModule,
+    LinearEvalTransform,
+    MultiCropViews,
+    MultiViewTransform,
+    SimCLRViews,
+)
+from ssl_lightning.evaluation import LinearEval
+from ssl_lightning.methods import (
+    BYOL,
+    DINO,
+    BarlowTwins,
+    MoCoV2,
+    MoCoV3,
+    SimCLR,
+    SimSiam,
+    SwAV,
+    VICReg,
+)
+
+SIZE = 16  # crop side of the training views
+OPT = dict(optimizer="sgd", lr=0.3, lr_scaling="none", warmup_epochs=0.5, image_size=SIZE)
+
+
+def _net() -> SmallConvNet:
+    return SmallConvNet((4, 8), norm="group")
+
+
+METHODS: dict[str, Callable[[], pl.LightningModule]] = {
+    "simclr": lambda: SimCLR(_net(), projection_hidden_dim=8, projection_dim=4,
+                             projection_batch_norm=True, **OPT),
+    "moco_v2": lambda: MoCoV2(_net(), projection_hidden_dim=8, projection_dim=4, queue_size=8,
+                              momentum_base=0.9, **OPT),
+    "moco_v3": lambda: MoCoV3(_net(), projection_hidden_dim=8, projection_dim=4,
+                              projection_layers=2, momentum_base=0.9, **OPT),
+    "byol": lambda: BYOL(_net(), projection_hidden_dim=8, projection_dim=4, momentum_base=0.9,
+                         **OPT),
+    "dino": lambda: DINO(_net(), head_out_dim=16, head_hidden_dim=8, head_bottleneck_dim=4,
+                         warmup_teacher_temperature_epochs=1, freeze_last_layer_epochs=1, **OPT),
+    "swav": lambda: SwAV(_net(), projection_hidden_dim=8, projection_dim=4, num_prototypes=6,
+                         freeze_prototypes_steps=3, queue_length=8, queue_start_epoch=1, **OPT),
+    "vicreg": lambda: VICReg(_net(), expander_hidden_dim=8, expander_dim=6,
+                             **{**OPT, "lr": 0.02}),
+    "barlow_twins": lambda: BarlowTwins(_net(), projection_hidden_dim=8, projection_dim=6, **OPT),
+    "simsiam": lambda: SimSiam(_net(), projection_hidden_dim=8, projection_dim=6,
+                               predictor_hidden_dim=4, **OPT),
+    "linear": lambda: LinearEval(_net(), num_classes=2, lr=0.1, lr_scaling="none",
+                                 warmup_epochs=0.5, image_size=SIZE),
+}
+
+
+def transform(method: str) -> MultiViewTransform:
+    """The method's own kind of views (random), small."""
+    if method in ("dino", "swav"):
+        return MultiCropViews(method, "cifar", num_local_crops=2, global_size=SIZE, local_size=8)
+    if method in ("byol", "moco_v3"):
+        return BYOLViews("cifar", crop_size=SIZE)
+    if method == "linear":
+        return LinearEvalTransform("cifar", crop_size=SIZE)
+    return SimCLRViews("cifar", crop_size=SIZE)
+
+
+class _WaitForSignal(pl.Callback):
+    """From step ``step`` on, announce it in ``marker`` and hold until a signal was received."""
+
+    def __init__(self, preemption: PreemptionCheckpoint, step: int, marker: str) -> None:
+        self.preemption, self.step, self.marker = preemption, step, marker
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step < self.step:
+            return
+        Path(self.marker).write_text(str(trainer.global_step))
+        deadline = time.monotonic() + 120
+        while self.preemption.received is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def run(job: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    pl.seed_everything(0, verbose=False)
+    model = METHODS[job["method"]]()
+    root = job["data_root"]
+    device = DeviceViews("cifar", crop_size=SIZE) if job.get("device_views") else None
+    data = ImageFolderDataModule(
+        f"{root}/train", f"{root}/test", preset="cifar", batch_size=4, num_workers=job["workers"],
+        prefetch_factor=2, eval_batch_size=12, device_transform=device,
+        batched_views_on=job.get("views_on", "auto"),
+        train_transform=None if device is not None else transform(job["method"]))
+    callbacks: list[pl.Callback] = []
+    if job["method"] != "linear":
+        callbacks += [OnlineProbe(lr=0.2), KNNCallback(k=3)]
+    if job.get("ckpt_dir"):
+        callbacks.append(ModelCheckpoint(job["ckpt_dir"], filename="{step}", save_top_k=-1,
+                                         every_n_train_steps=1))
+    if job.get("preempt_dir"):
+        preemption = PreemptionCheckpoint(job["preempt_dir"])
+        callbacks += [preemption, _WaitForSignal(preemption, job["wait_step"],
+                                                 job["out"] + ".waiting")]
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=job["epochs"], logger=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        enable_checkpointing=bool(job.get("ckpt_dir")), callbacks=callbacks,
+        default_root_dir=job.get("ckpt_dir") or job["out"] + ".dir", deterministic=True)
+    trainer.fit(model, data, ckpt_path=job.get("resume"))
+    torch.save({
+        "global_step": trainer.global_step,
+        "model": model.state_dict(),
+        "optimizer": [o.state_dict() for o in trainer.optimizers],
+        "scheduler": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
+        "callbacks": {type(c).__name__: c.state_dict() for c in callbacks
+                      if not isinstance(c, ModelCheckpoint)},
+        "metrics": {k: float(v) for k, v in trainer.logged_metrics.items()},
+    }, job["out"])
+
+
+if __name__ == "__main__":
+    for spec in json.loads(open(sys.argv[1]).read()):
+        run(spec)
