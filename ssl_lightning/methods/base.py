@@ -84,6 +84,7 @@ class SSLMethod(pl.LightningModule):
         if not 0 <= final_lr_ratio <= 1:
             raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}.")
         self.save_hyperparameters(ignore=["backbone"])
+        self._step_targets: Tensor | None = None
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
 
@@ -93,9 +94,13 @@ class SSLMethod(pl.LightningModule):
         of the first view (used, detached, by the evaluation callbacks).
 
         The default splits the step in two (what gradient caching needs): the networks
-        (:meth:`forward_views`) and the loss on their outputs (:meth:`loss_from_outputs`).
+        (:meth:`forward_views`) and the loss on their outputs (:meth:`loss_from_outputs`). The
+        training batch's targets (B,) (-1: unlabelled) join the outputs as ``"targets"``, per
+        sample like every output, for the methods that use labels (SupCon).
         """
         outputs = self.forward_views(views)
+        if self._step_targets is not None:
+            outputs.setdefault("targets", self._step_targets)
         return self.loss_from_outputs(outputs), outputs["features"]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
@@ -152,7 +157,11 @@ class SSLMethod(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets = batch
-        loss, features = self.training_loss(views)
+        self._step_targets = targets  # read by training_loss; only during this step
+        try:
+            loss, features = self.training_loss(views)
+        finally:
+            self._step_targets = None
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         return {"loss": loss, "features": features.detach(), "targets": targets}
