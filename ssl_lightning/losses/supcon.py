@@ -96,7 +96,7 @@ class SupConLoss(nn.Module):
             class_count = torch.bincount(candidate_class, minlength=len(classes))
             anchor_class = candidate_class[self_index]
             positives_sum = class_sum[anchor_class] - candidates[self_index]
-            positives_count = class_count[anchor_class] - 1  # >= 1: the other view
+            positives_count = (class_count[anchor_class] - 1).to(anchors.dtype)  # >= 1: other view
             positive = (anchors * positives_sum).sum(dim=1) / (positives_count * self.temperature)
             if self.chunk_size is None:
                 logits = anchors @ candidates.T / self.temperature
