@@ -37,7 +37,8 @@ def _dcl_reference(z1, z2, temperature: float, sigma: float | None) -> float:
     total = 0.0
     for i in range(2 * n):
         j = (i + n) % (2 * n)
-        negatives = sum(math.exp(z[i] @ z[k] / temperature) for k in range(2 * n) if k not in (i, j))
+        negatives = sum(math.exp(z[i] @ z[k] / temperature)
+                        for k in range(2 * n) if k not in (i, j))
         total += -w[i % n] * (z[i] @ z[j]) / temperature + math.log(negatives)
     return total / (2 * n)
 
@@ -67,12 +68,13 @@ def _nt_xent_margin_reference(z1, z2, temperature: float, margin: float) -> floa
     return total / (2 * n)
 
 
-def _nnclr_reference(neighbours, predictions, temperature: float) -> float:
-    """Dwibedi et al. Eq. (2): neighbour i against all predictions, its own as the positive."""
-    a, p = _unit(neighbours), _unit(predictions)
+def _nnclr_reference(neighbours, predictions_all, offset: int, temperature: float) -> float:
+    """Dwibedi et al. Eq. (2): neighbour i against all gathered predictions, prediction
+    ``offset + i`` as its positive."""
+    a, p = _unit(neighbours), _unit(predictions_all)
     total = 0.0
     for i in range(len(a)):
-        total += -a[i] @ p[i] / temperature + math.log(
+        total += -a[i] @ p[offset + i] / temperature + math.log(
             sum(math.exp(a[i] @ p[k] / temperature) for k in range(len(p))))
     return total / len(a)
 
@@ -168,11 +170,8 @@ def test_nnclr_loss_matches_loop_reference_with_gathered_predictions() -> None:
     predictions_all = torch.randn(9, 5, generator=g, dtype=torch.float64)
     for chunk_size in (None, 2):
         loss = NNCLRLoss(0.1, chunk_size)(neighbours, predictions_all, rank_offset=3)
-        expected = _nnclr_reference(neighbours.numpy(), predictions_all[3:6].numpy(), 0.1)
         # The denominator runs over all 9 gathered predictions, not only the local 3.
-        a, p = _unit(neighbours.numpy()), _unit(predictions_all.numpy())
-        expected = np.mean([-a[i] @ p[3 + i] / 0.1 + math.log(np.exp(a[i] @ p.T / 0.1).sum())
-                            for i in range(3)])
+        expected = _nnclr_reference(neighbours.numpy(), predictions_all.numpy(), 3, 0.1)
         assert loss.item() == pytest.approx(expected, abs=1e-12)
 
 

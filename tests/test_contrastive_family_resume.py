@@ -10,7 +10,12 @@ import os
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule, assert_states_close, fit_and_dump
+from lightning_ddp_utils import (
+    PrecomputedViews,
+    TensorDataModule,
+    assert_states_close,
+    fit_and_dump,
+)
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet

@@ -15,8 +15,9 @@ dot product that plain autograd handles; together they give the familiar ``softm
 Peak extra memory is one (chunk_size × K) block instead of several (M × K) matrices.
 
 :func:`positive_cross_entropy` is the per-anchor loss ``-log softmax`` at the positive column
-that NT-Xent, NNCLR and (without the positive in the denominator) DCL share. Its chunked form
-is ``softplus(lse_neg - s_pos)`` with the log-sum-exp over the negatives only: computing
+that NT-Xent and NNCLR share (DCL and SupCon call :func:`chunked_logsumexp` directly). Its
+chunked form is ``softplus(lse_neg - s_pos)`` with the log-sum-exp over the negatives only
+(``exclude`` takes several columns per row for that): computing
 ``lse - s_pos`` instead subtracts two numbers of size ~1/T whose difference is tiny on a nearly
 solved batch and loses most fp32 digits at T = 0.07 (issue 10).
 """
