@@ -58,8 +58,10 @@ class FeatureQueue(nn.Module):
         if query.dim() != 2 or query.shape[1:] != self.queue.shape[1:]:
             raise ValueError(f"Queries of shape {tuple(query.shape)} do not fit a queue of "
                              f"{tuple(self.queue.shape)}.")
-        stored = F.normalize(self.queue.to(query.dtype), dim=1)
-        index = (F.normalize(query, dim=1) @ stored.T).argmax(dim=1)
+        dtype = torch.promote_types(query.dtype, self.queue.dtype)  # not bf16 under autocast
+        with torch.autocast(device_type=query.device.type, enabled=False):
+            stored = F.normalize(self.queue.to(dtype), dim=1)
+            index = (F.normalize(query.to(dtype), dim=1) @ stored.T).argmax(dim=1)
         return self.queue[index].clone()
 
     @torch.no_grad()

@@ -290,3 +290,15 @@ def test_bad_input_is_rejected_with_the_value() -> None:
     z1, z2 = _views(4)
     with pytest.raises(ValueError, match="2 of the 4 samples of the batch have target -1"):
         SupConLoss()(z1, z2, torch.tensor([0, -1, 1, -1]))
+
+
+def test_support_set_nearest_is_the_highest_cosine_row() -> None:
+    from ssl_lightning.queue import FeatureQueue
+
+    queue = FeatureQueue(6, 4)
+    g = torch.Generator().manual_seed(4)
+    query = torch.randn(5, 4, generator=g)
+    want = (torch.nn.functional.normalize(query, dim=1) @ queue.queue.T).argmax(dim=1)
+    torch.testing.assert_close(queue.nearest(3.0 * query), queue.queue[want], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="do not fit"):
+        queue.nearest(torch.randn(2, 3))
