@@ -1,4 +1,7 @@
-"""kNN top-1 on the CIFAR-10 test split: random-init backbone vs a short SimCLR pre-training.
+"""kNN top-1 on the CIFAR-10 test split: random-init backbone vs a short pre-training.
+
+``--method`` picks SimCLR (default), SimCLR with an NT-Xent memory bank, NNCLR, DCL, DCLW or
+SupCon, each with the same backbone, projection size, optimiser and schedule.
 
 Both numbers come from this one script, with the same backbone architecture, data module,
 kNN bank and :class:`~ssl_lightning.callbacks.KNNCallback` (weighted cosine kNN, k=200,
@@ -24,7 +27,7 @@ import torch
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.callbacks import KNNCallback, OnlineProbe
 from ssl_lightning.data import CIFAR10DataModule, DeviceViews, UInt8Image
-from ssl_lightning.methods import SimCLR
+from ssl_lightning.methods import DCL, NNCLR, SimCLR, SSLMethod, SupCon
 
 
 def parse_args() -> argparse.Namespace:
@@ -45,7 +48,30 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-minutes", type=float, default=30.0, help="hard cap on training")
     parser.add_argument("--limit-train-batches", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--method", default="simclr", choices=sorted(METHODS))
+    parser.add_argument("--queue", type=int, default=4096,
+                        help="NNCLR support set / NT-Xent memory bank size")
     return parser.parse_args()
+
+
+def _method(name: str, args: argparse.Namespace) -> SSLMethod:
+    """The method to pre-train; all share backbone, 512-wide heads, LARS and the schedule."""
+    common = dict(projection_hidden_dim=512, temperature=args.temperature, optimizer="lars",
+                  lr=args.lr, lr_scaling="linear", weight_decay=1e-6, warmup_epochs=1,
+                  final_lr_ratio=0.0)
+    backbone = SmallConvNet(widths=tuple(args.widths))
+    return METHODS[name](backbone, args.queue, common)
+
+
+METHODS = {
+    "simclr": lambda b, q, c: SimCLR(b, projection_dim=128, **c),
+    "simclr_bank": lambda b, q, c: SimCLR(b, projection_dim=128, memory_bank_size=q, **c),
+    "nnclr": lambda b, q, c: NNCLR(b, projection_dim=128, prediction_hidden_dim=512,
+                                   support_set_size=q, **c),
+    "dcl": lambda b, q, c: DCL(b, projection_dim=128, **c),
+    "dclw": lambda b, q, c: DCL(b, projection_dim=128, weight_sigma=0.5, **c),
+    "supcon": lambda b, q, c: SupCon(b, projection_dim=128, **c),
+}
 
 
 def main() -> None:
@@ -58,11 +84,7 @@ def main() -> None:
         # Views made batch-wise from uint8 images: on CPU much cheaper than per-image PIL ops.
         train_transform=UInt8Image(), device_transform=DeviceViews(preset="cifar"),
     )
-    model = SimCLR(
-        SmallConvNet(widths=tuple(args.widths)), projection_hidden_dim=512, projection_dim=128,
-        temperature=args.temperature, optimizer="lars", lr=args.lr, lr_scaling="linear",
-        weight_decay=1e-6, warmup_epochs=1, final_lr_ratio=0.0,
-    )
+    model = _method(args.method, args)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
 

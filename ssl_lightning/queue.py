@@ -6,7 +6,8 @@ the number of negatives from the batch size. The queue and its pointer are persi
 so they travel with the method's checkpoint and resume exactly.
 
 Under DDP the caller enqueues the keys gathered from every rank (rank-major order) so that all
-ranks hold the same queue.
+ranks hold the same queue. The same queue is NNCLR's support set (:meth:`FeatureQueue.nearest`)
+and NT-Xent's memory bank.
 """
 
 from __future__ import annotations
@@ -49,6 +50,19 @@ class FeatureQueue(nn.Module):
         """A copy of the stored embeddings (a copy, because :meth:`enqueue` then writes in place
         while autograd may still hold the old values for the backward pass)."""
         return self.queue.clone()
+
+    @torch.no_grad()
+    def nearest(self, query: Tensor) -> Tensor:
+        """For each row of ``query`` (N, D), a copy of the stored embedding with the highest cosine
+        similarity (the nearest neighbour on the unit sphere; NNCLR's ``NN(z, Q)``), (N, D)."""
+        if query.dim() != 2 or query.shape[1:] != self.queue.shape[1:]:
+            raise ValueError(f"Queries of shape {tuple(query.shape)} do not fit a queue of "
+                             f"{tuple(self.queue.shape)}.")
+        dtype = torch.promote_types(query.dtype, self.queue.dtype)  # not bf16 under autocast
+        with torch.autocast(device_type=query.device.type, enabled=False):
+            stored = F.normalize(self.queue.to(dtype), dim=1)
+            index = (F.normalize(query.to(dtype), dim=1) @ stored.T).argmax(dim=1)
+        return self.queue[index].clone()
 
     @torch.no_grad()
     def enqueue(self, keys: Tensor) -> None:

@@ -2,17 +2,21 @@
 
 from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
+from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.dino import DINOLoss
 from ssl_lightning.losses.ijepa import IJEPALoss
 from ssl_lightning.losses.infonce import InfoNCELoss
 from ssl_lightning.losses.mae import MAELoss
 from ssl_lightning.losses.moco_v3 import MoCoV3Loss
 from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
+from ssl_lightning.losses.nnclr import NNCLRLoss
 from ssl_lightning.losses.nt_xent import NTXentLoss
 from ssl_lightning.losses.sinkhorn import sinkhorn_knopp
+from ssl_lightning.losses.supcon import SupConLoss
 from ssl_lightning.losses.swav import SwAVLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
 
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
-           "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss"]
+           "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss", "DCLLoss",
+           "NNCLRLoss", "SupConLoss"]

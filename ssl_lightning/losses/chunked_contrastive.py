@@ -13,24 +13,34 @@ and the candidates receive gradients, so candidates gathered from other ranks wi
 autograd-aware all-gather send their share back to the owning rank. The positive term is a row
 dot product that plain autograd handles; together they give the familiar ``softmax - one_hot``.
 Peak extra memory is one (chunk_size × K) block instead of several (M × K) matrices.
+
+:func:`positive_cross_entropy` is the per-anchor loss ``-log softmax`` at the positive column
+that NT-Xent and NNCLR share (DCL and SupCon call :func:`chunked_logsumexp` directly). Its
+chunked form is ``softplus(lse_neg - s_pos)`` with the log-sum-exp over the negatives only
+(``exclude`` takes several columns per row for that): computing
+``lse - s_pos`` instead subtracts two numbers of size ~1/T whose difference is tiny on a nearly
+solved batch and loses most fp32 digits at T = 0.07 (issue 10).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
+
+from ssl_lightning.losses.numerics import at_least_fp32
 
 
 def _block_logits(
     out: Tensor, anchors: Tensor, candidates: Tensor, exclude: Tensor | None, scale: float
 ) -> Tensor:
-    """``out <- anchors @ candidates.T * scale`` with ``exclude[i]`` of row i set to finfo.min."""
+    """``out <- anchors @ candidates.T * scale`` with the columns ``exclude[i, :]`` of row i set
+    to finfo.min."""
     torch.mm(anchors, candidates.T, out=out)
     out.mul_(scale)
     if exclude is not None:
-        rows = torch.arange(out.shape[0], device=out.device)
-        out[rows, exclude] = torch.finfo(out.dtype).min
+        out.scatter_(1, exclude, torch.finfo(out.dtype).min)
     return out
 
 
@@ -98,18 +108,19 @@ def chunked_logsumexp(
     """``logsumexp_k(anchors_i · candidates_k / T)`` for every anchor row, never holding the
     full (M × K) logit matrix.
 
-    Computes in fp32 whatever the input dtype or autocast state. Gradients flow into both
-    ``anchors`` and ``candidates``.
+    Computes in fp32 (float64 for float64 inputs) whatever the autocast state. Gradients flow
+    into both ``anchors`` and ``candidates``.
 
     Args:
         anchors: (M, D) anchor embeddings (usually L2-normalised).
         candidates: (K, D) candidate embeddings (positives and negatives, possibly gathered).
         temperature: Softmax temperature T > 0.
-        exclude: Optional (M,) column index per row left out of the sum (the anchor itself).
+        exclude: Optional (M,) or (M, E) column indices per row left out of the sum (the anchor
+            itself; for DCL also its positive).
         chunk_size: Anchor rows per block; peak extra memory is about chunk_size × K × 4 bytes.
 
     Returns:
-        (M,) fp32 log-sum-exp per anchor.
+        (M,) log-sum-exp per anchor.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}.")
@@ -120,12 +131,52 @@ def chunked_logsumexp(
             f"Expected (M, D) anchors and (K, D) candidates, got {tuple(anchors.shape)} and "
             f"{tuple(candidates.shape)}."
         )
-    if exclude is not None and exclude.shape != (anchors.shape[0],):
-        raise ValueError(
-            f"exclude must have shape ({anchors.shape[0]},), got {tuple(exclude.shape)}."
-        )
+    if exclude is not None:
+        if exclude.dim() not in (1, 2) or exclude.shape[0] != anchors.shape[0]:
+            raise ValueError(f"exclude must have shape ({anchors.shape[0]},) or "
+                             f"({anchors.shape[0]}, E), got {tuple(exclude.shape)}.")
+        exclude = exclude.reshape(anchors.shape[0], -1)
     with torch.autocast(device_type=anchors.device.type, enabled=False):
-        return _ChunkedLogSumExp.apply(
-            anchors.float().contiguous(), candidates.float().contiguous(), exclude,
-            1.0 / temperature, chunk_size,
+        a = at_least_fp32(anchors)
+        c = at_least_fp32(candidates).to(a.dtype)
+        return _ChunkedLogSumExp.apply(  # type: ignore[no-any-return]
+            a.contiguous(), c.contiguous(), exclude, 1.0 / temperature, chunk_size,
         )
+
+
+def positive_cross_entropy(
+    anchors: Tensor,
+    candidates: Tensor,
+    positive: Tensor,
+    temperature: float,
+    exclude: Tensor | None = None,
+    chunk_size: int | None = 1024,
+    margin: float = 0.0,
+) -> Tensor:
+    """Per-anchor ``-log softmax_k(s_ik)`` at the positive column, ``s_ik = a_i·c_k / T`` with
+    the margin taken off the positive (``s_i,pos = (a_i·c_pos - margin) / T``).
+
+    Args:
+        anchors: (M, D) anchors, already L2-normalised, fp32 or float64.
+        candidates: (K, D) candidates, same dtype; every anchor's positive is among them.
+        positive: (M,) column of each anchor's positive.
+        temperature: Softmax temperature T > 0.
+        exclude: Optional (M,) or (M, E) columns left out of the denominator (the anchor itself).
+        chunk_size: Rows per block of :func:`chunked_logsumexp`; ``None`` for the dense logits.
+        margin: Additive margin on the positive cosine (>= 0).
+
+    Returns:
+        (M,) losses.
+    """
+    rows = torch.arange(anchors.shape[0], device=anchors.device)
+    if chunk_size is None:
+        logits = anchors @ candidates.T / temperature
+        logits[rows, positive] -= margin / temperature
+        if exclude is not None:
+            logits.scatter_(1, exclude.reshape(len(rows), -1), torch.finfo(logits.dtype).min)
+        return F.cross_entropy(logits, positive, reduction="none")
+    positive_logit = ((anchors * candidates[positive]).sum(dim=1) - margin) / temperature
+    columns = positive[:, None] if exclude is None else torch.cat(
+        [positive[:, None], exclude.reshape(len(rows), -1)], dim=1)
+    negatives = chunked_logsumexp(anchors, candidates, temperature, columns, chunk_size)
+    return F.softplus(negatives - positive_logit)

@@ -1,11 +1,23 @@
-"""NT-Xent, the normalised temperature-scaled cross-entropy of SimCLR.
+"""NT-Xent, the normalised temperature-scaled cross-entropy of SimCLR, with two options.
 
 Chen et al., "A Simple Framework for Contrastive Learning of Visual Representations", ICML 2020,
 Eq. (1): for a positive pair (i, j) among 2N augmented samples,
 ``l(i, j) = -log exp(sim(z_i, z_j)/T) / sum_{k != i} exp(sim(z_i, z_k)/T)``, and the loss is the
 mean of l(i, j) and l(j, i) over all N pairs (both directions).
 
-Under DDP each rank scores its own 2B anchors against all 2·W·B gathered candidates and
+Options (both off by default):
+
+- ``margin`` m: an additive margin on the positive cosine, ``sim(z_i, z_j) - m`` before the
+  temperature, in numerator and denominator (the margin of ArcFace-style losses, as in the
+  distributed InfoNCE write-up this project was seeded with).
+- ``memory_bank_size`` K: the lightly-style memory bank. Each view-1 embedding is scored
+  against its own view-2 embedding (the positive) and K view-2 embeddings of earlier steps (the
+  negatives; the current batch is not used as negatives), ``l_i = -log exp(s_i+) /
+  (exp(s_i+) + sum_k exp(z_i·b_k/T))``. After the loss, the view-2 embeddings of the *gathered*
+  global batch enter the bank (a :class:`FeatureQueue`, a persistent buffer: identical on every
+  rank, checkpointed, resumes exactly); only during training (when ``z1`` requires grad).
+
+Under DDP each rank scores its own anchors against the gathered candidates (or the bank) and
 averages over its own anchors; the mean over ranks is then exactly the single-process loss on
 the global batch, and so are the gradients (DDP averages them over ranks).
 """
@@ -16,7 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
+from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp, positive_cross_entropy
+from ssl_lightning.losses.numerics import at_least_fp32
+from ssl_lightning.queue import FeatureQueue
 
 
 class NTXentLoss(nn.Module):
@@ -29,16 +43,39 @@ class NTXentLoss(nn.Module):
             them in the backward pass (:func:`chunked_logsumexp`): peak memory ~chunk_size × 2WB
             × 4 bytes instead of several (2B × 2WB) matrices, and as fast or faster (README,
             Performance). ``None`` materialises the dense logit matrix.
+        margin: Additive margin m >= 0 on the positive cosine (0: plain NT-Xent).
+        memory_bank_size: Number of past view-2 embeddings used as negatives (0: no bank, the
+            in-batch negatives of SimCLR). A multiple of the global batch.
+        embedding_dim: Size of the embeddings; required with a memory bank (it sizes the
+            buffer, so that a checkpoint loads before the first step).
     """
 
-    def __init__(self, temperature: float = 0.2, chunk_size: int | None = 1024) -> None:
+    def __init__(
+        self,
+        temperature: float = 0.2,
+        chunk_size: int | None = 1024,
+        margin: float = 0.0,
+        memory_bank_size: int = 0,
+        embedding_dim: int | None = None,
+    ) -> None:
         super().__init__()
         if not temperature > 0:
             raise ValueError(f"NTXentLoss temperature must be > 0, got {temperature}.")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"NTXentLoss chunk_size must be >= 1 or None, got {chunk_size}.")
+        if not margin >= 0:
+            raise ValueError(f"NTXentLoss margin must be >= 0, got {margin}.")
+        if memory_bank_size < 0:
+            raise ValueError(f"NTXentLoss memory_bank_size must be >= 0 (0: no bank), got "
+                             f"{memory_bank_size}.")
+        if memory_bank_size > 0 and embedding_dim is None:
+            raise ValueError(f"NTXentLoss with memory_bank_size={memory_bank_size} needs "
+                             "embedding_dim (the size of z1 and z2).")
         self.temperature = temperature
         self.chunk_size = chunk_size
+        self.margin = margin
+        self.bank = (FeatureQueue(memory_bank_size, embedding_dim)
+                     if memory_bank_size > 0 and embedding_dim is not None else None)
 
     def forward(
         self,
@@ -48,7 +85,7 @@ class NTXentLoss(nn.Module):
         z2_all: Tensor | None = None,
         rank_offset: int = 0,
     ) -> Tensor:
-        """Mean NT-Xent over the 2B local anchors.
+        """Mean NT-Xent over the local anchors (2B, or B with a memory bank).
 
         Args:
             z1: Local embeddings of view 1, shape (B, D).
@@ -58,7 +95,7 @@ class NTXentLoss(nn.Module):
             rank_offset: Index of this rank's first sample in the gathered tensors (rank · B).
 
         Returns:
-            Scalar loss, computed in fp32 even under autocast.
+            Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
         """
         if z1.shape != z2.shape or z1.dim() != 2:
             raise ValueError(
@@ -74,18 +111,32 @@ class NTXentLoss(nn.Module):
                 f"{n_global} gathered samples."
             )
         with torch.autocast(device_type=z1.device.type, enabled=False):
-            anchors = F.normalize(torch.cat([z1, z2]).float(), dim=1)
-            candidates = F.normalize(torch.cat([z1_all, z2_all]).float(), dim=1)
+            if self.bank is not None:
+                return self._bank_loss(self.bank, z1, z2, z2_all)
+            anchors = F.normalize(at_least_fp32(torch.cat([z1, z2])), dim=1)
+            candidates = F.normalize(at_least_fp32(torch.cat([z1_all, z2_all])), dim=1)
+            candidates = candidates.to(anchors.dtype)
             local = torch.arange(batch, device=z1.device) + rank_offset
             self_index = torch.cat([local, local + n_global])
             positive_index = torch.cat([local + n_global, local])
-            if self.chunk_size is not None:
-                lse = chunked_logsumexp(
-                    anchors, candidates, self.temperature, self_index, self.chunk_size
-                )
-                positives = (anchors * candidates[positive_index]).sum(dim=1) / self.temperature
-                return (lse - positives).mean()
-            logits = anchors @ candidates.T / self.temperature
-            rows = torch.arange(2 * batch, device=z1.device)
-            logits[rows, self_index] = torch.finfo(logits.dtype).min
-            return F.cross_entropy(logits, positive_index)
+            return positive_cross_entropy(
+                anchors, candidates, positive_index, self.temperature, self_index,
+                self.chunk_size, self.margin,
+            ).mean()
+
+    def _bank_loss(self, bank: FeatureQueue, z1: Tensor, z2: Tensor, z2_all: Tensor) -> Tensor:
+        """View-1 anchors vs their view-2 positive and the bank; then enqueue ``z2_all``."""
+        anchors = F.normalize(at_least_fp32(z1), dim=1)
+        positives = F.normalize(at_least_fp32(z2), dim=1).to(anchors.dtype)
+        negatives = F.normalize(bank.negatives().to(anchors.dtype), dim=1)
+        positive = ((anchors * positives).sum(dim=1) - self.margin) / self.temperature
+        if self.chunk_size is None:
+            logits = torch.cat([positive[:, None], anchors @ negatives.T / self.temperature], 1)
+            labels = torch.zeros(len(logits), dtype=torch.long, device=logits.device)
+            loss = F.cross_entropy(logits, labels)
+        else:  # -log(e^s+ / (e^s+ + sum_k e^s_k)) = softplus(lse_k(s_k) - s+), stable in fp32
+            lse = chunked_logsumexp(anchors, negatives, self.temperature, None, self.chunk_size)
+            loss = F.softplus(lse - positive).mean()
+        if z1.requires_grad:
+            bank.enqueue(F.normalize(z2_all.detach(), dim=1))
+        return loss

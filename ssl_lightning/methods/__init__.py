@@ -3,16 +3,20 @@
 from ssl_lightning.methods.barlow_twins import BarlowTwins
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
+from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.ijepa import IJEPA
 from ssl_lightning.methods.mae import MAE
 from ssl_lightning.methods.moco_v2 import MoCoV2
 from ssl_lightning.methods.moco_v3 import MoCoV3
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.nnclr import NNCLR
 from ssl_lightning.methods.simclr import SimCLR
 from ssl_lightning.methods.simsiam import SimSiam
+from ssl_lightning.methods.supcon import SupCon
 from ssl_lightning.methods.swav import SwAV
 from ssl_lightning.methods.vicreg import VICReg
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
-           "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA"]
+           "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
+           "SupCon"]

@@ -107,6 +107,7 @@ class SSLMethod(pl.LightningModule):
         if not 0 <= final_lr_ratio <= 1:
             raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}.")
         self.save_hyperparameters(ignore=["backbone"])
+        self._step_targets: Tensor | None = None
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
         self._views_checked = False
@@ -117,9 +118,13 @@ class SSLMethod(pl.LightningModule):
         of the first view (used, detached, by the evaluation callbacks).
 
         The default splits the step in two (what gradient caching needs): the networks
-        (:meth:`forward_views`) and the loss on their outputs (:meth:`loss_from_outputs`).
+        (:meth:`forward_views`) and the loss on their outputs (:meth:`loss_from_outputs`). The
+        training batch's targets (B,) (-1: unlabelled) join the outputs as ``"targets"``, per
+        sample like every output, for the methods that use labels (SupCon).
         """
         outputs = self.forward_views(views)
+        if self._step_targets is not None:
+            outputs.setdefault("targets", self._step_targets)
         return self.loss_from_outputs(outputs), outputs["features"]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
@@ -211,7 +216,11 @@ class SSLMethod(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets = batch
         self.warn_unused_views(views)
-        loss, features = self.training_loss(views)
+        self._step_targets = targets  # read by training_loss; only during this step
+        try:
+            loss, features = self.training_loss(views)
+        finally:
+            self._step_targets = None
         check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))

@@ -26,6 +26,10 @@ class SimCLR(SSLMethod):
         temperature: NT-Xent temperature.
         loss_chunk_size: Anchor rows per block of the memory-efficient NT-Xent; ``None`` for the
             dense logit matrix (see :class:`NTXentLoss`).
+        margin: Additive margin on the positive cosine of NT-Xent (>= 0; 0 is SimCLR).
+        memory_bank_size: Negatives from a bank of this many past view-2 embeddings instead of
+            the batch (0, SimCLR: none); a multiple of the global batch (see
+            :class:`NTXentLoss`).
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -44,6 +48,8 @@ class SimCLR(SSLMethod):
         projection_batch_norm: bool = True,
         temperature: float = 0.2,
         loss_chunk_size: int | None = 1024,
+        margin: float = 0.0,
+        memory_bank_size: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
@@ -51,7 +57,8 @@ class SimCLR(SSLMethod):
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=projection_batch_norm,
         )
-        self.criterion = NTXentLoss(temperature, chunk_size=loss_chunk_size)
+        self.criterion: nn.Module = NTXentLoss(
+            temperature, loss_chunk_size, margin, memory_bank_size, embedding_dim=projection_dim)
 
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         if len(views) < 2:

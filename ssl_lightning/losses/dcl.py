@@ -1,0 +1,98 @@
+"""DCL and DCLW, the decoupled contrastive losses.
+
+Yeh et al., "Decoupled Contrastive Learning", ECCV 2022, Eq. (6): NT-Xent with the positive pair
+removed from the denominator (the "negative-positive coupling" it causes is what DCL removes),
+
+``L_i = -s_i+ + log sum_{k in N(i)} exp(s_ik)``,  ``s = z·z' / T``,
+
+where N(i) are the 2N - 2 other embeddings of the batch (both views, neither z_i nor its
+positive). DCLW (Eq. 7) weights the positive term with the von Mises-Fisher weight
+``w_i = 2 - exp(z_i·z_i+ / σ) / E_j[exp(z_j·z_j+ / σ)]`` (σ = 0.5 in the paper), the mean over
+the (global) batch; as in the authors' code the weight is differentiated through.
+
+Both directions (view-1 and view-2 anchors) are averaged, as in our NT-Xent. Under DDP the
+candidates and the weights' batch mean come from the gathered global batch, and each rank
+averages over its own anchors, so the mean over ranks equals the single-process loss.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
+from ssl_lightning.losses.numerics import at_least_fp32
+
+
+class DCLLoss(nn.Module):
+    """Decoupled contrastive loss (DCL), or DCLW with ``weight_sigma``.
+
+    Args:
+        temperature: Softmax temperature T > 0 (0.1 by default, as in lightly's ``DCLLoss``).
+        weight_sigma: σ > 0 of the DCLW weights (0.5 in the paper); ``None`` for plain DCL.
+        chunk_size: Anchor rows per block of the chunked log-sum-exp (see
+            :class:`NTXentLoss`); ``None`` for the dense logit matrix.
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        weight_sigma: float | None = None,
+        chunk_size: int | None = 1024,
+    ) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"DCLLoss temperature must be > 0, got {temperature}.")
+        if weight_sigma is not None and not weight_sigma > 0:
+            raise ValueError(f"DCLLoss weight_sigma must be > 0 (or None for DCL), got "
+                             f"{weight_sigma}.")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"DCLLoss chunk_size must be >= 1 or None, got {chunk_size}.")
+        self.temperature = temperature
+        self.weight_sigma = weight_sigma
+        self.chunk_size = chunk_size
+
+    def forward(
+        self,
+        z1: Tensor,
+        z2: Tensor,
+        z1_all: Tensor | None = None,
+        z2_all: Tensor | None = None,
+        rank_offset: int = 0,
+    ) -> Tensor:
+        """Mean DCL(W) over the 2B local anchors; arguments as in :class:`NTXentLoss`.
+
+        Returns:
+            Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
+        """
+        if z1.shape != z2.shape or z1.dim() != 2:
+            raise ValueError(f"DCLLoss expects two (B, D) tensors of equal shape, got "
+                             f"{tuple(z1.shape)} and {tuple(z2.shape)}.")
+        z1_all = z1 if z1_all is None else z1_all
+        z2_all = z2 if z2_all is None else z2_all
+        batch, n_global = z1.shape[0], z1_all.shape[0]
+        if rank_offset < 0 or rank_offset + batch > n_global:
+            raise ValueError(f"rank_offset {rank_offset} with local batch {batch} does not fit "
+                             f"in the {n_global} gathered samples.")
+        with torch.autocast(device_type=z1.device.type, enabled=False):
+            anchors = F.normalize(at_least_fp32(torch.cat([z1, z2])), dim=1)
+            candidates = F.normalize(at_least_fp32(torch.cat([z1_all, z2_all])), dim=1)
+            candidates = candidates.to(anchors.dtype)
+            local = torch.arange(batch, device=z1.device) + rank_offset
+            self_index = torch.cat([local, local + n_global])
+            positive_index = torch.cat([local + n_global, local])
+            excluded = torch.stack([self_index, positive_index], dim=1)
+            positive = (anchors * candidates[positive_index]).sum(dim=1) / self.temperature
+            if self.weight_sigma is not None:
+                cosine_all = (candidates[:n_global] * candidates[n_global:]).sum(dim=1)
+                weights = 2 - n_global * torch.softmax(cosine_all / self.weight_sigma, dim=0)
+                positive = positive * weights[local].repeat(2)
+            if self.chunk_size is None:
+                logits = anchors @ candidates.T / self.temperature
+                logits = logits.scatter(1, excluded, torch.finfo(logits.dtype).min)
+                negatives = torch.logsumexp(logits, dim=1)
+            else:
+                negatives = chunked_logsumexp(anchors, candidates, self.temperature, excluded,
+                                              self.chunk_size)
+            return (negatives - positive).mean()

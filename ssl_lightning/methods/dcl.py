@@ -1,0 +1,44 @@
+"""DCL: Yeh et al., "Decoupled Contrastive Learning", ECCV 2022. SimCLR with the decoupled
+contrastive loss (the positive pair out of the denominator), or its von Mises-Fisher weighted
+form DCLW; everything else (views, projection MLP, gathering) is SimCLR's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ssl_lightning.losses import DCLLoss
+from ssl_lightning.methods.simclr import SimCLR
+
+
+class DCL(SimCLR):
+    """DCL / DCLW: :class:`SimCLR` with :class:`DCLLoss` in place of NT-Xent.
+
+    A method of its own (rather than a ``loss`` argument of SimCLR) so that a config names
+    what it trains and its defaults are DCL's, while it shares all of SimCLR's code.
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        temperature: DCL temperature (0.1, lightly's default; the paper sweeps 0.07-0.5).
+        weight_sigma: σ of the DCLW positive weight (0.5 in the paper); ``None`` for DCL.
+        loss_chunk_size: Anchor rows per block of the chunked loss; ``None`` for dense logits.
+        **kwargs: Projection-head arguments of :class:`SimCLR` and optimiser arguments of
+            :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        temperature: float = 0.1,
+        weight_sigma: float | None = None,
+        loss_chunk_size: int | None = 1024,
+        **kwargs: Any,
+    ) -> None:
+        for name in ("margin", "memory_bank_size"):
+            if kwargs.get(name):
+                raise ValueError(f"DCL has no {name} (an NT-Xent option of SimCLR), got "
+                                 f"{name}={kwargs[name]}; remove it or use SimCLR.")
+        super().__init__(backbone, temperature=temperature, loss_chunk_size=loss_chunk_size,
+                         **kwargs)
+        self.criterion = DCLLoss(temperature, weight_sigma, loss_chunk_size)

@@ -1,0 +1,85 @@
+"""NNCLR: Dwibedi et al., "With a Little Help from My Friends: Nearest-Neighbor Contrastive
+Learning of Visual Representations", ICCV 2021.
+
+SimCLR's two views, a projection MLP and a prediction MLP; the positive of each view's
+prediction is the nearest neighbour of the *other* view's projection in a support set, a FIFO
+queue of projections of earlier batches (98,304 in the paper). The support set is filled with
+the view-1 projections of the gathered global batch, so it is the same on every rank (and the
+same as on one process holding the global batch); it is a persistent buffer and resumes exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssl_lightning.heads import PredictionHead, ProjectionHead
+from ssl_lightning.losses import NNCLRLoss
+from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.queue import FeatureQueue
+
+
+class NNCLR(SSLMethod):
+    """NNCLR.
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of the projection MLP (2048 in the paper).
+        projection_dim: Embedding size (256 in the paper).
+        projection_layers: Linear layers of the projection MLP (3 in the paper).
+        prediction_hidden_dim: Hidden width of the 2-layer prediction MLP (4096 in the paper).
+        head_batch_norm: BatchNorm in the hidden layers of both MLPs and an affine-free one on
+            the projection output (the paper's heads); off for BatchNorm-free DDP tests.
+        support_set_size: Support-set size (98,304 in the paper); a multiple of the global batch.
+        temperature: Softmax temperature (0.1 in the paper).
+        loss_chunk_size: Anchor rows per block of the chunked loss; ``None`` for dense logits.
+        **kwargs: Optimiser arguments of :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 2048,
+        projection_dim: int = 256,
+        projection_layers: int = 3,
+        prediction_hidden_dim: int = 4096,
+        head_batch_norm: bool = True,
+        support_set_size: int = 98304,
+        temperature: float = 0.1,
+        loss_chunk_size: int | None = 1024,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, **kwargs)
+        self.projector = ProjectionHead(
+            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
+            batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
+        )
+        self.predictor = PredictionHead(projection_dim, prediction_hidden_dim, projection_dim,
+                                        batch_norm=head_batch_norm)
+        self.support_set = FeatureQueue(support_set_size, projection_dim)
+        self.criterion = NNCLRLoss(temperature, loss_chunk_size)
+
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        if len(views) < 2:
+            raise ValueError(f"NNCLR needs 2 views per sample, got {len(views)}.")
+        batch = views[0].shape[0]
+        features = self.backbone(torch.cat([views[0], views[1]]))
+        z = self.projector(features)
+        p = self.predictor(z)
+        z1, z2 = z.chunk(2)
+        p1, p2 = p.chunk(2)
+        return {"z1": z1, "z2": z2, "p1": p1, "p2": p2, "features": features[:batch]}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z1, z2, p1, p2 = (outputs[k] for k in ("z1", "z2", "p1", "p2"))
+        offset = self.rank_offset(z1.shape[0])
+        neighbour1 = self.support_set.nearest(z1.detach())
+        neighbour2 = self.support_set.nearest(z2.detach())
+        loss = (self.criterion(neighbour1, self.gather(p2), offset)
+                + self.criterion(neighbour2, self.gather(p1), offset)) / 2
+        self.support_set.enqueue(F.normalize(self.gather(z1.detach()), dim=1))
+        return loss
