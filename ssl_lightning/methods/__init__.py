@@ -4,6 +4,8 @@ from ssl_lightning.methods.barlow_twins import BarlowTwins
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dino import DINO
+from ssl_lightning.methods.dinov2 import DINOv2
+from ssl_lightning.methods.ibot import IBOT
 from ssl_lightning.methods.moco_v2 import MoCoV2
 from ssl_lightning.methods.moco_v3 import MoCoV3
 from ssl_lightning.methods.momentum import MomentumMethod
@@ -13,4 +15,4 @@ from ssl_lightning.methods.swav import SwAV
 from ssl_lightning.methods.vicreg import VICReg
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
-           "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL"]
+           "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "IBOT", "DINOv2"]
