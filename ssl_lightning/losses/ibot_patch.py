@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.distributed import all_reduce_mean_no_grad, all_reduce_sum_no_grad
 from ssl_lightning.losses.centering import Centering, check_centering, teacher_targets
+from ssl_lightning.losses.numerics import at_least_fp32
 
 
 class IBOTPatchLoss(nn.Module):
@@ -68,7 +69,7 @@ class IBOTPatchLoss(nn.Module):
             teacher_temperature: τ_t > 0 for this step.
 
         Returns:
-            Scalar loss in fp32.
+            Scalar loss in fp32 (float64 for float64 inputs).
         """
         if not teacher_temperature > 0:
             raise ValueError(f"teacher_temperature must be > 0, got {teacher_temperature}.")
@@ -79,19 +80,19 @@ class IBOTPatchLoss(nn.Module):
             )
         masks = masks.bool()
         with torch.autocast(device_type=self.center.device.type, enabled=False):
-            teacher_fp32 = teacher.detach().float()
+            teacher_fp32 = at_least_fp32(teacher.detach())
             if self.centering == "sinkhorn":
                 targets = torch.zeros_like(teacher_fp32)
                 total = int(all_reduce_sum_no_grad(masks.sum().reshape(1)).item())
                 if total > 0:
-                    targets[masks] = teacher_targets(
+                    targets[masks] = teacher_targets(  # Sinkhorn runs in fp32
                         teacher_fp32[masks], teacher_temperature, "sinkhorn", self.center,
                         self.sinkhorn_iterations, num_samples=total,
-                    )
+                    ).to(targets.dtype)
             else:
                 targets = teacher_targets(teacher_fp32, teacher_temperature, "center",
                                           self.center)
-            log_p = F.log_softmax(student.float() / self.student_temperature, dim=-1)
+            log_p = F.log_softmax(at_least_fp32(student) / self.student_temperature, dim=-1)
             per_patch = torch.where(masks, -(targets * log_p).sum(dim=-1), 0.0)
             per_image = per_patch.sum(dim=-1) / masks.sum(dim=-1).clamp(min=1)
             loss = per_image.mean()
