@@ -12,7 +12,7 @@ from multicrop_utils import multicrop_loader
 
 from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.data import MultiCropViews
-from ssl_lightning.methods import DINOv2, IBOT
+from ssl_lightning.methods import IBOT, DINOv2
 
 SMALL = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8, optimizer="adamw",
              lr=1e-3, lr_scaling="none", warmup_epochs=0, weight_decay=0.04,
@@ -142,7 +142,8 @@ def test_exact_resume_centres_teachers_schedules_and_masks(tmp_path):
         return DINOv2(tiny_vit(drop_path_rate=0.1), **SMALL, centering="center",
                       patch_out_dim=24, num_local_crops=2, weight_decay_end=0.4)
 
-    full, resumed = fit_and_resume(make, lambda: multicrop_loader(8), str(tmp_path))  # 2 steps/epoch
+    # 2 steps per epoch.
+    full, resumed = fit_and_resume(make, lambda: multicrop_loader(8), str(tmp_path))
     assert full.keys() == resumed.keys()
     for key, value in full.items():
         assert torch.equal(resumed[key], value), key

@@ -13,7 +13,7 @@ separate head. Total loss: ``L_cls + patch_loss_weight · L_patch`` (λ = 1).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -108,7 +108,7 @@ class IBOT(DINO):
                                   centering, sinkhorn_iterations)
         patch_dim = patch_out_dim or head_out_dim
         self.patch_head: DINOHead | None = None
-        self.teacher_patch_head: DINOHead | None = None
+        self.teacher_patch_head: nn.Module | None = None
         if not shared_head:
             self.patch_head = DINOHead(self.feature_dim, patch_dim, hp["head_hidden_dim"],
                                        hp["head_bottleneck_dim"],
@@ -145,19 +145,19 @@ class IBOT(DINO):
         if views[0].shape != views[1].shape:
             raise ValueError(f"The 2 global views must have one shape, got "
                              f"{tuple(views[0].shape)} and {tuple(views[1].shape)}.")
-        batch, patch = views[0].shape[0], self.backbone.patch_size
-        crops = torch.cat(views[:2])
-        masks = self.draw_masks(batch, (crops.shape[-2] // patch, crops.shape[-1] // patch))
-        masks = masks.to(crops.device)
-        prefix = self.backbone.num_prefix_tokens
-        tokens = self.backbone.forward_tokens(crops, mask=masks.transpose(0, 1).flatten(0, 1))
+        vit: Any = self.backbone
+        batch, patch, prefix = views[0].shape[0], vit.patch_size, vit.num_prefix_tokens
+        crops = torch.cat(list(views[:2]))
+        grid = (crops.shape[-2] // patch, crops.shape[-1] // patch)
+        masks = self.draw_masks(batch, grid).to(crops.device)
+        tokens = vit.forward_tokens(crops, mask=masks.transpose(0, 1).flatten(0, 1))
         student_cls = self.head(tokens[:, 0])
         if len(views) > 2:
             local = self.head(forward_by_resolution(self.backbone, views[2:]))
             student_cls = torch.cat([student_cls, local])
         student_patch = (self.patch_head or self.head)(tokens[:, prefix:])
         with torch.no_grad():
-            teacher_tokens = self.teacher_backbone.forward_tokens(crops)
+            teacher_tokens = cast(Any, self.teacher_backbone).forward_tokens(crops)
             teacher_cls = self.teacher_head(teacher_tokens[:, 0])
             teacher_patch = (self.teacher_patch_head or self.teacher_head)(
                 teacher_tokens[:, prefix:])
@@ -188,7 +188,6 @@ class IBOT(DINO):
             for key, value in terms.items():
                 self.log(f"train/{key}", value, on_step=False, on_epoch=True)
 
-    # --------------------------------------------------------------------------------- hooks
     def adjust_gradients_(self, epoch: int) -> None:
         super().adjust_gradients_(epoch)
         if self.patch_head is not None and epoch < self.hparams["freeze_last_layer_epochs"]:
@@ -198,7 +197,7 @@ class IBOT(DINO):
     def on_fit_start(self) -> None:
         """Fail before the first step when the data module's crops do not match."""
         expected = self.hparams["num_local_crops"]
-        transform = getattr(self.trainer.datamodule, "train_transform", None)
+        transform = getattr(getattr(self.trainer, "datamodule", None), "train_transform", None)
         actual = getattr(transform, "num_local_crops", None)
         if expected is not None and actual is not None and actual != expected:
             raise ValueError(f"{type(self).__name__} expects num_local_crops={expected} but the "
@@ -206,9 +205,8 @@ class IBOT(DINO):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Reseed torch's RNG: masks are a function of (mask_seed, epoch, batch, rank)."""
-        key = (self.hparams["mask_seed"], self.current_epoch, batch_idx, self.global_rank)
         seed = 0
-        for part in key:
+        for part in (self.hparams["mask_seed"], self.current_epoch, batch_idx, self.global_rank):
             seed = (seed * 1_000_003 + part) % 2**63
         torch.manual_seed(seed)
 
