@@ -19,9 +19,9 @@ SMALL = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8, optimiz
              warmup_teacher_temperature_epochs=1, freeze_last_layer_epochs=1)
 
 
-def tiny_vit(**kwargs) -> ViT:
-    return ViT(image_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, mask_token=True,
-               **kwargs)
+def tiny_vit(depth: int = 2, **kwargs) -> ViT:
+    return ViT(image_size=16, patch_size=4, embed_dim=16, depth=depth, num_heads=2,
+               mask_token=True, **kwargs)
 
 
 def views(batch: int = 4) -> list[torch.Tensor]:
@@ -139,7 +139,7 @@ def test_missing_local_crops_fail_before_training(tmp_path):
 
 def test_exact_resume_centres_teachers_schedules_and_masks(tmp_path):
     def make():
-        return DINOv2(tiny_vit(drop_path_rate=0.1), **SMALL, centering="center",
+        return DINOv2(tiny_vit(depth=1, drop_path_rate=0.1), **SMALL, centering="center",
                       patch_out_dim=24, num_local_crops=2, weight_decay_end=0.4)
 
     # 2 steps per epoch.
