@@ -3,7 +3,7 @@
 Public names are re-exported here so configs can say ``class_path: SimCLR``.
 """
 
-from ssl_lightning.backbones import ResNet, SmallConvNet, TorchvisionBackbone, ViT
+from ssl_lightning.backbones import ResNet, SmallConvNet, TimmBackbone, TorchvisionBackbone, ViT
 from ssl_lightning.callbacks import *  # noqa: F401,F403
 from ssl_lightning.callbacks import __all__ as _callbacks
 from ssl_lightning.data import *  # noqa: F401,F403
@@ -15,6 +15,6 @@ from ssl_lightning.methods import __all__ as _methods
 
 __version__ = "0.1.0"
 __all__ = [
-    "ResNet", "SmallConvNet", "TorchvisionBackbone", "ViT",
+    "ResNet", "SmallConvNet", "TimmBackbone", "TorchvisionBackbone", "ViT",
     *_methods, *_callbacks, *_data, *_evaluation,
 ]

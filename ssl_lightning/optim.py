@@ -3,7 +3,8 @@
 - LARS: You, Gitman & Ginsburg, "Large Batch Training of Convolutional Networks", 2017; as used
   by SimCLR (Chen et al., 2020, §B.1) and BYOL. Biases and normalisation parameters are excluded
   from weight decay and from the trust-ratio adaptation.
-- Warm-up + cosine decay per optimiser step (Goyal et al., 2017; Loshchilov & Hutter, 2017).
+- Warm-up + cosine decay per optimiser step (Goyal et al., 2017; Loshchilov & Hutter, 2017);
+  :class:`WarmupCosineLR` resumes with the schedule of the new run (see docs/cli.md).
 - Learning-rate scaling rule: ``lr = base_lr × global_batch / 256`` ("linear", Goyal et al.) or
   ``base_lr × sqrt(global_batch)`` ("sqrt", SimCLR §B.1 for LARS with large batches).
 """
@@ -11,12 +12,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Literal
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 OptimizerName = Literal["lars", "sgd", "adamw"]
 LRScaling = Literal["none", "linear", "sqrt"]
@@ -158,3 +162,124 @@ class WarmupCosine:
         decay_steps = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / decay_steps)
         return self.final_ratio + (1 - self.final_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class WarmupCosineLR(LRScheduler):
+    """Per-optimiser-step :class:`WarmupCosine` whose checkpoint restores the position only.
+
+    Resuming continues with the schedule *of the new run*: its total steps, warm-up, peak lr
+    (scaled for its global batch) and the optimiser hyperparameters it configured (weight decay,
+    momentum, ...), while the step count and the optimiser's per-parameter state (momentum
+    buffers) come from the checkpoint. Lightning loads the optimiser state first (which brings
+    back the old groups' values) and this scheduler second, so :meth:`load_state_dict` puts the
+    configured values back. When nothing changed this is exactly the stored state.
+
+    When the steps per epoch changed (batch size, device count) and the run is bounded by
+    ``max_epochs``, the position is converted through epochs (``step_shift``), so the new
+    schedule ends with the last epoch instead of before it. A run bounded by ``max_steps`` keeps
+    ``global_step`` as its position.
+
+    Args:
+        optimizer: The optimiser (its groups' ``lr`` are the peak values).
+        warmup_steps, total_steps, final_ratio: See :class:`WarmupCosine`.
+        fixed_groups: Per group, True to keep the peak lr throughout (no warm-up, no cosine).
+        steps_per_epoch: Optimiser steps per epoch of this run.
+        global_batch_size: This run's global batch (for the resume message), None if unknown.
+        epoch_based: True when ``max_epochs`` bounds the run (see above).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        warmup_steps: int,
+        total_steps: int,
+        final_ratio: float = 0.0,
+        fixed_groups: Sequence[bool] | None = None,
+        steps_per_epoch: int = 1,
+        global_batch_size: int | None = None,
+        epoch_based: bool = True,
+    ) -> None:
+        self.schedule = WarmupCosine(warmup_steps, total_steps, final_ratio)
+        self.fixed_groups = list(fixed_groups or [False] * len(optimizer.param_groups))
+        self.steps_per_epoch, self.global_batch_size = steps_per_epoch, global_batch_size
+        self.epoch_based, self.step_shift = epoch_based, 0
+        self.optimizer_class = type(optimizer).__name__
+        self._configured = [{k: v for k, v in g.items() if k not in ("params", "lr")}
+                            for g in optimizer.param_groups]
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float | Tensor]:
+        factor = self.schedule(self.last_epoch + self.step_shift)
+        return [base if fixed else base * factor
+                for base, fixed in zip(self.base_lrs, self.fixed_groups, strict=True)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values only (loadable with ``torch.load(weights_only=True)``)."""
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("optimizer", "schedule", "_configured")}
+        state["schedule"] = dict(vars(self.schedule))
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take the step count from ``state_dict``, keep this run's schedule (warn if it
+        differs)."""
+        old = _StoredSchedule.read(state_dict)
+        if old.optimizer_class not in (None, self.optimizer_class):
+            raise ValueError(
+                f"The checkpoint's optimiser state is of {old.optimizer_class}, this run uses "
+                f"{self.optimizer_class}: resuming needs the same optimizer (set it back to the "
+                "checkpoint's, or start a new run)."
+            )
+        self.last_epoch, self._step_count = state_dict["last_epoch"], state_dict["_step_count"]
+        self.step_shift = old.step_shift if self.epoch_based else 0
+        if self.epoch_based and old.steps_per_epoch not in (None, self.steps_per_epoch):
+            epochs_done = (self.last_epoch + old.step_shift) / old.steps_per_epoch
+            self.step_shift = round(epochs_done * self.steps_per_epoch) - self.last_epoch
+        for group, configured in zip(self.optimizer.param_groups, self._configured, strict=True):
+            group.update(configured)
+        values = self.get_lr()
+        for group, lr, base in zip(self.optimizer.param_groups, values, self.base_lrs, strict=True):
+            group["lr"], group["initial_lr"] = lr, base
+        self._last_lr = values
+        changes = old.changes(self)
+        if changes:
+            warnings.warn(
+                f"Resuming at step {self.last_epoch} with a changed schedule: "
+                f"{'; '.join(changes)}. The new run's schedule is used: lr {values[0]:.6g} now "
+                f"(step {self.last_epoch + self.step_shift} of {self.schedule.total_steps}).",
+                UserWarning, stacklevel=2,
+            )
+
+
+@dataclass
+class _StoredSchedule:
+    """The schedule a checkpoint was written with (also from a plain ``LambdaLR`` state)."""
+
+    warmup_steps: int
+    total_steps: int
+    base_lrs: list[float]
+    steps_per_epoch: int | None
+    global_batch_size: int | None
+    step_shift: int
+    optimizer_class: str | None
+
+    @classmethod
+    def read(cls, state: dict[str, Any]) -> _StoredSchedule:
+        schedule = state.get("schedule") or (state.get("lr_lambdas") or [{}])[0]
+        return cls(schedule.get("warmup_steps", -1), schedule.get("total_steps", -1),
+                   list(state["base_lrs"]), state.get("steps_per_epoch"),
+                   state.get("global_batch_size"), state.get("step_shift", 0),
+                   state.get("optimizer_class"))
+
+    def changes(self, new: WarmupCosineLR) -> list[str]:
+        """``"name old -> new"`` for every schedule quantity that differs from ``new``'s."""
+        pairs: list[tuple[str, object, object]] = [
+            ("total steps", self.total_steps, new.schedule.total_steps),
+            ("warm-up steps", self.warmup_steps, new.schedule.warmup_steps),
+            ("steps per epoch", self.steps_per_epoch, new.steps_per_epoch),
+            ("global batch", self.global_batch_size, new.global_batch_size),
+        ]
+        if self.base_lrs != list(new.base_lrs):
+            pairs.append(("peak lr", f"{self.base_lrs[0]:.6g}", f"{float(new.base_lrs[0]):.6g}"))
+        return [f"{name} {before} -> {after}" for name, before, after in pairs
+                if before not in (None, -1) and before != after]

@@ -13,7 +13,7 @@ from PIL import Image
 from pytorch_lightning.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from ssl_lightning.evaluation import EmbeddingPlot, pca_2d
+from ssl_lightning.evaluation import EmbeddingPlot, pca_2d, project_2d
 
 pytest.importorskip("matplotlib")
 
@@ -101,3 +101,34 @@ def test_missing_matplotlib_is_reported_at_construction(monkeypatch: pytest.Monk
     )
     with pytest.raises(ImportError, match=r"\[plots\]"):
         EmbeddingPlot()
+
+
+@pytest.mark.parametrize("method", ["tsne", "umap"])
+def test_tsne_and_umap_pictures_are_written_and_separate_clusters(tmp_path, method):
+    pytest.importorskip({"tsne": "sklearn", "umap": "umap"}[method])
+    data = clustered(90)
+    features, targets = data.tensors
+    points = project_2d(features, method)
+    assert points.shape == (90, 2) and torch.isfinite(points).all()
+    # well-separated clusters stay separated: each point's nearest neighbour is of its class
+    nearest = torch.cdist(points, points).fill_diagonal_(float("inf")).argmin(dim=1)
+    assert (targets[nearest] == targets).float().mean() > 0.95
+    logger = TensorBoardLogger(str(tmp_path), name="run", version=0)
+    plot = EmbeddingPlot(method=method)
+    trainer = tiny_trainer(logger=logger, callbacks=[plot], max_epochs=1)
+    trainer.validate(FeatureModel(), [DataLoader(data, 30), DataLoader(data, 30)])
+    assert plot.last_path == os.path.join(logger.log_dir,
+                                          f"embeddings_{method}_validate_epoch000.png")
+    assert np.asarray(Image.open(plot.last_path)).std() > 0
+
+
+def test_unknown_projection_and_missing_package_fail_at_construction(monkeypatch):
+    import importlib.util
+
+    with pytest.raises(ValueError, match="Unknown projection 'tsn'"):
+        EmbeddingPlot(method="tsn")  # type: ignore[arg-type]
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "umap" else real_find_spec(name, *a))
+    with pytest.raises(ImportError, match="umap-learn"):
+        EmbeddingPlot(method="umap")

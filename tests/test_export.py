@@ -9,7 +9,7 @@ from evaluation_helpers import simclr_checkpoint
 from torch import nn
 
 from ssl_lightning.backbones import ResNet, SmallConvNet
-from ssl_lightning.evaluation.export import main, torchvision_resnet_recipe
+from ssl_lightning.evaluation.export import export_state_dict, main, torchvision_resnet_recipe
 
 
 def fake_checkpoint(backbone: nn.Module, path: str) -> None:
@@ -51,7 +51,7 @@ def test_recipe_for_other_resnets(tmp_path, depth, norm):
     backbone = ResNet(depth, norm=norm)
     ckpt, out = str(tmp_path / "m.ckpt"), str(tmp_path / "r.pt")
     fake_checkpoint(backbone, ckpt)
-    state = main(["--checkpoint", ckpt, "--output", out])
+    state = export_state_dict(ckpt, out)
     recipe = torchvision_resnet_recipe(state)
     assert f"resnet{depth}(" in recipe and "CIFAR" not in recipe
     assert ("GroupNorm" in recipe) == (norm == "group")
@@ -60,14 +60,88 @@ def test_recipe_for_other_resnets(tmp_path, depth, norm):
     scope["model"].load_state_dict(torch.load(out, weights_only=True))
 
 
-def test_backbone_format_loads_into_the_configured_class(tmp_path):
+def test_backbone_format_loads_into_the_configured_class(tmp_path, capsys):
     backbone = SmallConvNet((8, 16))
     ckpt, out = str(tmp_path / "m.ckpt"), str(tmp_path / "b.pt")
     fake_checkpoint(backbone, ckpt)
-    with pytest.raises(ValueError, match="--format backbone"):
+    with pytest.raises(SystemExit):
         main(["--checkpoint", ckpt, "--output", out])
-    main(["--checkpoint", ckpt, "--output", out, "--format", "backbone"])
+    assert "--format state_dict" in capsys.readouterr().err
+    main(["--checkpoint", ckpt, "--output", out, "--format", "state_dict"])
     fresh = SmallConvNet((8, 16))
     fresh.load_state_dict(torch.load(out, weights_only=True))
     x = torch.randn(2, 3, 16, 16)
     torch.testing.assert_close(fresh(x), backbone(x), rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def small_checkpoint(tmp_path_factory):
+    """A real SimCLR checkpoint of a SmallConvNet (its backbone_spec recorded)."""
+    path = str(tmp_path_factory.mktemp("export") / "small.ckpt")
+    model = simclr_checkpoint(SmallConvNet((8, 16)), path, view_size=16, steps=1)
+    return path, model.backbone.eval()
+
+
+def test_onnx_export_matches_pytorch_in_onnxruntime(small_checkpoint, tmp_path, capsys):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    ckpt, backbone = small_checkpoint
+    out = str(tmp_path / "b.onnx")
+    main(["--checkpoint", ckpt, "--format", "onnx", "--output", out, "--image-size", "16"])
+    assert "onnxruntime.InferenceSession" in capsys.readouterr().out
+    session = onnxruntime.InferenceSession(out, providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 3, 16, 16)  # another batch size than the trace's: dynamic axis
+    (got,) = session.run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), backbone(x), rtol=0, atol=1e-4)
+
+
+def test_torchscript_export_reloads_with_the_same_features(small_checkpoint, tmp_path):
+    ckpt, backbone = small_checkpoint
+    out = str(tmp_path / "b.pt")
+    main(["--checkpoint", ckpt, "--format", "torchscript", "--output", out, "--image-size", "16"])
+    x = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.load(out)(x), backbone(x), rtol=0, atol=1e-6)
+
+
+class Untraceable(nn.Module):
+    """A backbone that cannot be traced (as one with Python-side state would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 4)
+
+    def forward(self, x):
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            raise RuntimeError("this module keeps Python state and cannot be traced")
+        return self.linear(x.mean(dim=(2, 3)))
+
+
+def _checkpoint_with_spec(path: str, module: nn.Module, class_path: str, **init_args) -> str:
+    state = {f"backbone.{k}": v for k, v in module.state_dict().items()}
+    torch.save({"state_dict": state,
+                "backbone_spec": {"class_path": class_path, "init_args": init_args}}, path)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_export_of_an_untraceable_backbone_is_a_clear_error(tmp_path, capsys, fmt):
+    ckpt = _checkpoint_with_spec(str(tmp_path / "m.ckpt"), Untraceable(),
+                                 f"{__name__}.Untraceable")
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", ckpt, "--format", fmt, "--output", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert "cannot be" in err and "Untraceable" in err and "--format state_dict" in err
+
+
+def test_export_of_a_checkpoint_whose_spec_does_not_fit_is_a_clear_error(tmp_path, capsys):
+    out = str(tmp_path / "x.onnx")
+    ckpt = _checkpoint_with_spec(str(tmp_path / "a.ckpt"), Untraceable(), "torch.nn.Linear")
+    with pytest.raises(SystemExit):  # the spec cannot build (missing constructor arguments)
+        main(["--checkpoint", ckpt, "--format", "onnx", "--output", out])
+    assert "Cannot build the backbone torch.nn.Linear" in capsys.readouterr().err
+    ckpt = _checkpoint_with_spec(str(tmp_path / "b.ckpt"), nn.Linear(3, 4), "torch.nn.Linear",
+                                 in_features=3, out_features=7)
+    with pytest.raises(SystemExit):  # it builds, but the weights do not fit: the key is named
+        main(["--checkpoint", ckpt, "--format", "onnx", "--output", out])
+    assert "mismatch for 'weight'" in capsys.readouterr().err

@@ -6,6 +6,7 @@ is covered by tests/test_linear_eval.py.)
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,16 @@ def fake_checkpoint(backbone: torch.nn.Module, path: Path) -> str:
     return str(path)
 
 
-def test_cli_names_the_mismatch_for_a_checkpoint_of_another_backbone(run_config, tmp_path):
+def test_cli_names_the_mismatch_for_a_checkpoint_of_another_backbone(run_config, tmp_path,
+                                                                      capsys):
+    # The CLI prints a constructor's error as its own message (ssl_lightning/cli/errors.py)
     path = fake_checkpoint(SmallConvNet((64, 64)), tmp_path / "small.ckpt")
-    with pytest.raises(ValueError, match="does not match the configured backbone"):
+    with pytest.raises(SystemExit) as exit_info:
         run_config(CONFIG, ["--model.checkpoint", path])
-    # jsonargparse re-raises errors of the model's __init__ as a ValueError quoting the message
-    with pytest.raises((FileNotFoundError, ValueError), match="Checkpoint file not found.*nowhere"):
+    assert exit_info.value.code == 1
+    assert "does not match the configured backbone" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         run_config(CONFIG, ["--model.checkpoint", str(tmp_path / "nowhere.ckpt")])
+    assert re.search("error: FileNotFoundError: Checkpoint file not found.*nowhere",
+                     capsys.readouterr().err)
 

@@ -14,7 +14,14 @@ from torch import nn
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.methods import SimCLR
-from ssl_lightning.optim import LARS, WarmupCosine, build_optimizer, scale_lr, split_decay_groups
+from ssl_lightning.optim import (
+    LARS,
+    WarmupCosine,
+    WarmupCosineLR,
+    build_optimizer,
+    scale_lr,
+    split_decay_groups,
+)
 
 
 def _net() -> nn.Sequential:
@@ -130,3 +137,56 @@ def test_ssl_method_passes_the_lars_trust_coefficient_and_validates_it() -> None
     assert {g["trust_coefficient"] for g in optimizer.param_groups} == {0.02}
     with pytest.raises(ValueError, match="lars_trust_coefficient must be > 0, got 0.0"):
         SimCLR(SmallConvNet(widths=(4,)), lars_trust_coefficient=0.0)
+
+
+def _resumed(old: torch.optim.lr_scheduler.LRScheduler, steps: int, **new_kwargs):
+    """Step ``old`` ``steps`` times, then resume a fresh WarmupCosineLR from its state in
+    Lightning's order: build optimiser and scheduler, load the optimiser, load the scheduler."""
+    for _ in range(steps):
+        old.optimizer.step()
+        old.step()
+    net = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(split_decay_groups([net], 0.1), lr=new_kwargs.pop("lr", 0.4))
+    new = WarmupCosineLR(optimizer, **new_kwargs)
+    optimizer.load_state_dict(old.optimizer.state_dict())
+    new.load_state_dict(old.state_dict())
+    return new
+
+
+def _scheduler(lr: float = 0.4, **kwargs) -> WarmupCosineLR:
+    net = nn.Linear(2, 2)
+    return WarmupCosineLR(torch.optim.SGD(split_decay_groups([net], 0.1), lr=lr), **kwargs)
+
+
+def test_warmup_cosine_lr_resumes_the_position_with_the_new_schedule() -> None:
+    same = dict(warmup_steps=2, total_steps=8, steps_per_epoch=4, fixed_groups=[False, True])
+    old = _scheduler(**same)
+    new = _resumed(old, 5, **same)  # unchanged: the identical state and lrs
+    assert new.state_dict() == old.state_dict()
+    assert [g["lr"] for g in new.optimizer.param_groups] == [0.4 * WarmupCosine(2, 8)(5), 0.4]
+    # max_epochs 2 -> 4: the 16-step cosine at step 5, peak 0.4 -> 0.2 (new lr), warned
+    with pytest.warns(UserWarning, match="total steps 8 -> 16; peak lr 0.4 -> 0.2"):
+        new = _resumed(_scheduler(**same), 5, lr=0.2, warmup_steps=2, total_steps=16,
+                       steps_per_epoch=4)
+    assert new.optimizer.param_groups[0]["lr"] == 0.2 * WarmupCosine(2, 16)(5)
+    # steps per epoch 4 -> 2 (double batch), max_epochs-bounded: 6 steps = 1.5 epochs = step 3
+    with pytest.warns(UserWarning, match="steps per epoch 4 -> 2"):
+        new = _resumed(_scheduler(**same), 6, warmup_steps=1, total_steps=4, steps_per_epoch=2)
+    assert new.step_shift == -3 and new.get_last_lr()[0] == 0.4 * WarmupCosine(1, 4)(3)
+    with pytest.warns(UserWarning):  # max_steps-bounded: the position stays the global step
+        new = _resumed(_scheduler(**same), 6, warmup_steps=1, total_steps=10, steps_per_epoch=2,
+                       epoch_based=False)
+    assert new.step_shift == 0 and new.get_last_lr()[0] == 0.4 * WarmupCosine(1, 10)(6)
+
+
+def test_warmup_cosine_lr_reads_a_lambda_lr_state_and_refuses_another_optimizer() -> None:
+    net = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(split_decay_groups([net], 0.1), lr=0.4)
+    legacy = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(0, 4))
+    with pytest.warns(UserWarning, match="total steps 4 -> 8"):
+        new = _resumed(legacy, 4, warmup_steps=0, total_steps=8)
+    assert new.get_last_lr()[0] == pytest.approx(0.2)  # half-way down the 8-step cosine
+    old = _scheduler(warmup_steps=0, total_steps=4)
+    old.optimizer_class = "LARS"
+    with pytest.raises(ValueError, match="optimiser state is of LARS, this run uses SGD"):
+        _resumed(old, 1, warmup_steps=0, total_steps=4)

@@ -11,6 +11,9 @@ from typing import Literal
 import torchvision
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.pretrained import load_pretrained
+from ssl_lightning.backbones.spec import remember_init_args
+
 
 class ResNet(nn.Module):
     """torchvision ResNet without its classifier; outputs pooled features (B, num_features).
@@ -20,6 +23,8 @@ class ResNet(nn.Module):
         cifar_stem: Replace the 7×7/stride-2 conv and max-pool with a 3×3/stride-1 conv (for 32 px).
         zero_init_residual: Zero-init the last BN of each residual block (Goyal et al., 2017).
         norm: ``"batch"`` (default), or ``"group"`` (GroupNorm, 32 groups) for BN-free training.
+        pretrained_path: A local state-dict file to start from (torchvision ResNet keys, or our
+            export); see :mod:`ssl_lightning.backbones.pretrained`.
     """
 
     def __init__(
@@ -28,8 +33,10 @@ class ResNet(nn.Module):
         cifar_stem: bool = False,
         zero_init_residual: bool = False,
         norm: Literal["batch", "group"] = "batch",
+        pretrained_path: str | None = None,
     ) -> None:
         super().__init__()
+        remember_init_args(self, locals())
         builders = {18: torchvision.models.resnet18, 34: torchvision.models.resnet34,
                     50: torchvision.models.resnet50}
         if depth not in builders:
@@ -44,6 +51,8 @@ class ResNet(nn.Module):
         self.num_features: int = net.fc.in_features
         net.fc = nn.Identity()  # type: ignore[assignment]
         self.net = net
+        if pretrained_path is not None:
+            load_pretrained(self.net, pretrained_path)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

@@ -6,6 +6,9 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.pretrained import load_pretrained
+from ssl_lightning.backbones.spec import remember_init_args
+
 
 class SmallConvNet(nn.Module):
     """A few conv layers with GroupNorm (or no norm) and global average pooling.
@@ -16,12 +19,18 @@ class SmallConvNet(nn.Module):
     Args:
         widths: Channels of each stride-2 conv stage.
         norm: ``"group"`` (GroupNorm with 8 groups) or ``"none"``.
+        pretrained_path: A local state-dict file to start from (our export); see
+            :mod:`ssl_lightning.backbones.pretrained`.
     """
 
     def __init__(
-        self, widths: tuple[int, ...] = (32, 64, 128), norm: Literal["group", "none"] = "group"
+        self,
+        widths: tuple[int, ...] = (32, 64, 128),
+        norm: Literal["group", "none"] = "group",
+        pretrained_path: str | None = None,
     ) -> None:
         super().__init__()
+        remember_init_args(self, locals())
         layers: list[nn.Module] = []
         channels = 3
         for width in widths:
@@ -33,6 +42,8 @@ class SmallConvNet(nn.Module):
         layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         self.net = nn.Sequential(*layers)
         self.num_features: int = channels
+        if pretrained_path is not None:
+            load_pretrained(self, pretrained_path)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torchvision
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.pretrained import load_pretrained
+from ssl_lightning.backbones.spec import remember_init_args
+
 
 class TorchvisionBackbone(nn.Module):
     """Any torchvision classification model, by name, with its final classifier Linear removed.
@@ -17,10 +20,15 @@ class TorchvisionBackbone(nn.Module):
         name: A ``torchvision.models.get_model`` name, e.g. ``"resnet50"``, ``"convnext_tiny"``.
         cifar_stem: For models with ``conv1`` and ``maxpool`` (ResNet family): 3×3/stride-1 first
             convolution and no max-pool, for 32 px images.
+        pretrained_path: A local state-dict file to start from (the torchvision model's own
+            keys, or our export); see :mod:`ssl_lightning.backbones.pretrained`.
     """
 
-    def __init__(self, name: str = "resnet18", cifar_stem: bool = False) -> None:
+    def __init__(
+        self, name: str = "resnet18", cifar_stem: bool = False, pretrained_path: str | None = None
+    ) -> None:
         super().__init__()
+        remember_init_args(self, locals())
         if name not in torchvision.models.list_models(module=torchvision.models):
             raise ValueError(
                 f"Unknown torchvision classification model {name!r}; see "
@@ -37,6 +45,8 @@ class TorchvisionBackbone(nn.Module):
             net.conv1 = nn.Conv2d(3, conv1.out_channels, 3, stride=1, padding=1, bias=False)
             net.maxpool = nn.Identity()
         self.net = net
+        if pretrained_path is not None:
+            load_pretrained(self.net, pretrained_path)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

@@ -26,6 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.pretrained import load_pretrained
+from ssl_lightning.backbones.spec import remember_init_args
+
 VIT_SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (192, 12, 3),
     "small": (384, 12, 6),
@@ -92,7 +95,8 @@ def sincos_position_embedding(grid: int, dim: int, temperature: float = 10000.0)
 
 
 class ViT(nn.Module):
-    """Vision Transformer; ``forward`` returns the final-LayerNorm [CLS] token (B, embed_dim).
+    """Vision Transformer; ``forward`` returns the final-LayerNorm [CLS] token (B, embed_dim),
+    or the mean of the patch tokens with ``pool="mean"`` (I-JEPA's evaluation features).
 
     Args:
         arch: ``"tiny"``, ``"small"`` or ``"base"`` (width/depth/heads of DeiT).
@@ -109,6 +113,10 @@ class ViT(nn.Module):
         num_registers: Register tokens after [CLS] (no position embedding); 0: none.
         mask_token: Create a learned mask token for ``forward_tokens(x, mask=...)`` (iBOT).
             Both default off, so existing checkpoints keep their keys.
+        pool: Features of ``forward``: ``"cls"`` (the [CLS] token) or ``"mean"`` (the average of
+            the patch tokens); no parameters, so checkpoints are the same for both.
+        pretrained_path: A local state-dict file to start from (our export); see
+            :mod:`ssl_lightning.backbones.pretrained`.
     """
 
     def __init__(
@@ -125,8 +133,11 @@ class ViT(nn.Module):
         pos_embed: Literal["learned", "sincos"] = "learned",
         num_registers: int = 0,
         mask_token: bool = False,
+        pool: Literal["cls", "mean"] = "cls",
+        pretrained_path: str | None = None,
     ) -> None:
         super().__init__()
+        remember_init_args(self, locals())
         if arch not in VIT_SIZES:
             raise ValueError(f"ViT arch must be one of {sorted(VIT_SIZES)}, got {arch!r}.")
         dim, n_blocks, heads = VIT_SIZES[arch]
@@ -143,6 +154,9 @@ class ViT(nn.Module):
             raise ValueError(f"pos_embed must be 'learned' or 'sincos', got {pos_embed!r}.")
         if num_registers < 0:
             raise ValueError(f"num_registers must be >= 0, got {num_registers}.")
+        if pool not in ("cls", "mean"):
+            raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}.")
+        self.pool = pool
         self.patch_size = patch_size
         self.num_registers = num_registers
         #: Tokens before the patch tokens in :meth:`forward_tokens`' output: [CLS] + registers.
@@ -168,6 +182,8 @@ class ViT(nn.Module):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
         self.apply(_init_weights)
+        if pretrained_path is not None:
+            load_pretrained(self, pretrained_path)
 
     def position_embedding(self, grid_h: int, grid_w: int) -> Tensor:
         """Position embedding (1, 1 + grid_h·grid_w, D), interpolated when the grid differs."""
@@ -181,8 +197,14 @@ class ViT(nn.Module):
         return torch.cat([cls_pos, patch_pos.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
 
     def forward(self, x: Tensor) -> Tensor:
-        """The final-LayerNorm [CLS] token (B, embed_dim)."""
-        return self.forward_tokens(x)[:, 0]
+        """The final-LayerNorm [CLS] token, or the mean patch token (``pool``): (B, embed_dim)."""
+        return self.pool_tokens(self.forward_tokens(x))
+
+    def pool_tokens(self, tokens: Tensor) -> Tensor:
+        """Features (B, D) of :meth:`forward_tokens`' output, as ``pool`` says."""
+        if self.pool == "mean":
+            return tokens[:, self.num_prefix_tokens:].mean(dim=1)
+        return tokens[:, 0]
 
     def forward_tokens(
         self, x: Tensor, keep: Tensor | None = None, mask: Tensor | None = None

@@ -6,6 +6,7 @@ from ssl_lightning.data.cifar import CIFAR10DataModule, CIFAR100DataModule
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.image_folder import ImageFolderDataModule
+from ssl_lightning.data.mae_views import MAEViews
 from ssl_lightning.data.multicrop import MultiCropViews
 from ssl_lightning.data.transforms import (
     EvalTransform,
@@ -25,6 +26,7 @@ __all__ = [
     "MultiViewTransform",
     "SimCLRViews",
     "BYOLViews",
+    "MAEViews",
     "DeviceViews",
     "UInt8Image",
     "MultiCropViews",

@@ -2,7 +2,8 @@
 
 A subclass only says where its datasets come from (:meth:`SSLDataModule.build_train` and
 :meth:`SSLDataModule.build_eval`); batching, the deterministic kNN-bank subset, the
-batch-size check and the ``[train_eval_loader, val_loader]`` validation pair live here.
+batch-size check, the evaluation-data checks (:mod:`ssl_lightning.data.checks`) and the
+``[train_eval_loader, val_loader]`` validation pair (in a fixed class-balanced order) live here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ssl_lightning.data.checks import balanced_order, check_eval_classes, check_view_sizes
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
 
@@ -25,7 +27,10 @@ class SSLDataModule(pl.LightningDataModule):
     ``train_transform``, ``targets`` a LongTensor (-1 for unlabeled images). ``val_dataloader``
     returns ``[train_eval_loader, val_loader]`` of single eval-transformed labeled images:
     dataloader 0 is the kNN memory bank / probe reference (train split), 1 the queries (val
-    split); it returns ``[]`` when there is no labeled data to evaluate on.
+    split), both in a fixed class-balanced order (:func:`~ssl_lightning.data.checks.balanced_order`,
+    so ``limit_val_batches`` still sees every class); it returns ``[]`` when there is no labeled
+    data to evaluate on. ``setup`` refuses evaluation splits with different class folders, a
+    single class or more classes than ``num_classes`` (:mod:`ssl_lightning.data.checks`).
 
     Args:
         batch_size: Batch size per device (the global batch is this × devices × nodes).
@@ -99,14 +104,19 @@ class SSLDataModule(pl.LightningDataModule):
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str | None = None) -> None:
-        if stage in ("fit", None) and self.train_dataset is None:
+        new_train = stage in ("fit", None) and self.train_dataset is None
+        if new_train:
             self.train_dataset = self.build_train(self.train_transform)
             self._check_batch_size(self.train_dataset)
         if stage in ("fit", "validate", None) and self.eval_datasets is None:
             splits = self.build_eval(self.eval_transform)
             if splits is not None:
                 bank, queries = splits
+                check_eval_classes(bank, queries, self.num_classes, type(self).__name__)
                 self.eval_datasets = (self._bank_subset(bank), queries)
+        if new_train and self.eval_datasets is not None:
+            crop = getattr(self.device_transform, "crop_size", None)
+            check_view_sizes(self.train_transform, self.eval_transform, crop)
 
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
@@ -118,7 +128,9 @@ class SSLDataModule(pl.LightningDataModule):
             self.setup("validate")
         if self.eval_datasets is None:
             return []
-        return [self._loader(d, self.eval_batch_size, train=False) for d in self.eval_datasets]
+        # A fixed class-balanced order, so that limit_val_batches still sees every class.
+        return [self._loader(Subset(d, balanced_order(d)), self.eval_batch_size, train=False)
+                for d in self.eval_datasets]
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Turn the uint8 training batch into views when ``device_transform`` is set."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
@@ -19,23 +20,57 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".
 UNLABELED = -1
 
 
+#: PIL modes of more than 8 bits per pixel; ``convert("RGB")`` clips them at 255 (all white).
+HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
 class CorruptImageError(RuntimeError):
-    """An image file exists but cannot be decoded."""
+    """An image file exists but cannot be decoded (or its values cannot be scaled to 8 bit)."""
 
 
 def load_image(path: str | Path) -> Image.Image:
     """Open ``path`` as an RGB PIL image, fully decoded.
 
+    16-bit and float grayscale images (PIL modes ``I;16``, ``I``, ``F``) are scaled to 8 bit
+    first (:func:`to_8bit`), since PIL's own conversion clips them to white.
+
     Raises:
-        CorruptImageError: naming the file, when it cannot be read or decoded.
+        CorruptImageError: naming the file, when it cannot be read or decoded, or its values
+            lie outside the range its mode allows.
     """
     try:
         with Image.open(path) as image:
+            if image.mode in HIGH_DEPTH_MODES:
+                return to_8bit(image).convert("RGB")
             return image.convert("RGB")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         raise CorruptImageError(
             f"Cannot read image file {path}: {err}. Replace or delete this file."
         ) from err
+
+
+def to_8bit(image: Image.Image) -> Image.Image:
+    """Scale a 16-bit or float grayscale image to an 8-bit ``L`` image, the same rule for
+    every file (never per-image min/max, which would change contrast between images).
+
+    ``I;16*`` and ``I`` (integers, e.g. 16-bit PNG/TIFF): ``[0, 65535] -> [0, 255]``, i.e.
+    ``round(x / 257)``; ``F`` (float): ``[0, 1] -> [0, 255]``.
+
+    Raises:
+        ValueError: the values lie outside that range (32-bit integer or unnormalised float
+            data), naming the range found and what to do.
+    """
+    pixels = np.asarray(image)
+    high, unit = (1.0, "float") if image.mode == "F" else (65535.0, "16-bit")
+    low_found, high_found = float(np.min(pixels)), float(np.max(pixels))
+    if not (0.0 <= low_found and high_found <= high):  # also catches NaN
+        raise ValueError(
+            f"its mode {image.mode!r} values lie in [{low_found:g}, {high_found:g}], outside "
+            f"the [0, {high:g}] range read as {unit} data; convert the file to 8-bit RGB "
+            "yourself (choosing the scaling)"
+        )
+    scaled = np.rint(pixels.astype(np.float64) * (255.0 / high)).astype(np.uint8)
+    return Image.fromarray(scaled)  # mode L
 
 
 def check_directory(path: str | Path, hint: str = "") -> Path:

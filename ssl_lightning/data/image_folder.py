@@ -29,7 +29,8 @@ class ImageFolderDataModule(SSLDataModule):
         train_dir: Folder of training images.
         val_dir: Labeled folder ``val_dir/<class>/<image>`` for evaluation, or None.
         train_labeled: Read class folders of ``train_dir`` as labels; None detects it (labeled
-            when ``train_dir`` holds only sub-folders). Unlabeled images get target -1.
+            when ``train_dir`` holds only sub-folders, at least 2: a single folder carries no
+            label). Unlabeled images get target -1.
         preset: ``"imagenet"`` (224 px) or ``"cifar"`` (32 px) default transforms.
         **kwargs: Loader and transform arguments of :class:`SSLDataModule`.
     """
@@ -57,9 +58,19 @@ class ImageFolderDataModule(SSLDataModule):
         return sum(1 for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
 
     def _train_is_labeled(self) -> bool:
-        if self.train_labeled is not None:
-            return self.train_labeled
-        return has_class_folders(check_directory(self.train_dir))
+        folder = check_directory(self.train_dir)
+        if self.train_labeled is False:
+            return False
+        classes = sum(1 for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+        if self.train_labeled is None:
+            return has_class_folders(folder) and classes > 1
+        if classes < 2:
+            raise ValueError(
+                f"train_labeled: true, but {folder} has {classes} class folder(s): a probe on "
+                "one class reports 100 %. Set train_labeled: false (or null) to pre-train on "
+                "these images unlabeled, or give >= 2 class folders."
+            )
+        return True
 
     def build_train(self, transform: MultiViewTransform) -> Dataset:
         return ImageFolderDataset(self.train_dir, labeled=self._train_is_labeled(),

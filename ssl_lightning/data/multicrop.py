@@ -2,12 +2,14 @@
 
 Caron et al., "Unsupervised Learning of Visual Features by Contrasting Cluster Assignments"
 (SwAV), NeurIPS 2020, §3.2: 2×224 px crops of scale (0.14, 1) and V×96 px crops of scale
-(0.05, 0.14), colour distortion of strength 1 and Gaussian blur (p=0.5) on every crop. Caron et
-al., "Emerging Properties in Self-Supervised Vision Transformers" (DINO), ICCV 2021, Appendix:
-global scale (0.4, 1) and local (0.05, 0.4); colour jitter (0.4, 0.4, 0.2, 0.1) with p=0.8,
-grayscale 0.2; blur with p=1.0 on the first global crop, 0.1 on the second (plus solarisation
-0.2), 0.5 on the local crops. The CIFAR presets keep the scales and use 32 px / 16 px crops
-without blur (a 3-pixel blur kernel on a 16 px image removes most of the content).
+(0.05, 0.14), colour distortion of strength 1 (jitter 0.8, 0.8, 0.8, 0.2) and Gaussian blur
+(p=0.5) on every crop, bilinear resizing (official code: ``src/multicropdataset.py``). Caron et
+al., "Emerging Properties in Self-Supervised Vision Transformers" (DINO), ICCV 2021, Appendix and
+the official ``DataAugmentationDINO``: global scale (0.4, 1) and local (0.05, 0.4), resized with
+*bicubic* interpolation; colour jitter (brightness 0.4, contrast 0.4, saturation 0.2, hue 0.1)
+with p=0.8, grayscale 0.2; blur with p=1.0 on the first global crop, 0.1 on the second (plus
+solarisation 0.2), 0.5 on the local crops. The CIFAR presets keep the scales and use 32 px /
+16 px crops without blur (a 3-pixel blur kernel on a 16 px image removes most of the content).
 
 Views come out ordered ``[global_1, global_2, local_1, ..., local_V]``: the methods rely on the
 global crops being first.
@@ -27,6 +29,8 @@ from ssl_lightning.data.transforms import (
 
 Recipe = Literal["dino", "swav"]
 Dataset = Literal["cifar", "imagenet"]
+Interpolation = Literal["bilinear", "bicubic"]
+Jitter = tuple[float, float, float, float]
 
 
 @dataclass(frozen=True)
@@ -36,15 +40,17 @@ class MultiCropRecipe:
     global_scale: tuple[float, float]
     local_scale: tuple[float, float]
     num_local_crops: int
-    jitter_strength: float
+    jitter: Jitter  # brightness, contrast, saturation, hue
     blur_p: tuple[float, float, float]  # global 1, global 2, local
     solarize_p: tuple[float, float, float]
+    interpolation: Interpolation
 
 
 RECIPES: dict[str, MultiCropRecipe] = {
-    # DINO: jitter (0.4, 0.4, 0.4*, 0.1) = SimCLR strength 0.5 (*DINO uses saturation 0.2).
-    "dino": MultiCropRecipe((0.4, 1.0), (0.05, 0.4), 10, 0.5, (1.0, 0.1, 0.5), (0.0, 0.2, 0.0)),
-    "swav": MultiCropRecipe((0.14, 1.0), (0.05, 0.14), 6, 1.0, (0.5, 0.5, 0.5), (0.0, 0.0, 0.0)),
+    "dino": MultiCropRecipe((0.4, 1.0), (0.05, 0.4), 10, (0.4, 0.4, 0.2, 0.1), (1.0, 0.1, 0.5),
+                            (0.0, 0.2, 0.0), "bicubic"),
+    "swav": MultiCropRecipe((0.14, 1.0), (0.05, 0.14), 6, (0.8, 0.8, 0.8, 0.2), (0.5, 0.5, 0.5),
+                            (0.0, 0.0, 0.0), "bilinear"),
 }
 SIZES: dict[str, tuple[int, int]] = {"cifar": (32, 16), "imagenet": (224, 96)}
 
@@ -62,6 +68,10 @@ class MultiCropViews(MultiViewTransform):
         local_size: Side of the local crops.
         global_scale: Area range of the global crops.
         local_scale: Area range of the local crops.
+        jitter: Colour jitter (brightness, contrast, saturation, hue) with p=0.8; the recipe's
+            (DINO (0.4, 0.4, 0.2, 0.1), SwAV (0.8, 0.8, 0.8, 0.2)) if None.
+        interpolation: Resampling of the crops; the recipe's (DINO bicubic, SwAV bilinear) if
+            None.
         mean: Normalisation mean; dataset default if None.
         std: Normalisation standard deviation; dataset default if None.
     """
@@ -75,6 +85,8 @@ class MultiCropViews(MultiViewTransform):
         local_size: int | None = None,
         global_scale: tuple[float, float] | None = None,
         local_scale: tuple[float, float] | None = None,
+        jitter: Jitter | None = None,
+        interpolation: Interpolation | None = None,
         mean: Triple | None = None,
         std: Triple | None = None,
     ) -> None:
@@ -96,8 +108,9 @@ class MultiCropViews(MultiViewTransform):
             return simclr_augmentation(
                 size, mean if mean is not None else stats.mean,
                 std if std is not None else stats.std, crop_scale=scale,
-                jitter_strength=r.jitter_strength, blur_p=blur[which],
+                jitter=jitter if jitter is not None else r.jitter, blur_p=blur[which],
                 solarize_p=r.solarize_p[which],
+                interpolation=interpolation if interpolation is not None else r.interpolation,
             )
 
         g_scale = global_scale if global_scale is not None else r.global_scale

@@ -113,6 +113,7 @@ def simclr_augmentation(
     solarize_p: float = 0.0,
     flip_p: float = 0.5,
     jitter: tuple[float, float, float, float] | None = None,
+    interpolation: Literal["bilinear", "bicubic"] = "bilinear",
 ) -> v2.Compose:
     """One SimCLR-style augmentation pipeline: PIL image or tensor -> normalised float tensor.
 
@@ -135,6 +136,7 @@ def simclr_augmentation(
         flip_p: Probability of a horizontal flip.
         jitter: Explicit (brightness, contrast, saturation, hue) of the colour jitter, replacing
             the ``jitter_strength`` rule (BYOL: (0.4, 0.4, 0.2, 0.1)).
+        interpolation: Resampling of the random resized crop (DINO: ``"bicubic"``).
 
     Returns:
         The composed pipeline.
@@ -152,7 +154,8 @@ def simclr_augmentation(
     if min(brightness, contrast, saturation, hue) < 0 or hue > 0.5:
         raise ValueError(f"jitter needs values >= 0 and hue <= 0.5, got {jitter}.")
     steps: list[Callable] = [
-        v2.RandomResizedCrop(crop_size, scale=crop_scale, antialias=True),
+        v2.RandomResizedCrop(crop_size, scale=crop_scale, antialias=True,
+                             interpolation=v2.InterpolationMode(interpolation)),
         v2.RandomHorizontalFlip(p=flip_p),
         v2.RandomApply([v2.ColorJitter(brightness, contrast, saturation, hue)], p=jitter_p),
         v2.RandomGrayscale(p=grayscale_p),
@@ -180,7 +183,7 @@ class MultiViewTransform:
         transforms: One callable per view, each mapping an image to a (C, H, W) tensor.
     """
 
-    def __init__(self, transforms: Sequence[Callable[[Any], Tensor]]) -> None:
+    def __init__(self, transforms: Sequence[Callable[..., Any]]) -> None:
         if len(transforms) == 0:
             raise ValueError("A MultiViewTransform needs at least one view pipeline, got none.")
         self.transforms = list(transforms)

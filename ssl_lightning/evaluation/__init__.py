@@ -5,9 +5,10 @@ The export command lives in :mod:`ssl_lightning.evaluation.export` (not imported
 """
 
 from ssl_lightning.evaluation.checkpoint import backbone_state_dict, load_backbone
-from ssl_lightning.evaluation.embedding_plot import EmbeddingPlot, pca_2d
+from ssl_lightning.evaluation.embedding_plot import EmbeddingPlot
 from ssl_lightning.evaluation.knn_eval import KNNEval
 from ssl_lightning.evaluation.linear import LinearEval
+from ssl_lightning.evaluation.projection import pca_2d, project_2d
 
 __all__ = [
     "EmbeddingPlot",
@@ -16,4 +17,5 @@ __all__ = [
     "backbone_state_dict",
     "load_backbone",
     "pca_2d",
+    "project_2d",
 ]

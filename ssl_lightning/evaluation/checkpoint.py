@@ -2,8 +2,10 @@
 
 Every method in :mod:`ssl_lightning.methods` keeps its feature extractor in ``self.backbone`` and
 saves its hyperparameters *without* it, so a checkpoint's ``state_dict`` holds the backbone under
-``backbone.*`` and the backbone's class comes from the evaluation config. EMA methods also hold a
-teacher copy; pass its prefix (e.g. ``"teacher_backbone."``) to evaluate the teacher instead.
+``backbone.*``, and its class and arguments under ``backbone_spec`` (see
+:mod:`ssl_lightning.backbones.spec`): :func:`backbone_from_checkpoint` rebuilds it from the file
+alone. EMA methods also hold a teacher copy; pass its prefix (e.g. ``"teacher_backbone."``) to
+evaluate the teacher instead.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.spec import build_backbone
+
 DEFAULT_PREFIX = "backbone."
+#: Checkpoint entry with the backbone's ``{"class_path", "init_args"}`` (written by SSLMethod).
+SPEC_KEY = "backbone_spec"
 
 
 def _torch_load(path: str) -> Any:
@@ -28,17 +34,18 @@ def _torch_load(path: str) -> Any:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
-    """The ``state_dict`` of a Lightning checkpoint file, on the CPU.
+def load_checkpoint(path: str | os.PathLike) -> Mapping[str, Any]:
+    """A Lightning checkpoint file (the whole dict), on the CPU.
 
     The file is read with ``torch.load(weights_only=True)`` (tensors and plain containers, no
     arbitrary code); a checkpoint that also pickles other Python objects (e.g. hyperparameters
     of custom types) is then read like Lightning reads its own checkpoints
-    (``weights_only=False``): only evaluate checkpoints you trust.
+    (``weights_only=False``): only load checkpoints you trust.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: The file is not a torch file, or not a Lightning checkpoint (no ``state_dict``).
+        ValueError: The file is not a torch file (empty, truncated, foreign), or not a
+            Lightning checkpoint (no ``state_dict``).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -56,7 +63,13 @@ def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
             f"{path!r} is not a PyTorch Lightning checkpoint: it has no 'state_dict' entry "
             f"(found {found}). Pass the .ckpt written by `python -m ssl_lightning fit`."
         )
-    return dict(checkpoint["state_dict"])
+    return checkpoint
+
+
+def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+    """The ``state_dict`` of a Lightning checkpoint file, on the CPU (see
+    :func:`load_checkpoint`; same errors)."""
+    return dict(load_checkpoint(path)["state_dict"])
 
 
 def backbone_state_dict(
@@ -121,3 +134,30 @@ def load_backbone(
     check_compatible(backbone, state, f"{os.fspath(path)!r}")
     backbone.load_state_dict(state)
     return backbone
+
+
+def backbone_from_checkpoint(
+    path: str | os.PathLike, backbone: nn.Module | None = None, prefix: str = DEFAULT_PREFIX
+) -> nn.Module:
+    """The backbone of a checkpoint, loaded: ``backbone`` when given (an override), else the
+    module the checkpoint's ``backbone_spec`` describes.
+
+    Raises:
+        ValueError: No ``backbone`` given and the checkpoint has no spec (written by a foreign
+            backbone class from Python), plus the errors of :func:`load_backbone`.
+    """
+    if backbone is None:
+        spec = load_checkpoint(path).get(SPEC_KEY)
+        if not isinstance(spec, Mapping):
+            raise ValueError(
+                f"Checkpoint {os.fspath(path)!r} does not record its backbone class (it was "
+                "written with a backbone that is not an ssl_lightning class, outside the CLI). "
+                "Give the backbone explicitly (--model.backbone / backbone=...)."
+            )
+        if prefix != DEFAULT_PREFIX and not prefix.endswith("backbone."):
+            raise ValueError(
+                f"The checkpoint's spec describes its backbone, not the module under "
+                f"{prefix!r}; give that module explicitly."
+            )
+        backbone = build_backbone(spec)
+    return load_backbone(backbone, path, prefix)

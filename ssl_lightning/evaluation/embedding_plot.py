@@ -1,8 +1,8 @@
-"""2-D PCA pictures of validation embeddings, coloured by class.
+"""2-D pictures (PCA, t-SNE or UMAP) of validation embeddings, coloured by class.
 
-PCA (Pearson, 1901) of the L2-normalised features through an exact SVD: linear, deterministic
-and dependency-free; t-SNE/UMAP would add a dependency and many knobs for a sanity picture.
-Matplotlib (``pip install ssl_lightning[plots]``) is imported only when a picture is drawn.
+The projections are in :mod:`ssl_lightning.evaluation.projection`. Matplotlib (and scikit-learn
+or umap-learn for t-SNE/UMAP: ``pip install ssl_lightning[plots]``) is imported only when a
+picture is drawn; a missing one fails at construction.
 """
 
 from __future__ import annotations
@@ -14,25 +14,11 @@ from collections.abc import Sequence
 import numpy as np
 import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
 from pytorch_lightning.loggers import TensorBoardLogger
 from torch import Tensor
 
 from ssl_lightning.callbacks.features import ValFeatureCollector
-
-
-def pca_2d(features: Tensor) -> Tensor:
-    """Project ``features`` (N, D) on their first two principal components -> (N, 2).
-
-    Features are L2-normalised (the geometry the kNN evaluation uses) and centred; each
-    component's sign is fixed so that its largest loading is positive.
-    """
-    x = F.normalize(features.double(), dim=1)
-    x = x - x.mean(dim=0)
-    _, _, vh = torch.linalg.svd(x, full_matrices=False)
-    components = vh[:2]
-    signs = torch.sign(components.gather(1, components.abs().argmax(dim=1, keepdim=True)))
-    return (x @ (components * signs).T).float()
+from ssl_lightning.evaluation.projection import ProjectionName, check_projection, project_2d
 
 
 def plot_embeddings(
@@ -40,6 +26,7 @@ def plot_embeddings(
     targets: Tensor,
     title: str = "",
     class_names: Sequence[str] | None = None,
+    axis_label: str = "PC",
 ) -> np.ndarray:
     """Scatter plot of 2-D ``points`` coloured by ``targets``; returns the RGB image (H, W, 3)."""
     import matplotlib
@@ -54,8 +41,8 @@ def plot_embeddings(
             sel = targets == c
             label = class_names[c] if class_names is not None and 0 <= c < len(class_names) else c
             ax.scatter(points[sel, 0], points[sel, 1], s=3, color=cmap(c % cmap.N), label=label)
-        ax.set_xlabel("PC 1")
-        ax.set_ylabel("PC 2")
+        ax.set_xlabel(f"{axis_label} 1")
+        ax.set_ylabel(f"{axis_label} 2")
         ax.set_title(title, fontsize=9)
         ax.legend(markerscale=3, fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
         fig.tight_layout()
@@ -65,13 +52,18 @@ def plot_embeddings(
         plt.close(fig)
 
 
+_TITLES = {"pca": "PCA", "tsne": "t-SNE", "umap": "UMAP"}
+
+
 class EmbeddingPlot(ValFeatureCollector):
-    """Writes a PCA picture of the val embeddings at the end of fit and of validate.
+    """Writes a 2-D picture of the val embeddings at the end of fit and of validate.
 
     The PNG goes to ``dirpath`` (default: the logger's directory) as
-    ``embeddings_<stage>_epoch<E>.png``, and to TensorBoard as the image ``val/embeddings``.
+    ``embeddings_<stage>_epoch<E>.png`` (``embeddings_<method>_...`` for t-SNE/UMAP), and to
+    TensorBoard as the image ``val/embeddings``.
 
     Args:
+        method: ``"pca"`` (default), ``"tsne"`` or ``"umap"``.
         dirpath: Folder of the PNG files; ``None``: ``trainer.log_dir``.
         class_names: Legend labels (index -> name); ``None``: class indices.
         dataloader_idx: Val dataloader to draw (``-1``: the last, the val split).
@@ -84,8 +76,11 @@ class EmbeddingPlot(ValFeatureCollector):
         class_names: list[str] | None = None,
         dataloader_idx: int = -1,
         max_samples: int = 5000,
+        method: ProjectionName = "pca",
     ) -> None:
         super().__init__(dataloader_idx, max_samples)
+        check_projection(method)
+        self.method = method
         if importlib.util.find_spec("matplotlib") is None:
             raise ImportError(
                 "EmbeddingPlot draws with matplotlib, which is not installed: run "
@@ -102,7 +97,8 @@ class EmbeddingPlot(ValFeatureCollector):
         if collected is None or trainer.sanity_checking:
             return
         features, targets = collected
-        self._latest = (pca_2d(features).cpu(), targets.cpu(), trainer.current_epoch)
+        self._latest = (project_2d(features, self.method).cpu(), targets.cpu(),
+                        trainer.current_epoch)
         if trainer.state.fn is not None and trainer.state.fn.value != "fit":
             self.draw(trainer, trainer.state.fn.value)
 
@@ -115,12 +111,14 @@ class EmbeddingPlot(ValFeatureCollector):
             return
         points, targets, epoch = self._latest
         image = plot_embeddings(
-            points, targets, f"PCA of val embeddings ({stage}, epoch {epoch}, n={len(targets)})",
-            self.class_names,
+            points, targets,
+            f"{_TITLES[self.method]} of val embeddings ({stage}, epoch {epoch}, n={len(targets)})",
+            self.class_names, _TITLES[self.method].replace("PCA", "PC"),
         )
         dirpath = self.dirpath or trainer.log_dir or trainer.default_root_dir
         os.makedirs(dirpath, exist_ok=True)
-        self.last_path = os.path.join(dirpath, f"embeddings_{stage}_epoch{epoch:03d}.png")
+        kind = "" if self.method == "pca" else f"{self.method}_"
+        self.last_path = os.path.join(dirpath, f"embeddings_{kind}{stage}_epoch{epoch:03d}.png")
         from PIL import Image
 
         Image.fromarray(image).save(self.last_path)

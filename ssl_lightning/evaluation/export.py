@@ -1,13 +1,17 @@
-"""Export the backbone of a checkpoint as a plain ``state_dict`` file.
+"""``python -m ssl_lightning export``: a checkpoint's backbone as a file other code can load.
 
-``python -m ssl_lightning.evaluation.export --checkpoint runs/simclr/last.ckpt --output r18.pt``
+``python -m ssl_lightning export --checkpoint last.ckpt --format onnx --output backbone.onnx``
 
-- ``--format torchvision`` (default): keys of :class:`ssl_lightning.backbones.ResNet` without the
-  ``backbone.net.`` prefix, loadable by ``torchvision.models.resnet18/34/50`` after
-  ``model.fc = nn.Identity()`` (with the CIFAR stem also ``conv1 = Conv2d(3, 64, 3, 1, 1,
-  bias=False)`` and ``maxpool = Identity()``; the command prints the exact lines).
-- ``--format backbone``: keys without the ``backbone.`` prefix, loadable by the configured
-  backbone class (``ResNet(...)``, ``SmallConvNet(...)``, any module).
+- ``torchvision``: keys of :class:`ssl_lightning.backbones.ResNet` without ``backbone.net.``,
+  loadable by ``torchvision.models.resnet18/34/50`` after ``model.fc = nn.Identity()`` (CIFAR
+  stem: also ``conv1`` and ``maxpool``; the command prints the exact lines).
+- ``timm``: keys of a :class:`~ssl_lightning.backbones.TimmBackbone` without ``backbone.net.``,
+  loadable by ``timm.create_model(name, num_classes=0)``.
+- ``state_dict`` (alias ``backbone``): keys without ``backbone.``, loadable by the backbone
+  class itself (or through its ``pretrained_path``).
+- ``onnx``: the backbone rebuilt from the checkpoint, traced with a dynamic batch axis (opset
+  >= 17) and checked against onnxruntime (``pip install ssl_lightning[export]``).
+- ``torchscript``: ``torch.jit.trace`` of the rebuilt backbone, checked by reloading it.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ from collections.abc import Mapping
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_state_dict
+from ssl_lightning.evaluation.checkpoint import (
+    DEFAULT_PREFIX,
+    backbone_from_checkpoint,
+    backbone_state_dict,
+)
 
-ExportFormat = Literal["torchvision", "backbone"]
+ExportFormat = Literal["torchvision", "timm", "state_dict", "backbone", "onnx", "torchscript"]
+FORMATS: tuple[str, ...] = ("torchvision", "timm", "state_dict", "backbone", "onnx", "torchscript")
 _RESNET_DEPTHS: dict[tuple[bool, tuple[int, ...]], int] = {
     (False, (2, 2, 2, 2)): 18,
     (False, (3, 4, 6, 3)): 34,
@@ -48,7 +57,7 @@ def torchvision_resnet_recipe(state: Mapping[str, Tensor]) -> str:
     if "conv1.weight" not in state or depth is None:
         raise ValueError(
             f"Not a torchvision ResNet trunk (blocks per stage {blocks}, bottleneck={bottleneck});"
-            " export it with --format backbone and load it into the configured backbone class."
+            " export it with --format state_dict and load it into the configured backbone class."
         )
     lines = ["import torch, torchvision", "from torch import nn"]
     norm = "" if "bn1.running_mean" in state else "norm_layer=lambda c: nn.GroupNorm(32, c)"
@@ -61,10 +70,17 @@ def torchvision_resnet_recipe(state: Mapping[str, Tensor]) -> str:
     return "\n".join(lines)
 
 
-def export_backbone(
-    checkpoint: str | os.PathLike,
-    output: str | os.PathLike,
-    fmt: ExportFormat = "torchvision",
+def _strip_net(state: Mapping[str, Tensor], fmt: str, what: str) -> dict[str, Tensor]:
+    if not all(k.startswith("net.") for k in state):
+        raise ValueError(
+            f"--format {fmt} needs {what} (keys 'net.*'); this backbone has "
+            f"{sorted(state)[:3]}... Use --format state_dict."
+        )
+    return {k[len("net."):]: v for k, v in state.items()}
+
+
+def export_state_dict(
+    checkpoint: str | os.PathLike, output: str | os.PathLike, fmt: str = "torchvision",
     prefix: str = DEFAULT_PREFIX,
 ) -> dict[str, Tensor]:
     """Write the backbone weights of ``checkpoint`` to ``output`` with ``torch.save``.
@@ -72,46 +88,134 @@ def export_backbone(
     Args:
         checkpoint: A pre-training checkpoint of any ssl_lightning method.
         output: Path of the state-dict file.
-        fmt: ``"torchvision"`` (strip ``net.`` too; ResNet backbones) or ``"backbone"``.
+        fmt: ``"torchvision"`` (ResNet backbones), ``"timm"`` (TimmBackbone) or
+            ``"state_dict"`` / ``"backbone"``.
         prefix: Prefix of the backbone in the checkpoint's state dict.
-
-    Returns:
-        The exported state dict.
     """
     state = backbone_state_dict(checkpoint, prefix)
     if fmt == "torchvision":
-        if not all(k.startswith("net.") for k in state):
-            raise ValueError(
-                "--format torchvision needs an ssl_lightning ResNet backbone (keys 'net.*'); "
-                f"this one has {sorted(state)[:3]}... Use --format backbone."
-            )
-        state = {k[len("net."):]: v for k, v in state.items()}
+        state = _strip_net(state, fmt, "an ssl_lightning ResNet backbone")
         torchvision_resnet_recipe(state)
-    elif fmt != "backbone":
-        raise ValueError(f"Unknown export format {fmt!r}; choose 'torchvision' or 'backbone'.")
+    elif fmt == "timm":
+        state = _strip_net(state, fmt, "a TimmBackbone")
+    elif fmt not in ("state_dict", "backbone"):
+        raise ValueError(f"Unknown state-dict format {fmt!r}; choose one of {FORMATS}.")
     state = {k: v.detach().clone().contiguous() for k, v in state.items()}
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    _make_parent(output)
     torch.save(state, output)
     return state
 
 
-def main(args: list[str] | None = None) -> dict[str, Tensor]:
-    """Command line: export and print how to load the file."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _make_parent(output: str | os.PathLike) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+
+
+def _example_input(backbone: nn.Module, image_size: int | None) -> Tensor:
+    size = image_size or int(getattr(backbone, "backbone_spec", {}).get(
+        "init_args", {}).get("image_size", 32) or 32)
+    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def export_onnx(
+    checkpoint: str | os.PathLike, output: str | os.PathLike, image_size: int | None = None,
+    prefix: str = DEFAULT_PREFIX, opset: int = 18,
+) -> float:
+    """Export the rebuilt backbone to ONNX (dynamic batch) and return the largest absolute
+    difference to PyTorch in onnxruntime on a batch of a different size than the trace's."""
+    try:
+        import onnxruntime
+    except ImportError as err:
+        raise ImportError(
+            "ONNX export needs onnx and onnxruntime: `pip install \"ssl_lightning[export]\"`."
+        ) from err
+    if opset < 17:
+        raise ValueError(f"opset must be >= 17, got {opset}.")
+    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix).eval()
+    example = _example_input(backbone, image_size)
+    _make_parent(output)
+    try:
+        torch.onnx.export(
+            backbone, (example,), os.fspath(output), input_names=["images"],
+            output_names=["features"], opset_version=opset, dynamo=False,
+            dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}},
+        )
+    except Exception as err:
+        raise ValueError(
+            f"The backbone {type(backbone).__name__} cannot be exported to ONNX "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). Export "
+            "--format state_dict or torchscript instead."
+        ) from err
+    check = torch.cat([example, example[:1]])  # another batch size than the trace's
+    session = onnxruntime.InferenceSession(os.fspath(output), providers=["CPUExecutionProvider"])
+    (onnx_out,) = session.run(None, {"images": check.numpy()})
+    with torch.no_grad():
+        expected = backbone(check).numpy()
+    return float(abs(onnx_out - expected).max())
+
+
+def export_torchscript(
+    checkpoint: str | os.PathLike, output: str | os.PathLike, image_size: int | None = None,
+    prefix: str = DEFAULT_PREFIX,
+) -> float:
+    """``torch.jit.trace`` the rebuilt backbone, reload it, and return the largest absolute
+    difference to the eager module on a batch of a different size than the trace's."""
+    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix).eval()
+    example = _example_input(backbone, image_size)
+    _make_parent(output)
+    try:
+        with torch.no_grad():
+            traced = torch.jit.trace(backbone, example)
+    except Exception as err:
+        raise ValueError(
+            f"The backbone {type(backbone).__name__} cannot be traced by TorchScript "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). Export "
+            "--format state_dict or onnx instead."
+        ) from err
+    torch.jit.save(traced, os.fspath(output))
+    reloaded = torch.jit.load(os.fspath(output))
+    check = torch.cat([example, example[:1]])
+    with torch.no_grad():
+        return float((reloaded(check) - backbone(check)).abs().max())
+
+
+def main(args: list[str] | None = None) -> None:
+    """Command line of ``python -m ssl_lightning export``: export and print how to load."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ssl_lightning export",
+        description="Export a checkpoint's backbone (state dict, ONNX or TorchScript).")
     parser.add_argument("--checkpoint", required=True, help="pre-training .ckpt file")
-    parser.add_argument("--output", required=True, help="state-dict file to write")
-    parser.add_argument("--format", default="torchvision", choices=["torchvision", "backbone"])
+    parser.add_argument("--output", required=True, help="file to write")
+    parser.add_argument("--format", default="torchvision", choices=FORMATS)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="side of the example input for onnx/torchscript (default: the "
+                             "backbone's image_size, else 32)")
     ns = parser.parse_args(args)
-    state = export_backbone(ns.checkpoint, ns.output, ns.format, ns.prefix)
-    print(f"Wrote {len(state)} tensors to {ns.output}. Load it with:")
-    if ns.format == "torchvision":
-        print(torchvision_resnet_recipe(state))
-    else:
-        print("backbone = <the backbone class and arguments of the pre-training config>")
-    print(f'model.load_state_dict(torch.load("{ns.output}"))' if ns.format == "torchvision"
-          else f'backbone.load_state_dict(torch.load("{ns.output}"))')
-    return state
+    out = ns.output
+    try:
+        if ns.format == "onnx":
+            diff = export_onnx(ns.checkpoint, out, ns.image_size, ns.prefix)
+            print(f"Wrote {out} (dynamic batch axis; onnxruntime vs PyTorch max |diff| "
+                  f"{diff:.2e}). Load it with:\nimport onnxruntime\n"
+                  f'session = onnxruntime.InferenceSession("{out}")\n'
+                  'features, = session.run(None, {"images": images_nchw_float32})')
+        elif ns.format == "torchscript":
+            diff = export_torchscript(ns.checkpoint, out, ns.image_size, ns.prefix)
+            print(f"Wrote {out} (reloaded: max |diff| {diff:.2e}). Load it with:\n"
+                  f'model = torch.jit.load("{out}"); features = model(images)')
+        else:
+            state = export_state_dict(ns.checkpoint, out, ns.format, ns.prefix)
+            print(f"Wrote {len(state)} tensors to {out}. Load it with:")
+            if ns.format == "torchvision":
+                print(torchvision_resnet_recipe(state))
+                print(f'model.load_state_dict(torch.load("{out}"))')
+            elif ns.format == "timm":
+                print(f'model = timm.create_model("<name>", num_classes=0)\n'
+                      f'model.load_state_dict(torch.load("{out}"))')
+            else:
+                print(f'backbone = <the backbone class>(..., pretrained_path="{out}")')
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        parser.exit(2, f"export: error: {err}\n")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
-"""Heads: MLP projection/prediction heads, the DINO head and SwAV's prototypes, in one place."""
+"""Heads: MLP projection/prediction heads, the DINO head, SwAV's prototypes and the MAE decoder /
+I-JEPA predictor, in one place."""
 
+from ssl_lightning.heads.masked_predictor import MaskedPredictor
 from ssl_lightning.heads.mlp import PredictionHead, ProjectionHead, build_mlp
 from ssl_lightning.heads.prototypes import DINOHead, SwAVPrototypes
 
-__all__ = ["DINOHead", "PredictionHead", "ProjectionHead", "SwAVPrototypes", "build_mlp"]
+__all__ = ["DINOHead", "MaskedPredictor", "PredictionHead", "ProjectionHead", "SwAVPrototypes",
+           "build_mlp"]

@@ -22,13 +22,14 @@ from torch import Tensor, nn
 
 from ssl_lightning.distributed import all_reduce_mean_no_grad
 from ssl_lightning.losses.centering import Centering, check_centering, teacher_targets
+from ssl_lightning.losses.numerics import at_least_fp32
 
 
 class DINOLoss(nn.Module):
     """Cross-entropy between centred/sharpened teacher and student distributions over crop pairs.
 
-    The centre is a persistent fp32 buffer (saved in checkpoints); it is updated in
-    :meth:`forward` while the module is in training mode.
+    The centre is a persistent fp32 buffer (saved in checkpoints; ``.double()`` makes it float64
+    for float64 checks); it is updated in :meth:`forward` while the module is in training mode.
 
     Args:
         out_dim: Number of prototypes K (size of the head output).
@@ -74,7 +75,7 @@ class DINOLoss(nn.Module):
             teacher_temperature: τ_t > 0 for this step (the method applies the warm-up).
 
         Returns:
-            Scalar loss in fp32.
+            Scalar loss in fp32, or float64 for float64 inputs (half inputs are promoted).
         """
         if not teacher_temperature > 0:
             raise ValueError(f"teacher_temperature must be > 0, got {teacher_temperature}.")
@@ -84,15 +85,15 @@ class DINOLoss(nn.Module):
                 f", got {len(teacher)} teacher and {len(student)} student crops."
             )
         with torch.autocast(device_type=self.center.device.type, enabled=False):
-            teacher_fp32 = torch.stack([t.detach().float() for t in teacher])
+            teacher_out = torch.stack([at_least_fp32(t.detach()) for t in teacher])
             targets = teacher_targets(
-                teacher_fp32.flatten(0, 1), teacher_temperature, self.centering, self.center,
+                teacher_out.flatten(0, 1), teacher_temperature, self.centering, self.center,
                 self.sinkhorn_iterations,
-            ).view_as(teacher_fp32)
-            total = teacher_fp32.new_zeros(())
+            ).view_as(teacher_out)
+            total = teacher_out.new_zeros(())
             terms = 0
             for s_idx, s in enumerate(student):
-                log_p = F.log_softmax(s.float() / self.student_temperature, dim=-1)
+                log_p = F.log_softmax(at_least_fp32(s) / self.student_temperature, dim=-1)
                 for t_idx in range(len(teacher)):
                     if t_idx == s_idx:
                         continue
@@ -100,12 +101,12 @@ class DINOLoss(nn.Module):
                     terms += 1
             loss = total / terms
         if self.training and self.centering == "center":
-            self.update_center(teacher_fp32)
+            self.update_center(teacher_out)
         return loss
 
     @torch.no_grad()
     def update_center(self, teacher: Tensor) -> None:
         """``c ← m·c + (1 − m)·mean(teacher)``, the mean over all crops, samples and ranks."""
-        local_mean = teacher.float().flatten(0, -2).mean(dim=0, keepdim=True)
+        local_mean = at_least_fp32(teacher).flatten(0, -2).mean(dim=0, keepdim=True)
         batch_center = all_reduce_mean_no_grad(local_mean)
         self.center.mul_(self.center_momentum).add_(batch_center, alpha=1 - self.center_momentum)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ssl_lightning.distributed import all_gather_no_grad, all_reduce_sum_no_grad, world_size
+from ssl_lightning.losses.numerics import at_least_fp32
 
 
 @torch.no_grad()
@@ -34,14 +35,14 @@ def sinkhorn_knopp(
             numbers (iBOT/DINOv2 masked patches; B may be 0 on a rank); None: B × world size.
 
     Returns:
-        Codes in fp32, computed outside autograd and autocast.
+        Codes in fp32 (float64 for float64 scores), computed outside autograd and autocast.
     """
     if not epsilon > 0:
         raise ValueError(f"Sinkhorn epsilon must be > 0, got {epsilon}.")
     if iterations < 1:
         raise ValueError(f"Sinkhorn iterations must be >= 1, got {iterations}.")
     with torch.autocast(device_type=scores.device.type, enabled=False):
-        logits = scores.float() / epsilon
+        logits = at_least_fp32(scores) / epsilon
         # A constant shift shared by all ranks cancels in the first normalisation; it keeps
         # exp() finite for small epsilon.
         local_max = logits.max() if logits.numel() else logits.new_full((), -math.inf)

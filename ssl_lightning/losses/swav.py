@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.losses.numerics import at_least_fp32
 from ssl_lightning.losses.sinkhorn import sinkhorn_knopp
 
 
@@ -64,7 +65,7 @@ class SwAVLoss(nn.Module):
                 prepended to the Sinkhorn input (no gradient).
 
         Returns:
-            Scalar loss in fp32.
+            Scalar loss in fp32, or float64 for float64 scores (half scores are promoted).
         """
         n_crops = len(scores)
         if n_crops < 2 or max(self.crops_for_assign) >= n_crops:
@@ -78,7 +79,7 @@ class SwAVLoss(nn.Module):
                 f" got {len(queue_scores)}."
             )
         with torch.autocast(device_type=scores[0].device.type, enabled=False):
-            log_probs = [F.log_softmax(s.float() / self.temperature, dim=1) for s in scores]
+            log_probs = [F.log_softmax(at_least_fp32(s) / self.temperature, dim=1) for s in scores]
             total = log_probs[0].new_zeros(())
             for i, crop in enumerate(self.crops_for_assign):
                 batch = scores[crop].shape[0]

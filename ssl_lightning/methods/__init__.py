@@ -6,6 +6,8 @@ from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.methods.ibot import IBOT
+from ssl_lightning.methods.ijepa import IJEPA
+from ssl_lightning.methods.mae import MAE
 from ssl_lightning.methods.moco_v2 import MoCoV2
 from ssl_lightning.methods.moco_v3 import MoCoV3
 from ssl_lightning.methods.momentum import MomentumMethod
@@ -15,4 +17,4 @@ from ssl_lightning.methods.swav import SwAV
 from ssl_lightning.methods.vicreg import VICReg
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
-           "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "IBOT", "DINOv2"]
+           "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "IBOT", "DINOv2"]

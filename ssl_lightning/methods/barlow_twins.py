@@ -34,6 +34,12 @@ class BarlowTwins(SSLMethod):
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
+    min_global_batch = 2
+    min_global_batch_reason = (
+        "the cross-correlation standardises every dimension over the global batch, undefined "
+        "for one sample"
+    )
+
     def __init__(
         self,
         backbone: nn.Module,

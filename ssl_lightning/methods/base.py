@@ -14,14 +14,15 @@ from typing import Any, cast
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from ssl_lightning.backbones import feature_dim
+from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
-    WarmupCosine,
+    WarmupCosineLR,
     build_optimizer,
     scale_lr,
     split_decay_groups,
@@ -46,6 +47,7 @@ class SSLMethod(pl.LightningModule):
             accumulate_grad_batches.
         weight_decay: Weight decay for weights; biases and norm parameters get none.
         momentum: SGD/LARS momentum.
+        betas: AdamW's (beta1, beta2); MAE uses (0.9, 0.95).
         lars_trust_coefficient: LARS eta (0.001 in the LARS paper and SimCLR; solo-learn's CIFAR
             recipes use 0.02 with their clipped variant).
         warmup_epochs: Linear warm-up length in epochs (fractions allowed), then cosine decay.
@@ -57,6 +59,15 @@ class SSLMethod(pl.LightningModule):
         compile_backbone: ``torch.compile`` the (student) backbone in place when fitting starts.
     """
 
+    #: Smallest global batch (per-device batch x processes) the loss is meaningful for; a loss
+    #: that compares each sample with the others of the batch needs 2 (checked at fit start).
+    min_global_batch: int = 1
+    #: Why :attr:`min_global_batch` is needed, for the error message.
+    min_global_batch_reason: str = ""
+    #: Views per sample the loss uses; None: all of them (multi-crop methods). A transform that
+    #: makes more gets a warning: the extra views would be computed and silently ignored.
+    views_used: int | None = 2
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -65,6 +76,7 @@ class SSLMethod(pl.LightningModule):
         lr_scaling: LRScaling = "linear",
         weight_decay: float = 1e-6,
         momentum: float = 0.9,
+        betas: tuple[float, float] = (0.9, 0.999),
         lars_trust_coefficient: float = 0.001,
         warmup_epochs: float = 10.0,
         final_lr_ratio: float = 0.0,
@@ -73,10 +85,20 @@ class SSLMethod(pl.LightningModule):
         compile_backbone: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(backbone, nn.Module):
+            got = (f"the class {backbone.__name__} itself" if isinstance(backbone, type)
+                   else f"{backbone!r} ({type(backbone).__name__})")
+            raise TypeError(
+                f"backbone must be an nn.Module instance, got {got}. Pass an instance, e.g. "
+                "SmallConvNet() rather than SmallConvNet; in a config, backbone: {class_path: "
+                "..., init_args: {...}}."
+            )
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}.")
         if weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"betas must be two values in [0, 1), got {betas}.")
         if lars_trust_coefficient <= 0:
             raise ValueError(f"lars_trust_coefficient must be > 0, got {lars_trust_coefficient}.")
         if warmup_epochs < 0:
@@ -86,6 +108,7 @@ class SSLMethod(pl.LightningModule):
         self.save_hyperparameters(ignore=["backbone"])
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
+        self._views_checked = False
 
     # ----------------------------------------------------------------- to implement / override
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
@@ -138,6 +161,13 @@ class SSLMethod(pl.LightningModule):
         return (self.global_rank if self._trainer is not None else rank()) * local_batch
 
     # ------------------------------------------------------------------------ Lightning hooks
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the backbone's class and arguments, so evaluation, ``embed`` and ``export``
+        rebuild it from the checkpoint alone."""
+        spec = backbone_spec(self.backbone)
+        if spec is not None:
+            checkpoint["backbone_spec"] = spec
+
     def setup(self, stage: str) -> None:
         """Apply ``channels_last`` / ``compile_backbone`` once, after subclasses built their
         heads and teachers (compiling before a teacher is deep-copied would share the graph)."""
@@ -150,8 +180,43 @@ class SSLMethod(pl.LightningModule):
         if self.hparams.get("compile_backbone", False):
             self.backbone.compile()
 
+    def on_fit_start(self) -> None:
+        self.check_global_batch()
+
+    def check_global_batch(self) -> None:
+        """Refuse a global batch below :attr:`min_global_batch`, before the first step.
+
+        Raises:
+            ValueError: naming the per-device batch, the process count and why.
+        """
+        if self.trainer.train_dataloader is None:
+            self.trainer.fit_loop.setup_data()
+        batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
+        world = self.trainer.world_size
+        if isinstance(batch_size, int) and batch_size * world < self.min_global_batch:
+            raise ValueError(
+                f"{type(self).__name__} needs a global batch (batch_size x processes) of >= "
+                f"{self.min_global_batch}, got batch_size={batch_size} x {world} process(es): "
+                f"{self.min_global_batch_reason}. Raise --data.batch_size."
+            )
+
+    def warn_unused_views(self, views: Sequence[Tensor]) -> None:
+        """Warn once when the batch has more views than the loss uses (:attr:`views_used`)."""
+        if self._views_checked:
+            return
+        self._views_checked = True
+        if self.views_used is not None and len(views) > self.views_used:
+            rank_zero_warn(
+                f"{type(self).__name__} uses {self.views_used} views per sample, but the train "
+                f"transform makes {len(views)}: the other {len(views) - self.views_used} (e.g. "
+                "the local crops of MultiCropViews) are computed and ignored. Use a "
+                f"{self.views_used}-view transform (SimCLRViews, BYOLViews) or a multi-crop "
+                "method (DINO, SwAV)."
+            )
+
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets = batch
+        self.warn_unused_views(views)
         loss, features = self.training_loss(views)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
@@ -178,17 +243,20 @@ class SSLMethod(pl.LightningModule):
             max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
             if math.isfinite(batches) else 1
         )
-        lr = scale_lr(hp.lr, self.global_batch_size(), hp.lr_scaling)
+        global_batch = self.global_batch_size()
+        lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
         groups = self.param_groups()
         optimizer = build_optimizer(
-            hp.optimizer, groups, lr=lr, momentum=hp.momentum,
+            hp.optimizer, groups, lr=lr, momentum=hp.momentum, betas=(hp.betas[0], hp.betas[1]),
             trust_coefficient=hp.lars_trust_coefficient,
         )
         warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
-        schedule = WarmupCosine(warmup, total_steps, hp.final_lr_ratio)
-        constant = WarmupCosine(0, total_steps, final_ratio=1.0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, [constant if g.get("fixed_lr") else schedule for g in optimizer.param_groups]
+        scheduler = WarmupCosineLR(
+            optimizer, warmup, total_steps, hp.final_lr_ratio,
+            fixed_groups=[bool(g.get("fixed_lr")) for g in optimizer.param_groups],
+            steps_per_epoch=steps_per_epoch,
+            global_batch_size=global_batch,
+            epoch_based=self.trainer.max_steps == -1 or total_steps < self.trainer.max_steps,
         )
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

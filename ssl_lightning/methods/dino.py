@@ -50,6 +50,8 @@ class DINO(MomentumMethod):
         **kwargs: Other arguments of :class:`MomentumMethod` / :class:`SSLMethod`.
     """
 
+    views_used = None  # every multi-crop view
+
     def __init__(
         self,
         backbone: nn.Module,

@@ -39,6 +39,12 @@ class MoCoV3(MomentumMethod):
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
+    min_global_batch = 2
+    min_global_batch_reason = (
+        "the negatives of each query are the keys of the other samples of the global batch; "
+        "with one sample the loss is exactly 0"
+    )
+
     def __init__(
         self,
         backbone: nn.Module,

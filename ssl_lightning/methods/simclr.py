@@ -29,6 +29,12 @@ class SimCLR(SSLMethod):
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
+    min_global_batch = 2
+    min_global_batch_reason = (
+        "NT-Xent's negatives are the other samples of the global batch; with one sample the "
+        "loss is exactly 0"
+    )
+
     def __init__(
         self,
         backbone: nn.Module,

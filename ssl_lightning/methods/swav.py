@@ -56,6 +56,13 @@ class SwAV(SSLMethod):
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
+    min_global_batch = 2
+    min_global_batch_reason = (
+        "Sinkhorn spreads the global batch evenly over the prototypes; one sample gets uniform "
+        "codes and nothing to predict"
+    )
+    views_used = None  # every multi-crop view
+
     queue: Tensor
     queue_filled: Tensor
 
@@ -88,6 +95,19 @@ class SwAV(SSLMethod):
         self.register_buffer("queue", torch.zeros(len(CROPS_FOR_ASSIGN), queue_length,
                                                   projection_dim))
         self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))
+
+    def setup(self, stage: str) -> None:
+        """Check ``queue_length`` against the process count at start-up, not when the queue
+        starts (``queue_start_epoch``)."""
+        super().setup(stage)
+        length, world = self.queue.shape[1], self.trainer.world_size
+        if length % world:
+            low, high = length // world * world, (length // world + 1) * world
+            raise ValueError(
+                f"SwAV queue_length={length} is not divisible by the {world} processes "
+                f"(devices x nodes): every process holds queue_length / {world} of the queue. "
+                f"Use queue_length: {high}" + (f" or {low}." if low else ".")
+            )
 
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         if len(views) < 2:

@@ -33,6 +33,12 @@ class VICReg(SSLMethod):
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
+    min_global_batch = 2
+    min_global_batch_reason = (
+        "the variance and covariance terms are statistics over the global batch, undefined for "
+        "one sample"
+    )
+
     def __init__(
         self,
         backbone: nn.Module,

@@ -1,0 +1,108 @@
+"""The LightningCLI subclass behind :func:`ssl_lightning.cli.main`.
+
+On top of LightningCLI it makes errors readable (see :mod:`ssl_lightning.cli.errors`) and
+replaces LightningCLI's ``--ckpt_path`` handling, which loads the checkpoint's hyperparameters
+*over* the config (so ``--model`` and ``--model.*`` overrides were silently dropped), by the
+checks of :mod:`ssl_lightning.cli.resume`: the config and the command line define the run, the
+checkpoint supplies its state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytorch_lightning.accelerators import CPUAccelerator
+from pytorch_lightning.cli import LightningCLI
+from torch import nn
+
+from ssl_lightning.backbones.spec import SPEC_ATTRIBUTE, backbone_spec
+from ssl_lightning.cli.errors import (
+    READABLE,
+    CLIError,
+    ReadableArgumentParser,
+    constructor_error,
+    debug_mode,
+)
+from ssl_lightning.cli.resume import (
+    check_architecture,
+    check_method_and_hyperparameters,
+    read_checkpoint,
+)
+
+#: ``ckpt_path`` values Lightning resolves itself (no file to check here).
+_LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
+
+
+class SSLLightningCLI(LightningCLI):
+    """LightningCLI with readable errors and a resume that keeps the config's model."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._resume: tuple[str, Mapping[str, Any]] | None = None
+        kwargs["parser_class"] = ReadableArgumentParser
+        super().__init__(*args, **kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        """Check ``--ckpt_path`` against the config (LightningCLI's version overwrote the
+        config with the checkpoint's hyperparameters)."""
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not path or str(path).split(":")[0] in _LIGHTNING_CKPT_NAMES:
+            return
+        checkpoint = read_checkpoint(str(path))
+        self._dump_config()
+        check_method_and_hyperparameters(checkpoint, str(path), self.config_dump.get("model") or {})
+        self._resume = (str(path), checkpoint)
+
+    def instantiate_classes(self) -> None:
+        """Build trainer, model and data; a constructor's error is raised as its own message."""
+        try:
+            super().instantiate_classes()
+        except Exception as err:
+            cause = constructor_error(err)
+            if debug_mode() or cause is err:
+                raise
+            if not isinstance(cause, READABLE):
+                raise cause from None
+            name = "" if isinstance(cause, ValueError) else f"{type(cause).__name__}: "
+            raise CLIError(f"{name}{cause}") from err
+
+    def after_instantiate_classes(self) -> None:
+        """Pre-flight checks that would otherwise fail after processes were spawned."""
+        if self._resume is not None:
+            path, checkpoint = self._resume
+            check_architecture(self.model, checkpoint, path)
+            self._resume = None  # the checkpoint's tensors are no longer needed here
+        if self.subcommand == "fit":
+            self._check_sync_batchnorm()
+        self._record_backbone_spec()
+
+    def _record_backbone_spec(self) -> None:
+        """Give a backbone that does not record its own arguments (a torchvision or user class
+        named by ``class_path``) the spec of the config, so its checkpoints rebuild it."""
+        backbone = getattr(self.model, "backbone", None)
+        if not isinstance(backbone, nn.Module) or backbone_spec(backbone) is not None:
+            return
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        spec = ((config.get("model") or {}).get("init_args") or {}).get("backbone")
+        if spec is not None and spec.get("class_path"):
+            init_args = spec.get("init_args")
+            setattr(backbone, SPEC_ATTRIBUTE, {
+                "class_path": spec["class_path"],
+                "init_args": dict(init_args.as_dict() if hasattr(init_args, "as_dict")
+                                  else init_args or {}),
+            })
+
+    def _check_sync_batchnorm(self) -> None:
+        trainer_config = self.config["fit"].get("trainer") or {}
+        if not trainer_config.get("sync_batchnorm") or self.trainer.world_size < 2:
+            return
+        has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                            for m in self.model.modules())
+        if has_batchnorm and isinstance(self.trainer.accelerator, CPUAccelerator):
+            raise CLIError(
+                f"sync_batchnorm: true needs GPUs (SyncBatchNorm does not run on CPU), and this "
+                f"run has {self.trainer.world_size} CPU processes. Pass "
+                "--trainer.sync_batchnorm false (each process then normalises over its own "
+                "batch), or run on GPUs."
+            )

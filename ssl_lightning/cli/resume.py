@@ -1,0 +1,113 @@
+"""Checks of a ``--ckpt_path`` against the run that resumes from it, before anything trains.
+
+- the file: missing, empty, truncated or not a Lightning checkpoint -> the file named and what
+  to do, instead of a ``PytorchStreamReader`` / ``EOFError`` traceback;
+- the method: resuming needs the class the checkpoint was trained with;
+- the hyperparameters: every one whose new value differs is listed in one warning; the new
+  run's values are used (the checkpoint supplies the weights, the optimiser state and the step);
+  the optimiser itself cannot change;
+- the architecture: the checkpoint's weights must fit the configured model key for key and
+  shape for shape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pytorch_lightning.utilities import rank_zero_warn
+from torch import nn
+
+from ssl_lightning.cli.errors import CLIError
+from ssl_lightning.evaluation.checkpoint import load_checkpoint
+
+#: Hyperparameters a resume cannot change (the optimiser state is specific to the optimiser).
+FIXED_ON_RESUME = ("optimizer",)
+_PREVIOUS = ("Resume from the previous checkpoint (e.g. a best-*.ckpt or an earlier last.ckpt "
+             "beside it) or start the run again without --ckpt_path.")
+
+
+def read_checkpoint(path: str) -> Mapping[str, Any]:
+    """The checkpoint at ``path``, or a :class:`CLIError` naming the file and what to do."""
+    try:
+        return load_checkpoint(path)
+    except FileNotFoundError as err:
+        raise CLIError(f"--ckpt_path: {err} Check the path (it is relative to the working "
+                       f"directory {os.getcwd()!r}).") from err
+    except ValueError as err:
+        size = os.path.getsize(path)
+        state = "is empty (0 bytes)" if size == 0 else f"cannot be read ({size} bytes)"
+        raise CLIError(f"--ckpt_path {path!r} {state}: {err} The file is probably truncated (a "
+                       f"run killed while saving, or a copy cut short). {_PREVIOUS}") from err
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def check_method_and_hyperparameters(checkpoint: Mapping[str, Any], path: str,
+                                     model_config: Mapping[str, Any]) -> None:
+    """Refuse another method (or optimiser); warn once about every hyperparameter that differs.
+
+    Args:
+        checkpoint: The loaded checkpoint.
+        path: Its file, for the messages.
+        model_config: The new run's ``model`` config as dumped by the CLI
+            (``{"class_path": ..., "init_args": {...}}``).
+    """
+    saved = dict(checkpoint.get("hyper_parameters") or {})
+    saved.pop("_instantiator", None)
+    saved_class = saved.pop("_class_path", None)
+    new_class = model_config.get("class_path")
+    if saved_class is not None and new_class is not None and saved_class != new_class:
+        raise CLIError(
+            f"--ckpt_path {path!r} is a {saved_class} checkpoint, the config's model is "
+            f"{new_class}: resuming needs the same method. Use the config the checkpoint was "
+            f"trained with (--model {saved_class}), or drop --ckpt_path to train {new_class} "
+            "from scratch."
+        )
+    old, new = _flatten(saved), _flatten(model_config.get("init_args") or {})
+    differ = [(k, old[k], new.get(k, "(absent)")) for k in sorted(old) if old[k] != new.get(k)]
+    fixed = [d for d in differ if d[0] in FIXED_ON_RESUME]
+    if fixed:
+        name, before, after = fixed[0]
+        raise CLIError(
+            f"--ckpt_path {path!r} was trained with {name}={before!r}, this run sets "
+            f"{name}={after!r}: the optimiser state cannot be carried over to another "
+            f"optimiser. Resume with --model.{name} {before}, or start a new run."
+        )
+    if differ:
+        listing = "; ".join(f"{k}: {b!r} (checkpoint) -> {a!r} (this run)" for k, b, a in differ)
+        rank_zero_warn(
+            f"Resuming from {path!r} with {len(differ)} hyperparameter(s) that differ from the "
+            f"checkpoint's: {listing}. This run's values are used; the checkpoint supplies the "
+            "weights, the optimiser state and the step."
+        )
+
+
+def check_architecture(model: nn.Module, checkpoint: Mapping[str, Any], path: str) -> None:
+    """Refuse a checkpoint whose weights do not fit ``model`` (missing, extra or reshaped keys)."""
+    saved = checkpoint.get("state_dict") or {}
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in saved]
+    unexpected = [k for k in saved if k not in expected]
+    reshaped = [f"{k} {tuple(saved[k].shape)} in the checkpoint, {tuple(v.shape)} configured"
+                for k, v in expected.items() if k in saved and tuple(saved[k].shape) != v.shape]
+    if not (missing or unexpected or reshaped):
+        return
+    parts = [f"{len(items)} {what} ({', '.join(items[:3])}{', ...' if len(items) > 3 else ''})"
+             for what, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                                 ("shape mismatches", reshaped)) if items]
+    raise CLIError(
+        f"--ckpt_path {path!r} does not fit the configured {type(model).__name__}: "
+        f"{'; '.join(parts)}. It was written by another architecture: resume with the model "
+        "config it was trained with (see its config.yaml beside the logs), or pass a "
+        "checkpoint of this model."
+    )

@@ -1,0 +1,45 @@
+"""The commands beside LightningCLI's (``embed``, ``export``) and the top-level help text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _embed(args: list[str]) -> Any:
+    from ssl_lightning.evaluation.embed import main
+
+    return main(args)
+
+
+def _export(args: list[str]) -> Any:
+    from ssl_lightning.evaluation.export import main
+
+    return main(args)
+
+
+#: ``python -m ssl_lightning <name> ...`` commands that are not LightningCLI subcommands.
+EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {"embed": _embed, "export": _export}
+
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def project_description() -> str:
+    """The top of ``python -m ssl_lightning --help``: what this is, methods, configs, commands."""
+    import ssl_lightning
+    from ssl_lightning.methods import SSLMethod
+
+    methods = sorted(name for name in ssl_lightning.__all__
+                     if isinstance(getattr(ssl_lightning, name), type)
+                     and issubclass(getattr(ssl_lightning, name), SSLMethod)
+                     and name not in ("SSLMethod", "MomentumMethod"))
+    configs = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else []
+    return "\n".join([
+        "ssl_lightning: self-supervised learning methods for images as PyTorch Lightning "
+        "modules, exact under DDP.",
+        f"Methods: {', '.join(methods)}.",
+        f"Configs ({CONFIGS_DIR}): {', '.join(configs) or 'none found (installed package)'}.",
+        "Commands: fit/validate/test/predict (LightningCLI, e.g. `fit --config "
+        "configs/simclr.yaml`), embed (`embed --help`), export (`export --help`).",
+    ])

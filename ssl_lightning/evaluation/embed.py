@@ -1,0 +1,195 @@
+"""``python -m ssl_lightning embed``: the embeddings of every image under a folder.
+
+``python -m ssl_lightning embed --checkpoint last.ckpt --images DIR --output emb.parquet``
+
+The backbone is rebuilt from the checkpoint alone (its ``backbone_spec``) and run in eval mode
+on the evaluation transform, batched, on the best available device (CUDA, else CPU). Labels come
+from an ImageFolder layout (``DIR/<class>/<image>``), else -1. ``--devices N`` splits the sorted
+file list into N contiguous shards (one process each: no sampler padding, order preserved); each
+shard streams its rows to a part file, and the parts are then written, in order, to the output
+format of the suffix (see :mod:`ssl_lightning.evaluation.embed_writers`). Unreadable images are
+skipped and listed in ``<output>.skipped.txt`` (``--on-error raise`` stops at the first one,
+naming it, and removes the partial output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset, load_image
+from ssl_lightning.data.transforms import EvalTransform
+from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_from_checkpoint
+from ssl_lightning.evaluation.embed_writers import EmbeddingWriter, check_output_suffix
+
+
+class _Readable(Dataset):
+    """Yields ``(image or None, index)``: None for an unreadable file instead of raising."""
+
+    def __init__(self, folder: ImageFolderDataset, transform: Any, strict: bool) -> None:
+        self.folder, self.transform, self.strict = folder, transform, strict
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index: int) -> tuple[Tensor | None, int]:
+        try:
+            image = load_image(self.folder.samples[index][0])
+        except CorruptImageError:
+            if self.strict:
+                raise
+            return None, index
+        return self.transform(image), index
+
+
+def _collate(items: list[tuple[Tensor | None, int]]) -> tuple[Tensor | None, list[int], list[int]]:
+    good = [(x, i) for x, i in items if x is not None]
+    images = torch.stack([x for x, _ in good]) if good else None
+    return images, [i for _, i in good], [i for x, i in items if x is None]
+
+
+def best_device(rank: int = 0) -> torch.device:
+    """``cuda:<rank>`` when CUDA is available, else the CPU."""
+    return torch.device(f"cuda:{rank}") if torch.cuda.is_available() else torch.device("cpu")
+
+
+@torch.no_grad()
+def embed_shard(
+    backbone: nn.Module, folder: ImageFolderDataset, indices: range, part: Path, *,
+    transform: Any, batch_size: int, num_workers: int, device: torch.device, strict: bool,
+    progress: bool,
+) -> int:
+    """Embed ``folder[indices]`` into ``part.f32`` (raw float32 rows), ``part.tsv`` (index,
+    label) and ``part.skipped`` (indices of unreadable files). Returns the embedding size."""
+    from tqdm import tqdm
+
+    backbone = backbone.to(device).eval()
+    loader = DataLoader(Subset(_Readable(folder, transform, strict), list(indices)),
+                        batch_size=batch_size, num_workers=num_workers, collate_fn=_collate)
+    dim = 0
+    with open(f"{part}.f32", "wb") as rows, open(f"{part}.tsv", "w") as meta, \
+            open(f"{part}.skipped", "w") as skipped:
+        for images, good, bad in tqdm(loader, desc="embed", disable=not progress,
+                                      unit="batch", file=sys.stderr):
+            skipped.writelines(f"{i}\n" for i in bad)
+            if images is None:
+                continue
+            features = backbone(images.to(device)).float().cpu()
+            if features.dim() != 2:
+                raise ValueError(
+                    f"The backbone returned shape {tuple(features.shape)}, not (B, D).")
+            dim = features.shape[1]
+            rows.write(features.numpy().tobytes())
+            meta.writelines(f"{i}\t{folder.samples[i][1]}\n" for i in good)
+    return dim
+
+
+def _shard_worker(rank: int, world: int, config: dict[str, Any]) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    folder = ImageFolderDataset(config["images"])
+    n = len(folder)
+    bounds = [n * r // world for r in range(world + 1)]
+    backbone = backbone_from_checkpoint(config["checkpoint"], prefix=config["prefix"])
+    dim = embed_shard(
+        backbone, folder, range(bounds[rank], bounds[rank + 1]), Path(config["tmp"]) / f"{rank}",
+        transform=config["transform"], batch_size=config["batch_size"],
+        num_workers=config["num_workers"], device=best_device(rank), strict=config["strict"],
+        progress=rank == 0)
+    (Path(config["tmp"]) / f"{rank}.dim").write_text(str(dim))
+
+
+def embed_folder(
+    checkpoint: str, images: str, output: str, *, batch_size: int = 256, num_workers: int = 0,
+    devices: int = 1, preset: str = "cifar", crop_size: int | None = None,
+    prefix: str = DEFAULT_PREFIX, on_error: str = "skip", chunk_rows: int = 65536,
+) -> dict[str, Any]:
+    """Embed every image under ``images`` into ``output``; see the module docstring.
+
+    Returns:
+        ``{"rows", "dim", "skipped": [paths], "output"}``.
+    """
+    check_output_suffix(output)
+    if devices < 1 or batch_size < 1:
+        raise ValueError(f"devices ({devices}) and batch_size ({batch_size}) must be >= 1.")
+    if on_error not in ("skip", "raise"):
+        raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}.")
+    folder = ImageFolderDataset(images)  # FileNotFoundError for a missing / image-less folder
+    backbone_from_checkpoint(checkpoint, prefix=prefix)  # fail fast on a bad checkpoint
+    transform = EvalTransform(preset, crop_size=crop_size,  # type: ignore[arg-type]
+                              resize_size=crop_size)
+    with tempfile.TemporaryDirectory(prefix="ssl_embed_") as tmp:
+        config = dict(images=images, checkpoint=checkpoint, prefix=prefix, tmp=tmp,
+                      transform=transform, batch_size=batch_size, num_workers=num_workers,
+                      strict=on_error == "raise")
+        if devices == 1:
+            _shard_worker(0, 1, config)
+        else:
+            torch.multiprocessing.spawn(_shard_worker, args=(devices, config), nprocs=devices)
+        return _write_output(folder, Path(tmp), devices, output, chunk_rows)
+
+
+def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str,
+                  chunk_rows: int) -> dict[str, Any]:
+    dim = max(int((tmp / f"{r}.dim").read_text()) for r in range(parts))
+    metas = [np.loadtxt(tmp / f"{r}.tsv", dtype=np.int64, ndmin=2).reshape(-1, 2)
+             for r in range(parts)]
+    skipped = [folder.samples[int(i)][0] for r in range(parts)
+               for i in (tmp / f"{r}.skipped").read_text().split()]
+    writer = EmbeddingWriter(output, sum(len(m) for m in metas), dim)
+    for r, meta in enumerate(metas):
+        rows = np.memmap(tmp / f"{r}.f32", dtype=np.float32, mode="r", shape=(len(meta), dim)) \
+            if len(meta) else np.zeros((0, dim), np.float32)
+        for start in range(0, len(meta), chunk_rows):
+            chunk = meta[start:start + chunk_rows]
+            writer.write([folder.samples[int(i)][0] for i in chunk[:, 0]], chunk[:, 1],
+                         np.asarray(rows[start:start + chunk_rows]))
+    writer.close()
+    if skipped:
+        Path(f"{output}.skipped.txt").write_text("".join(f"{p}\n" for p in skipped))
+    return {"rows": writer.written, "dim": dim, "skipped": skipped, "output": output}
+
+
+def main(args: list[str] | None = None) -> dict[str, Any]:
+    """Command line of ``python -m ssl_lightning embed``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ssl_lightning embed",
+        description="Embed every image under a folder with a checkpoint's backbone.")
+    parser.add_argument("--checkpoint", required=True, help="pre-training .ckpt file")
+    parser.add_argument("--images", required=True, help="folder of images (recursive)")
+    parser.add_argument("--output", required=True, help="file: .npy, .csv, .parquet or .pt")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--num-workers", type=int, default=0, help="loader workers per device")
+    parser.add_argument("--devices", type=int, default=1, help="processes (GPUs when present)")
+    parser.add_argument("--preset", choices=["cifar", "imagenet"], default="cifar",
+                        help="evaluation transform preset (cifar: 32 px, imagenet: 224 px)")
+    parser.add_argument("--crop-size", type=int, default=None, help="override the crop size")
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
+    parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+                        help="unreadable images: skip and list them, or stop")
+    ns = parser.parse_args(args)
+    try:
+        result = embed_folder(
+            ns.checkpoint, ns.images, ns.output, batch_size=ns.batch_size,
+            num_workers=ns.num_workers, devices=ns.devices, preset=ns.preset,
+            crop_size=ns.crop_size, prefix=ns.prefix, on_error=ns.on_error)
+    except (ValueError, FileNotFoundError, CorruptImageError, ImportError) as err:
+        for partial in (ns.output, f"{ns.output}.paths.tsv"):
+            if os.path.exists(partial):
+                os.remove(partial)
+        parser.exit(2, f"embed: error: {err}\n")
+    print(f"Wrote {result['rows']} embeddings of size {result['dim']} to {ns.output}.")
+    if result["skipped"]:
+        print(f"Skipped {len(result['skipped'])} unreadable images, listed in "
+              f"{ns.output}.skipped.txt.")
+    return result
+
+

@@ -1,0 +1,53 @@
+"""The MAE reconstruction loss: mean squared error on the masked patches' (normalised) pixels.
+
+He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022, §3: the mean squared
+error between reconstructed and original pixels, computed on the masked patches only. With
+``norm_pix_loss`` (the target of the paper's default setting, Table 1d) each target patch is
+standardised by its own mean and standard deviation (the paper's code: unbiased variance,
+``(x − mean) / sqrt(var + 1e-6)``).
+
+Every sample has the same number of masked patches, so the mean over this rank's patches is the
+mean of per-sample terms: under DDP no gathering is needed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.losses.numerics import at_least_fp32
+
+
+class MAELoss(nn.Module):
+    """``mean over masked patches and pixels of (prediction − target)²``.
+
+    Args:
+        norm_pix_loss: Standardise each target patch by its own mean and variance.
+        eps: Added to the variance before the square root.
+    """
+
+    def __init__(self, norm_pix_loss: bool = True, eps: float = 1e-6) -> None:
+        super().__init__()
+        if eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps}.")
+        self.norm_pix_loss, self.eps = norm_pix_loss, eps
+
+    def forward(self, predictions: Tensor, patches: Tensor) -> Tensor:
+        """Loss of the local batch.
+
+        Args:
+            predictions: Decoder outputs of the masked patches (B, M, P), P = patch² · 3.
+            patches: The original pixels of the same patches (B, M, P), same pixel order.
+
+        Returns:
+            Scalar loss, in fp32 even under autocast.
+        """
+        if predictions.shape != patches.shape:
+            raise ValueError(f"predictions {tuple(predictions.shape)} and patches "
+                             f"{tuple(patches.shape)} must have the same shape.")
+        with torch.autocast(predictions.device.type, enabled=False):
+            pred, target = at_least_fp32(predictions), at_least_fp32(patches.detach())
+            if self.norm_pix_loss:
+                mean, var = target.mean(dim=-1, keepdim=True), target.var(dim=-1, keepdim=True)
+                target = (target - mean) / (var + self.eps).sqrt()
+            return (pred - target).pow(2).mean()

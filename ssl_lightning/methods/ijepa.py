@@ -1,0 +1,148 @@
+"""I-JEPA: Assran et al., "Self-Supervised Learning from Images with a Joint-Embedding
+Predictive Architecture", CVPR 2023.
+
+One view per image. Per sample, :class:`~ssl_lightning.methods.masking.MultiBlockMasking`
+draws 4 target blocks (scale 0.15-0.2, aspect 0.75-1.5) and a context block (scale 0.85-1.0)
+with the target patches removed (§3). The context encoder (``backbone``) sees the context
+patches only; the target encoder, an EMA of it (momentum 0.996 → 1, cosine, through
+:class:`~ssl_lightning.callbacks.EMACallback`), sees the whole image under ``no_grad``; a narrow
+ViT predictor (:class:`~ssl_lightning.heads.MaskedPredictor`) predicts, for each target block
+separately, the target encoder's patch representations, which
+:class:`~ssl_lightning.losses.IJEPALoss` layer-normalises and compares (MSE or smooth-L1).
+
+Features for kNN, the online probe and ``validation_step`` are the target encoder's pooled
+output of the unmasked image (the paper evaluates the target encoder, average-pooled: configure
+the ViT with ``pool: mean``); in training they come for free from the target forward.
+``LinearEval`` reads them with ``checkpoint_prefix: target_backbone.``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.backbones.vit import DropPath
+from ssl_lightning.callbacks.ema import momentum_teacher
+from ssl_lightning.heads import MaskedPredictor
+from ssl_lightning.losses import IJEPALoss
+from ssl_lightning.losses.ijepa import Distance
+from ssl_lightning.methods.masked_modeling import (
+    as_token_backbone,
+    check_views,
+    layout,
+    load_rng_state,
+    save_rng_state,
+    token_grid,
+)
+from ssl_lightning.methods.masking import MultiBlockMasking, Range
+from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.optim import OptimizerName
+
+
+class IJEPA(MomentumMethod):
+    """I-JEPA.
+
+    Args:
+        backbone: A :class:`~ssl_lightning.backbones.ViT` (the context encoder); ``image_size``
+            must be its image size.
+        predictor_dim: Predictor width (384 in the paper).
+        predictor_depth: Predictor blocks (12 for ViT-H/14; 6 in the code's default).
+        predictor_heads: Predictor heads (the code uses the encoder's: 16 for ViT-H).
+        num_targets: Target blocks per image (4).
+        target_scale: Target block area range (0.15, 0.2).
+        target_aspect: Target block aspect range (0.75, 1.5).
+        context_scale: Context block area range (0.85, 1.0).
+        min_context: Fewest context patches (the code's ``min_keep``, 10).
+        mask_seed: Seed of the per-step block-size generator (see :class:`MultiBlockMasking`).
+        distance: ``"mse"`` (the paper's Eq. 1) or ``"smooth_l1"`` (the paper's code).
+        momentum_base: Target-encoder EMA momentum at step 0 (0.996), cosine to 1.
+        optimizer: ``"adamw"`` as in the paper's code.
+        lr: Base lr for the ``linear`` rule: 1e-3 at batch 2048 is 1.25e-4 per 256.
+        weight_decay: 0.04 (the code raises it to 0.4 by a cosine; constant here).
+        warmup_epochs: 40 (the code warms up from 2e-4, not from 0).
+        final_lr_ratio: 1e-3 (1e-6 / 1e-3 in the code).
+        **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        predictor_dim: int = 384,
+        predictor_depth: int = 12,
+        predictor_heads: int = 16,
+        num_targets: int = 4,
+        target_scale: Range = (0.15, 0.2),
+        target_aspect: Range = (0.75, 1.5),
+        context_scale: Range = (0.85, 1.0),
+        min_context: int = 10,
+        mask_seed: int = 0,
+        distance: Distance = "mse",
+        momentum_base: float = 0.996,
+        optimizer: OptimizerName = "adamw",
+        lr: float = 1.25e-4,
+        weight_decay: float = 0.04,
+        warmup_epochs: float = 40.0,
+        final_lr_ratio: float = 1e-3,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, momentum_base=momentum_base, optimizer=optimizer, lr=lr,
+                         weight_decay=weight_decay, warmup_epochs=warmup_epochs,
+                         final_lr_ratio=final_lr_ratio, **kwargs)
+        self.image_size = int(self.hparams["image_size"])
+        grid = token_grid(backbone, self.image_size, "IJEPA")
+        self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
+        self.masking = MultiBlockMasking(grid, num_targets, target_scale, target_aspect,
+                                         context_scale, min_context, mask_seed)
+        self.predictor = MaskedPredictor(self.feature_dim, self.feature_dim, grid,
+                                         predictor_dim, predictor_depth, predictor_heads)
+        self.target_backbone = momentum_teacher(self.backbone)
+        for module in self.target_backbone.modules():
+            if isinstance(module, DropPath):  # the target encoder has no stochastic depth
+                module.drop_prob = 0.0
+        self.criterion = IJEPALoss(distance)
+
+    def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        return [(self.backbone, self.target_backbone)]
+
+    def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
+        """``(context, targets)``: (B, K) and (B, M, n) patch indices of this rank's samples,
+        block sizes of the current optimiser step."""
+        world, rank = layout(self)
+        return self.masking(batch, self.global_step, world, rank)
+
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        x = check_views(views, self.image_size, "IJEPA")
+        context, targets = (m.to(x.device) for m in self.draw_masks(x.shape[0]))
+        b, m, n = targets.shape
+        prefix = self.num_prefix_tokens
+        target = as_token_backbone(self.target_backbone)
+        with torch.no_grad():
+            tokens = target.forward_tokens(x)
+            features = target.pool_tokens(tokens)
+            patch_tokens = tokens[:, prefix:]
+            index = targets.reshape(b, m * n, 1).expand(-1, -1, patch_tokens.shape[-1])
+            target_tokens = patch_tokens.gather(1, index).view(b, m, n, -1)
+        encoder = as_token_backbone(self.backbone)
+        context_tokens = encoder.forward_tokens(x, keep=context)[:, prefix:]
+        predictions = self.predictor(context_tokens.repeat_interleave(m, dim=0),
+                                     context.repeat_interleave(m, dim=0), targets.view(b * m, n))
+        return {"predictions": predictions.view(b, m, n, -1), "targets": target_tokens,
+                "features": features}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        return self.criterion(outputs["predictions"], outputs["targets"])
+
+    def validation_step(
+        self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> dict[str, Tensor]:
+        images, targets = batch
+        return {"features": self.target_backbone(images), "targets": targets}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        save_rng_state(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        load_rng_state(checkpoint)

@@ -1,0 +1,117 @@
+"""MAE: He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022.
+
+One view per image (random resized crop + flip, :class:`~ssl_lightning.data.MAEViews`). Per
+sample, a random 75 % of the patches is masked (argsort of uniform noise, §3); the ViT encoder
+runs on the visible patches only, with their own position embeddings; a light decoder
+(:class:`~ssl_lightning.heads.MaskedPredictor`: mask tokens, fixed sin-cos positions) predicts
+the pixels of the masked patches; :class:`~ssl_lightning.losses.MAELoss` is the MSE on the
+per-patch normalised pixels of the masked patches. AdamW (betas 0.9, 0.95), weight decay 0.05,
+base lr 1.5e-4 × batch / 256 with warm-up and cosine decay (Appendix A.1, Table 8).
+
+Features for kNN and the online probe are the encoder's features of the *unmasked* image
+(``backbone(x)``: the [CLS] token by default, the paper's linear-probing token), computed under
+``no_grad``: one extra encoder forward on all patches per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.heads import MaskedPredictor
+from ssl_lightning.losses import MAELoss
+from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.masked_modeling import (
+    as_token_backbone,
+    check_views,
+    layout,
+    load_rng_state,
+    save_rng_state,
+    token_grid,
+)
+from ssl_lightning.methods.masking import random_masking
+from ssl_lightning.optim import OptimizerName
+
+
+def patchify(images: Tensor, patch: int) -> Tensor:
+    """(B, 3, H, W) -> (B, H/p · W/p, p · p · 3): row-major patches, pixels (row, col, channel)
+    as in the paper's code."""
+    b, c, h, w = images.shape
+    x = images.reshape(b, c, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(b, (h // patch) * (w // patch), patch * patch * c)
+
+
+class MAE(SSLMethod):
+    """Masked autoencoder.
+
+    Args:
+        backbone: A :class:`~ssl_lightning.backbones.ViT` (anything with ``forward_tokens(x,
+            keep=...)``); ``image_size`` must be its image size.
+        mask_ratio: Fraction of patches masked per sample, in (0, 1) (0.75).
+        decoder_dim: Decoder width (512 in the paper).
+        decoder_depth: Decoder blocks (8).
+        decoder_heads: Decoder attention heads (16).
+        norm_pix_loss: Reconstruct per-patch normalised pixels (the paper's default target).
+        optimizer: ``"adamw"`` as in the paper.
+        lr: Base lr for the ``linear`` scaling rule (1.5e-4).
+        weight_decay: 0.05; biases and norms excluded, as in the paper's code.
+        betas: AdamW betas (0.9, 0.95).
+        warmup_epochs: 40.
+        **kwargs: Other arguments of :class:`SSLMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        mask_ratio: float = 0.75,
+        decoder_dim: int = 512,
+        decoder_depth: int = 8,
+        decoder_heads: int = 16,
+        norm_pix_loss: bool = True,
+        optimizer: OptimizerName = "adamw",
+        lr: float = 1.5e-4,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_epochs: float = 40.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
+                         betas=betas, warmup_epochs=warmup_epochs, **kwargs)
+        self.image_size = int(self.hparams["image_size"])
+        self.grid = token_grid(backbone, self.image_size, "MAE")
+        random_masking(1, self.grid ** 2, mask_ratio)  # validates the ratio for this grid
+        self.mask_ratio = mask_ratio
+        self.patch_size = as_token_backbone(backbone).patch_size
+        self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
+        self.decoder = MaskedPredictor(self.feature_dim, self.patch_size ** 2 * 3, self.grid,
+                                       decoder_dim, decoder_depth, decoder_heads)
+        self.criterion = MAELoss(norm_pix_loss)
+
+    def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
+        """``(keep, masked)`` patch indices (B, K), (B, N − K) of this rank's samples."""
+        world, rank = layout(self)
+        return random_masking(batch, self.grid ** 2, self.mask_ratio, world, rank)
+
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        x = check_views(views, self.image_size, "MAE")
+        keep, masked = (m.to(x.device) for m in self.draw_masks(x.shape[0]))
+        tokens = as_token_backbone(self.backbone).forward_tokens(x, keep=keep)
+        prefix = self.num_prefix_tokens
+        predictions = self.decoder(tokens[:, prefix:], keep, masked, prefix=tokens[:, :prefix])
+        pixels = patchify(x, self.patch_size)
+        patches = pixels.gather(1, masked.unsqueeze(-1).expand(-1, -1, pixels.shape[-1]))
+        with torch.no_grad():
+            features = self.backbone(x)
+        return {"predictions": predictions, "patches": patches, "features": features}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        return self.criterion(outputs["predictions"], outputs["patches"])
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        save_rng_state(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        load_rng_state(checkpoint)

@@ -1,0 +1,94 @@
+"""timm backbones train through the CLI; pretrained_path loads torchvision/timm/export files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from ssl_lightning.backbones import ResNet, SmallConvNet, TimmBackbone, TorchvisionBackbone, ViT
+
+timm = pytest.importorskip("timm")
+ROOT = Path(__file__).resolve().parents[1]
+
+TIMM_MODELS = {
+    "resnet18": {},
+    "vit_tiny_patch16_224": {"img_size": 32, "patch_size": 4, "depth": 2,
+                             "dynamic_img_size": True},  # multi-crop: 16 px local views
+    "convnext_atto": {},
+}
+
+
+# DINO's 16 px local crops are smaller than ConvNeXt's 32x downsampling: SimCLR only for it.
+RUNS = [(name, "simclr.yaml") for name in sorted(TIMM_MODELS)] + [
+    ("resnet18", "dino.yaml"), ("vit_tiny_patch16_224", "dino.yaml")]
+
+
+@pytest.mark.parametrize("name, config", RUNS)
+def test_timm_backbone_trains_two_steps_through_the_cli(run_config, name, config):
+    kwargs = TIMM_MODELS[name]
+    backbone = ["--model.init_args.backbone", "ssl_lightning.TimmBackbone",
+                "--model.init_args.backbone.init_args.name", name]
+    if kwargs:
+        backbone += ["--model.init_args.backbone.init_args.model_kwargs", str(kwargs)]
+    heads = (["--model.init_args.projection_hidden_dim", "32"] if config == "simclr.yaml" else
+             ["--model.init_args.head_hidden_dim", "32", "--model.init_args.head_bottleneck_dim",
+              "16", "--model.init_args.head_out_dim", "64"])
+    cli = run_config(ROOT / "configs" / config,
+                     [*backbone, *heads, "--trainer.fast_dev_run", "2"])
+    assert cli.trainer.global_step == 2
+    assert isinstance(cli.model.backbone, TimmBackbone)
+    assert cli.model.backbone.net.default_cfg["architecture"] == name
+
+
+def test_unknown_timm_name_suggests_close_names():
+    with pytest.raises(ValueError, match="Did you mean 'resnet18'"):
+        TimmBackbone("resnet81")
+
+
+def _features(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return module.eval()(x)
+
+
+def test_pretrained_path_loads_a_torchvision_state_dict(tmp_path):
+    source = torchvision.models.resnet18()
+    path = tmp_path / "r18.pth"
+    torch.save(source.state_dict(), path)  # as torchvision code saves it (with the fc layer)
+    x = torch.randn(2, 3, 64, 64)
+    source.fc = nn.Identity()
+    expected = _features(source, x)
+    for backbone in (ResNet(18, pretrained_path=str(path)),
+                     TorchvisionBackbone("resnet18", pretrained_path=str(path))):
+        torch.testing.assert_close(_features(backbone, x), expected, rtol=0, atol=0)
+
+
+def test_pretrained_path_loads_a_timm_state_dict_and_our_exports(tmp_path):
+    source = timm.create_model("resnet18", num_classes=10)
+    path = tmp_path / "timm.pth"
+    torch.save(source.state_dict(), path)
+    source.reset_classifier(0)
+    x = torch.randn(2, 3, 32, 32)
+    loaded = TimmBackbone("resnet18", pretrained_path=str(path))
+    torch.testing.assert_close(_features(loaded, x), _features(source, x), rtol=0, atol=0)
+    for make in (lambda p: SmallConvNet((8, 16), pretrained_path=p),
+                 lambda p: ViT(depth=1, embed_dim=32, num_heads=2, pretrained_path=p)):
+        original = make(None)
+        export = tmp_path / "export.pt"
+        torch.save(original.state_dict(), export)  # what `export --format state_dict` writes
+        torch.testing.assert_close(_features(make(str(export)), x), _features(original, x))
+
+
+def test_pretrained_file_of_another_architecture_names_the_first_bad_key(tmp_path):
+    path = tmp_path / "r50.pth"
+    torch.save(torchvision.models.resnet50().state_dict(), path)
+    with pytest.raises(ValueError, match=r"'conv1.weight'|'layer1.0.conv1.weight'|missing"):
+        ResNet(18, pretrained_path=str(path))
+    torch.save(torchvision.models.resnet18().state_dict(), path)
+    with pytest.raises(ValueError, match="first missing key 'net.0.weight'"):
+        SmallConvNet(pretrained_path=str(path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ViT(pretrained_path=str(tmp_path / "nothing.pt"))
