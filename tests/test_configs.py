@@ -36,6 +36,12 @@ EXTRA_ARGS: dict[str, list[str]] = {
                  "--model.init_args.decoder_depth", "1"],
     "ijepa.yaml": ["--model.init_args.backbone.init_args.depth", "1",
                    "--model.init_args.predictor_depth", "1"],
+    **{name: ["--model.init_args.backbone.init_args.depth", "1",
+              "--model.init_args.backbone.init_args.arch", "tiny",
+              "--model.init_args.head_out_dim", "64", "--model.init_args.patch_out_dim", "64",
+              "--model.init_args.head_hidden_dim", "32",
+              "--model.init_args.head_bottleneck_dim", "16"]
+       for name in ("ibot.yaml", "dinov2.yaml")},
 }
 
 

@@ -4,8 +4,10 @@ from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.dino import DINOLoss
+from ssl_lightning.losses.ibot_patch import IBOTPatchLoss
 from ssl_lightning.losses.ijepa import IJEPALoss
 from ssl_lightning.losses.infonce import InfoNCELoss
+from ssl_lightning.losses.koleo import KoLeoLoss
 from ssl_lightning.losses.mae import MAELoss
 from ssl_lightning.losses.moco_v3 import MoCoV3Loss
 from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
@@ -19,4 +21,4 @@ from ssl_lightning.losses.vicreg import VICRegLoss
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
            "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss", "DCLLoss",
-           "NNCLRLoss", "SupConLoss"]
+           "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss"]

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.distributed import all_reduce_mean_no_grad
+from ssl_lightning.losses.centering import Centering, check_centering, teacher_targets
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -34,12 +35,20 @@ class DINOLoss(nn.Module):
         out_dim: Number of prototypes K (size of the head output).
         student_temperature: τ_s > 0 (0.1).
         center_momentum: m in [0, 1) of the centre EMA (0.9).
+        centering: ``"center"`` (the EMA centre above) or ``"sinkhorn"`` (DINOv2's Sinkhorn-Knopp
+            targets over all crops and ranks; the centre is then not updated).
+        sinkhorn_iterations: Sinkhorn rounds (3).
     """
 
     center: Tensor
 
     def __init__(
-        self, out_dim: int, student_temperature: float = 0.1, center_momentum: float = 0.9
+        self,
+        out_dim: int,
+        student_temperature: float = 0.1,
+        center_momentum: float = 0.9,
+        centering: Centering = "center",
+        sinkhorn_iterations: int = 3,
     ) -> None:
         super().__init__()
         if out_dim < 1:
@@ -48,6 +57,8 @@ class DINOLoss(nn.Module):
             raise ValueError(f"student_temperature must be > 0, got {student_temperature}.")
         if not 0 <= center_momentum < 1:
             raise ValueError(f"center_momentum must be in [0, 1), got {center_momentum}.")
+        check_centering(centering, sinkhorn_iterations)
+        self.centering, self.sinkhorn_iterations = centering, sinkhorn_iterations
         self.student_temperature = student_temperature
         self.center_momentum = center_momentum
         self.register_buffer("center", torch.zeros(1, out_dim, dtype=torch.float32))
@@ -75,7 +86,10 @@ class DINOLoss(nn.Module):
             )
         with torch.autocast(device_type=self.center.device.type, enabled=False):
             teacher_out = torch.stack([at_least_fp32(t.detach()) for t in teacher])
-            targets = F.softmax((teacher_out - self.center) / teacher_temperature, dim=-1)
+            targets = teacher_targets(
+                teacher_out.flatten(0, 1), teacher_temperature, self.centering, self.center,
+                self.sinkhorn_iterations,
+            ).view_as(teacher_out)
             total = teacher_out.new_zeros(())
             terms = 0
             for s_idx, s in enumerate(student):
@@ -86,7 +100,7 @@ class DINOLoss(nn.Module):
                     total = total + (-(targets[t_idx] * log_p).sum(dim=-1)).mean()
                     terms += 1
             loss = total / terms
-        if self.training:
+        if self.training and self.centering == "center":
             self.update_center(teacher_out)
         return loss
 

@@ -11,6 +11,8 @@ processes produce exactly the codes one process computes on the concatenated sco
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -19,13 +21,18 @@ from ssl_lightning.losses.numerics import at_least_fp32
 
 
 @torch.no_grad()
-def sinkhorn_knopp(scores: Tensor, epsilon: float = 0.05, iterations: int = 3) -> Tensor:
+def sinkhorn_knopp(
+    scores: Tensor, epsilon: float = 0.05, iterations: int = 3, num_samples: int | None = None
+) -> Tensor:
     """Soft assignments (B, K) of this rank's samples, each row summing to 1.
 
     Args:
-        scores: Prototype scores (B, K) of this rank (all ranks have the same B).
+        scores: Prototype scores (B, K) of this rank (the same B on all ranks unless
+            ``num_samples`` is given).
         epsilon: Entropic regularisation ε > 0 (0.05).
         iterations: Number of row+column normalisation rounds (3).
+        num_samples: Total number of samples over all ranks when the ranks hold different
+            numbers (iBOT/DINOv2 masked patches; B may be 0 on a rank); None: B × world size.
 
     Returns:
         Codes in fp32 (float64 for float64 scores), computed outside autograd and autocast.
@@ -38,9 +45,11 @@ def sinkhorn_knopp(scores: Tensor, epsilon: float = 0.05, iterations: int = 3) -
         logits = at_least_fp32(scores) / epsilon
         # A constant shift shared by all ranks cancels in the first normalisation; it keeps
         # exp() finite for small epsilon.
-        shift = all_gather_no_grad(logits.max().reshape(1)).max()
+        local_max = logits.max() if logits.numel() else logits.new_full((), -math.inf)
+        shift = all_gather_no_grad(local_max.reshape(1)).max()
         q = torch.exp(logits - shift).T  # (K, B)
-        num_prototypes, total_samples = q.shape[0], q.shape[1] * world_size()
+        num_prototypes = q.shape[0]
+        total_samples = q.shape[1] * world_size() if num_samples is None else num_samples
         q /= all_reduce_sum_no_grad(q.sum())
         for _ in range(iterations):
             q /= all_reduce_sum_no_grad(q.sum(dim=1, keepdim=True))

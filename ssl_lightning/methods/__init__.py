@@ -5,6 +5,8 @@ from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.dino import DINO
+from ssl_lightning.methods.dinov2 import DINOv2
+from ssl_lightning.methods.ibot import IBOT
 from ssl_lightning.methods.ijepa import IJEPA
 from ssl_lightning.methods.mae import MAE
 from ssl_lightning.methods.moco_v2 import MoCoV2
@@ -19,4 +21,4 @@ from ssl_lightning.methods.vicreg import VICReg
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
-           "SupCon"]
+           "SupCon", "IBOT", "DINOv2"]

@@ -1,0 +1,51 @@
+"""Teacher targets of the self-distillation losses: a centred softmax or Sinkhorn-Knopp.
+
+- ``"center"``: ``softmax((t − c) / τ_t)`` with an EMA centre ``c`` of the teacher outputs (Caron
+  et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021, §3.1; iBOT, Zhou
+  et al., ICLR 2022, for the patch tokens).
+- ``"sinkhorn"``: Sinkhorn-Knopp equipartition of ``exp(t / τ_t)`` over the batch (Oquab et al.,
+  "DINOv2: Learning Robust Visual Features without Supervision", TMLR 2024, §4, after SwAV), with
+  the sums taken over all ranks (:func:`~ssl_lightning.losses.sinkhorn.sinkhorn_knopp`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ssl_lightning.losses.sinkhorn import sinkhorn_knopp
+
+Centering = Literal["center", "sinkhorn"]
+
+
+def check_centering(centering: str, sinkhorn_iterations: int) -> None:
+    """``ValueError`` for an unknown centering or a non-positive number of Sinkhorn rounds."""
+    if centering not in ("center", "sinkhorn"):
+        raise ValueError(f"centering must be 'center' or 'sinkhorn', got {centering!r}.")
+    if sinkhorn_iterations < 1:
+        raise ValueError(f"sinkhorn_iterations must be >= 1, got {sinkhorn_iterations}.")
+
+
+def teacher_targets(
+    teacher: Tensor,
+    temperature: float,
+    centering: Centering,
+    center: Tensor,
+    sinkhorn_iterations: int = 3,
+    num_samples: int | None = None,
+) -> Tensor:
+    """Target distributions (M, K) for fp32 teacher logits (M, K) of this rank.
+
+    Args:
+        teacher: Teacher head outputs, one row per sample (crops flattened into rows).
+        temperature: τ_t > 0.
+        centering: ``"center"`` (uses ``center``) or ``"sinkhorn"``.
+        center: The EMA centre (1, K) (ignored by Sinkhorn).
+        sinkhorn_iterations: Sinkhorn rounds (3 in DINOv2).
+        num_samples: Rows over all ranks when they differ per rank (masked patches).
+    """
+    if centering == "sinkhorn":
+        return sinkhorn_knopp(teacher, temperature, sinkhorn_iterations, num_samples)
+    return F.softmax((teacher - center) / temperature, dim=-1)
