@@ -36,6 +36,8 @@ class BYOL(MomentumMethod):
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
+    batch_coupled_loss = False  # a mean of per-sample terms
+
     def __init__(
         self,
         backbone: nn.Module,

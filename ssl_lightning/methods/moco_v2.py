@@ -49,6 +49,8 @@ class MoCoV2(MomentumMethod):
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
+    batch_coupled_loss = False  # per-sample InfoNCE against the queue
+
     shuffle_step: Tensor
 
     def __init__(

@@ -35,6 +35,8 @@ class SimSiam(SSLMethod):
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
+    batch_coupled_loss = False  # a mean of per-sample terms
+
     def __init__(
         self,
         backbone: nn.Module,
