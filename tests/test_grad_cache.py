@@ -188,6 +188,22 @@ def test_loss_scale_multiplies_the_cached_gradients() -> None:
         torch.testing.assert_close(p.grad, q.grad * 1024.0, rtol=0, atol=0)
 
 
+def test_batchnorm_running_statistics_are_updated_once_per_micro_batch() -> None:
+    """Pass 1's buffer updates are undone: after one cached step the BatchNorm running
+    statistics are those of one forward per micro-batch (4 updates, not 8)."""
+    torch.manual_seed(0)
+    model = SimCLR(_backbone(), projection_hidden_dim=16, projection_dim=8)  # BN in the head
+    views = [torch.randn(8, 3, 8, 8) for _ in range(2)]
+    reference = copy.deepcopy(model)
+    grad_cached_loss(model, views, 2)[0].backward()
+    with torch.no_grad():
+        for i in range(0, 8, 2):
+            reference.forward_views([v[i:i + 2] for v in views])
+    assert int(model.projector.mlp[1].num_batches_tracked) == 4
+    for (name, b), r in zip(model.named_buffers(), reference.buffers(), strict=True):
+        torch.testing.assert_close(b, r, rtol=0, atol=0, msg=name)
+
+
 def test_drop_path_is_replayed_exactly() -> None:
     """Reference: the same micro-batch forwards in one autograd graph (same seed, so the same
     drop-path draws), the whole-batch loss and one backward."""
