@@ -66,11 +66,11 @@ def run(args: argparse.Namespace, micro_batch_size: int | None) -> dict[str, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-root", default="/work/data/cifar10")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--micro-batch-size", type=int, default=32)
     parser.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128])
-    parser.add_argument("--knn-bank", type=int, default=10000)
+    parser.add_argument("--knn-bank", type=int, default=5000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

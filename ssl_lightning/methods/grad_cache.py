@@ -80,6 +80,7 @@ def grad_cached_loss(
         if i == 0:
             needs_grad = [isinstance(t, Tensor) and t.requires_grad for t in leaves]
         cached.append([t.detach() if isinstance(t, Tensor) else t for t in leaves])
+        del leaves  # frees the first micro-batch's graph before the next forward
     _restore_buffers(method, saved_buffers)
     end_rng = _rng_state(device)
 
