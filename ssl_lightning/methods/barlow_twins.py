@@ -57,9 +57,12 @@ class BarlowTwins(SSLMethod):
         )
         self.criterion = BarlowTwinsLoss(lambda_offdiag)
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:
             raise ValueError(f"BarlowTwins needs 2 views per sample, got {len(views)}.")
         features = self.backbone(views[0])
-        z1, z2 = self.projector(features), self.projector(self.backbone(views[1]))
-        return self.criterion(z1, z2, all_reduce_sum_with_grad), features
+        return {"z1": self.projector(features), "z2": self.projector(self.backbone(views[1])),
+                "features": features}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        return self.criterion(outputs["z1"], outputs["z2"], all_reduce_sum_with_grad)

@@ -1,16 +1,17 @@
 """SSLMethod: the LightningModule every self-supervised method derives from.
 
 A method owns an injected backbone, its heads and its loss, and the optimiser set-up. Subclasses
-implement :meth:`SSLMethod.training_loss`; everything shared (logging, the step output contract
-used by the evaluation callbacks, gathering across ranks, LARS/SGD/AdamW with warm-up + cosine,
-the batch-size LR scaling rule) lives here.
+implement :meth:`SSLMethod.forward_views` and :meth:`SSLMethod.loss_from_outputs`; everything
+shared (logging, the step output contract used by the evaluation callbacks, gathering across
+ranks, LARS/SGD/AdamW with warm-up + cosine, the batch-size LR scaling rule, micro-batching by
+gradient caching) lives here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytorch_lightning as pl
 import torch
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
 from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
+from ssl_lightning.methods.grad_cache import check_micro_batch_size, grad_cached_loss
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -58,6 +60,10 @@ class SSLMethod(pl.LightningModule):
         channels_last: Store conv weights and backbone inputs in channels-last layout (faster
             convolutions on tensor-core GPUs, see README Performance).
         compile_backbone: ``torch.compile`` the (student) backbone in place when fitting starts.
+        micro_batch_size: Run the networks on micro-batches of this many samples while the loss
+            still sees the whole batch (gradient caching, Gao et al. 2021; exact large-batch
+            gradients in the memory of a micro-batch, see docs/gradient_caching.md). Must divide
+            the per-device batch size. ``None``: the whole batch at once.
     """
 
     #: Smallest global batch (per-device batch x processes) the loss is meaningful for; a loss
@@ -68,6 +74,9 @@ class SSLMethod(pl.LightningModule):
     #: Views per sample the loss uses; None: all of them (multi-crop methods). A transform that
     #: makes more gets a warning: the extra views would be computed and silently ignored.
     views_used: int | None = 2
+    #: The loss couples the samples of a batch (negatives, batch statistics, Sinkhorn, centre),
+    #: so ``accumulate_grad_batches`` changes the objective (a warning says so).
+    batch_coupled_loss: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -84,6 +93,7 @@ class SSLMethod(pl.LightningModule):
         image_size: int = 32,
         channels_last: bool = False,
         compile_backbone: bool = False,
+        micro_batch_size: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(backbone, nn.Module):
@@ -94,6 +104,14 @@ class SSLMethod(pl.LightningModule):
                 "SmallConvNet() rather than SmallConvNet; in a config, backbone: {class_path: "
                 "..., init_args: {...}}."
             )
+        if micro_batch_size is not None:
+            if micro_batch_size <= 0:
+                raise ValueError(f"micro_batch_size must be > 0 or None, got {micro_batch_size}.")
+            if type(self).training_loss is not SSLMethod.training_loss:
+                raise ValueError(
+                    f"micro_batch_size={micro_batch_size} needs {type(self).__name__} to implement "
+                    "forward_views + loss_from_outputs instead of overriding training_loss."
+                )
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}.")
         if weight_decay < 0:
@@ -213,18 +231,51 @@ class SSLMethod(pl.LightningModule):
                 "method (DINO, SwAV)."
             )
 
+    def on_train_start(self) -> None:
+        """Before the first step: ``micro_batch_size`` must divide the loader's batch size;
+        warn when gradient accumulation changes a batch-coupled objective."""
+        micro = self.hparams.get("micro_batch_size")
+        batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
+        if micro is not None and isinstance(batch_size, int):
+            check_micro_batch_size(micro, batch_size)
+        accumulate = self.trainer.accumulate_grad_batches
+        if accumulate > 1 and self.batch_coupled_loss:
+            rank_zero_warn(
+                f"accumulate_grad_batches={accumulate} with {type(self).__name__}, whose loss "
+                f"couples the samples of a batch: each of the {accumulate} accumulated batches "
+                f"has its own loss (1/{accumulate} of the negatives / batch statistics), which is "
+                "not the large-batch objective. For the exact loss of a larger batch in the same "
+                "memory, raise the batch size and set micro_batch_size (gradient caching, "
+                "docs/gradient_caching.md)."
+            )
+
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets = batch
         self.warn_unused_views(views)
-        self._step_targets = targets  # read by training_loss; only during this step
+        self._step_targets = targets  # read by training_loss / loss_from_outputs; this step only
         try:
-            loss, features = self.training_loss(views)
+            micro = self.hparams.get("micro_batch_size")
+            if micro is not None and micro < len(targets):
+                loss, features = grad_cached_loss(self, views, micro, self._loss_scale())
+            else:
+                loss, features = self.training_loss(views)
         finally:
             self._step_targets = None
         check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         return {"loss": loss, "features": features.detach(), "targets": targets}
+
+    def _loss_scale(self) -> Tensor | float:
+        """The factor Lightning's backward applies to the training_step loss: the GradScaler
+        scale (16-mixed) over ``accumulate_grad_batches``."""
+        if self._trainer is None:
+            return 1.0
+        scale: Tensor | float = 1.0
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None and scaler.is_enabled():
+            scale = scaler.scale(torch.ones((), device=self.device))
+        return scale / self.trainer.accumulate_grad_batches
 
     def validation_step(
         self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0

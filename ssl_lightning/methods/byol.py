@@ -36,6 +36,8 @@ class BYOL(MomentumMethod):
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
+    batch_coupled_loss = False  # a mean of per-sample terms
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -59,7 +61,7 @@ class BYOL(MomentumMethod):
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.target_backbone), (self.projector, self.target_projector)]
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:
             raise ValueError(f"BYOL needs 2 views per sample, got {len(views)}.")
         features = self.backbone(views[0])
@@ -68,4 +70,7 @@ class BYOL(MomentumMethod):
         with torch.no_grad():
             z1 = self.target_projector(self.target_backbone(views[0]))
             z2 = self.target_projector(self.target_backbone(views[1]))
-        return self.criterion(p1, p2, z1, z2), features
+        return {"p1": p1, "p2": p2, "z1": z1, "z2": z2, "features": features}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        return self.criterion(outputs["p1"], outputs["p2"], outputs["z1"], outputs["z2"])

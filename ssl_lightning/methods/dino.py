@@ -106,7 +106,7 @@ class DINO(MomentumMethod):
         start = hp["warmup_teacher_temperature"]
         return start + (hp["teacher_temperature"] - start) * epoch / warmup
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:
             raise ValueError(f"DINO needs 2 global views (+ local views), got {len(views)}.")
         batch = views[0].shape[0]
@@ -114,11 +114,15 @@ class DINO(MomentumMethod):
             teacher_out = self.teacher_head(forward_by_resolution(self.teacher_backbone, views[:2]))
         features = forward_by_resolution(self.backbone, views)
         student_out = self.head(features)
+        return {"student": list(student_out.chunk(len(views))),
+                "teacher": list(teacher_out.chunk(2)), "features": features[:batch]}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         temperature = self.teacher_temperature(self.current_epoch)
-        loss = self.criterion(student_out.chunk(len(views)), teacher_out.chunk(2), temperature)
+        loss = self.criterion(outputs["student"], outputs["teacher"], temperature)
         if self._trainer is not None:
             self.log("train/teacher_temperature", temperature, on_step=False, on_epoch=True)
-        return loss, features[:batch]
+        return loss
 
     # ------------------------------------------------------------- optimiser-step adjustments
     def param_groups(self) -> list[dict]:

@@ -67,6 +67,9 @@ class IJEPA(MomentumMethod):
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
+    #: A mean of per-sample terms: gradient accumulation keeps the objective (no warning).
+    batch_coupled_loss = False
+
     def __init__(
         self,
         backbone: nn.Module,

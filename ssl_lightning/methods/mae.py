@@ -63,6 +63,9 @@ class MAE(SSLMethod):
         **kwargs: Other arguments of :class:`SSLMethod`.
     """
 
+    #: A mean of per-sample terms: gradient accumulation keeps the objective (no warning).
+    batch_coupled_loss = False
+
     def __init__(
         self,
         backbone: nn.Module,

@@ -49,6 +49,8 @@ class MoCoV2(MomentumMethod):
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
+    batch_coupled_loss = False  # per-sample InfoNCE against the queue
+
     shuffle_step: Tensor
 
     def __init__(
@@ -81,34 +83,38 @@ class MoCoV2(MomentumMethod):
         return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]
 
     @torch.no_grad()
-    def encode_keys(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Normalised keys of the local batch (B, D) and of the global batch (W·B, D)."""
+    def encode_keys(self, x: Tensor) -> Tensor:
+        """Normalised keys of the local batch (B, D). With shuffle-BN under DDP this gathers
+        the images and the keys (the one collective inside :meth:`forward_views`)."""
         batch, offset = x.shape[0], self.rank_offset(x.shape[0])
         x_all = self.gather_no_grad(x) if self.shuffle_bn else x
         if x_all.shape[0] == batch:  # one process (or no shuffling): plain forward
-            keys_all = self.gather_no_grad(F.normalize(self.key_projector(self.key_backbone(x)),
-                                                       dim=1))
-        else:
-            generator = torch.Generator().manual_seed(int(self.shuffle_step))
-            perm = torch.randperm(x_all.shape[0], generator=generator).to(x.device)
-            chunk = x_all[perm[offset : offset + batch]]
-            shuffled = self.gather_no_grad(
-                F.normalize(self.key_projector(self.key_backbone(chunk)), dim=1))
-            keys_all = torch.empty_like(shuffled)
-            keys_all[perm] = shuffled  # row j of `shuffled` is the key of sample perm[j]
-            self.shuffle_step += 1
-        return keys_all[offset : offset + batch], keys_all
+            return F.normalize(self.key_projector(self.key_backbone(x)), dim=1)
+        generator = torch.Generator().manual_seed(int(self.shuffle_step))
+        perm = torch.randperm(x_all.shape[0], generator=generator).to(x.device)
+        chunk = x_all[perm[offset : offset + batch]]
+        shuffled = self.gather_no_grad(
+            F.normalize(self.key_projector(self.key_backbone(chunk)), dim=1))
+        keys_all = torch.empty_like(shuffled)
+        keys_all[perm] = shuffled  # row j of `shuffled` is the key of sample perm[j]
+        self.shuffle_step += 1
+        return keys_all[offset : offset + batch]
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:
             raise ValueError(f"MoCoV2 needs 2 views per sample, got {len(views)}.")
         features = self.backbone(views[0])
-        negatives = self.queue.negatives()
-        key2, key2_all = self.encode_keys(views[1])
-        loss = self.criterion(self.projector(features), key2, negatives)
+        outputs = {"key2": self.encode_keys(views[1]), "query1": self.projector(features),
+                   "features": features}
         if self.symmetric:
-            key1, _ = self.encode_keys(views[0])
-            query2 = self.projector(self.backbone(views[1]))
-            loss = (loss + self.criterion(query2, key1, negatives)) / 2
-        self.queue.enqueue(key2_all)
-        return loss, features
+            outputs["key1"] = self.encode_keys(views[0])
+            outputs["query2"] = self.projector(self.backbone(views[1]))
+        return outputs
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        negatives = self.queue.negatives()
+        loss = self.criterion(outputs["query1"], outputs["key2"], negatives)
+        if self.symmetric:
+            loss = (loss + self.criterion(outputs["query2"], outputs["key1"], negatives)) / 2
+        self.queue.enqueue(self.gather_no_grad(outputs["key2"]))
+        return loss

@@ -74,15 +74,19 @@ class MoCoV3(MomentumMethod):
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:
             raise ValueError(f"MoCoV3 needs 2 views per sample, got {len(views)}.")
         features = self.backbone(views[0])
         q1 = self.predictor(self.projector(features))
         q2 = self.predictor(self.projector(self.backbone(views[1])))
         with torch.no_grad():
-            k1 = self.gather_no_grad(self.key_projector(self.key_backbone(views[0])))
-            k2 = self.gather_no_grad(self.key_projector(self.key_backbone(views[1])))
-        offset = self.rank_offset(views[0].shape[0])
-        loss = self.criterion(q1, k2, offset) + self.criterion(q2, k1, offset)
-        return loss, features
+            k1 = self.key_projector(self.key_backbone(views[0]))
+            k2 = self.key_projector(self.key_backbone(views[1]))
+        return {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "features": features}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        k1, k2 = self.gather_no_grad(outputs["k1"]), self.gather_no_grad(outputs["k2"])
+        offset = self.rank_offset(outputs["q1"].shape[0])
+        return (self.criterion(outputs["q1"], k2, offset)
+                + self.criterion(outputs["q2"], k1, offset))

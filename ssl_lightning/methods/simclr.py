@@ -60,11 +60,15 @@ class SimCLR(SSLMethod):
         self.criterion: nn.Module = NTXentLoss(
             temperature, loss_chunk_size, margin, memory_bank_size, embedding_dim=projection_dim)
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:
             raise ValueError(f"SimCLR needs 2 views per sample, got {len(views)}.")
         batch = views[0].shape[0]
         features = self.backbone(torch.cat([views[0], views[1]]))
         z1, z2 = self.projector(features).chunk(2)
-        loss = self.criterion(z1, z2, self.gather(z1), self.gather(z2), self.rank_offset(batch))
-        return loss, features[:batch]
+        return {"z1": z1, "z2": z2, "features": features[:batch]}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z1, z2 = outputs["z1"], outputs["z2"]
+        return self.criterion(z1, z2, self.gather(z1), self.gather(z2),
+                              self.rank_offset(z1.shape[0]))

@@ -35,6 +35,8 @@ class SimSiam(SSLMethod):
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
+    batch_coupled_loss = False  # a mean of per-sample terms
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -57,12 +59,16 @@ class SimSiam(SSLMethod):
         self.criterion = NegativeCosineLoss()
         self.fixed_predictor_lr = fixed_predictor_lr
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:
             raise ValueError(f"SimSiam needs 2 views per sample, got {len(views)}.")
         features = self.backbone(views[0])
         z1, z2 = self.projector(features), self.projector(self.backbone(views[1]))
-        return self.criterion(self.predictor(z1), self.predictor(z2), z1, z2), features
+        return {"p1": self.predictor(z1), "p2": self.predictor(z2), "z1": z1, "z2": z2,
+                "features": features}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        return self.criterion(outputs["p1"], outputs["p2"], outputs["z1"], outputs["z2"])
 
     def param_groups(self) -> list[dict]:
         """The base groups, with the predictor in groups of its own marked ``fixed_lr``."""

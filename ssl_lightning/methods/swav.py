@@ -109,24 +109,31 @@ class SwAV(SSLMethod):
                 f"Use queue_length: {high}" + (f" or {low}." if low else ".")
             )
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        """Prototype scores of every crop and the embeddings of the assigned crops. The
+        prototypes are normalised first (idempotent, so re-running a micro-batch is harmless)."""
         if len(views) < 2:
             raise ValueError(f"SwAV needs 2 global views (+ local views), got {len(views)}.")
         self.prototypes.normalize_()
         batch = views[0].shape[0]
         features = forward_by_resolution(self.backbone, views)
         z = F.normalize(self.projector(features), dim=1)
-        scores = self.prototypes(z).chunk(len(views))
+        z_per_crop = z.chunk(len(views))
+        return {"scores": list(self.prototypes(z).chunk(len(views))),
+                "assigned": [z_per_crop[c] for c in CROPS_FOR_ASSIGN],
+                "features": features[:batch]}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         queue_active = (self.queue.shape[1] > 0
                         and self.current_epoch >= self.hparams["queue_start_epoch"])
         queue_scores = None
         if queue_active and int(self.queue_filled) >= self.queue.shape[1]:
             with torch.no_grad():
                 queue_scores = [self.prototypes(q) for q in self.queue_share()]
-        loss = self.criterion(scores, queue_scores)
+        loss = self.criterion(outputs["scores"], queue_scores)
         if queue_active:
-            self.push_to_queue(z.detach().chunk(len(views)))
-        return loss, features[:batch]
+            self.push_to_queue(outputs["assigned"])
+        return loss
 
     def queue_share(self) -> Tensor:
         """This rank's 1/world slice of the global queue: (n_assigned, queue_length/world, D)."""
@@ -139,12 +146,13 @@ class SwAV(SSLMethod):
         return self.queue.chunk(world, dim=1)[rank()]
 
     @torch.no_grad()
-    def push_to_queue(self, z_per_crop: Sequence[Tensor]) -> None:
-        """Prepend the global batch's embeddings of the assigned crops, dropping the oldest."""
-        for i, crop in enumerate(CROPS_FOR_ASSIGN):
-            new = all_gather_no_grad(z_per_crop[crop])
+    def push_to_queue(self, assigned: Sequence[Tensor]) -> None:
+        """Prepend the global batch's embeddings of the assigned crops (one (B, D) tensor per
+        crop of ``CROPS_FOR_ASSIGN``), dropping the oldest."""
+        for i, z in enumerate(assigned):
+            new = all_gather_no_grad(z.detach())
             self.queue[i] = torch.cat([new, self.queue[i]])[: self.queue.shape[1]]
-        self.queue_filled.add_(z_per_crop[0].shape[0] * world_size())
+        self.queue_filled.add_(assigned[0].shape[0] * world_size())
         self.queue_filled.clamp_(max=self.queue.shape[1])
 
     def freeze_prototypes_(self, step: int) -> None:

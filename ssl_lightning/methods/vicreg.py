@@ -58,14 +58,18 @@ class VICReg(SSLMethod):
         )
         self.criterion = VICRegLoss(invariance_weight, variance_weight, covariance_weight)
 
-    def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:
             raise ValueError(f"VICReg needs 2 views per sample, got {len(views)}.")
         features = self.backbone(views[0])
-        z1, z2 = self.expander(features), self.expander(self.backbone(views[1]))
+        return {"z1": self.expander(features), "z2": self.expander(self.backbone(views[1])),
+                "features": features}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z1, z2 = outputs["z1"], outputs["z2"]
         terms = self.criterion.terms(z1, z2, self.gather(z1), self.gather(z2))
         if self._trainer is not None:
             for name, value in zip(("invariance", "variance", "covariance"), terms, strict=True):
                 self.log(f"train/vicreg_{name}", value, on_step=False, on_epoch=True,
                          sync_dist=True, batch_size=z1.shape[0])
-        return self.criterion.combine(*terms), features
+        return self.criterion.combine(*terms)
