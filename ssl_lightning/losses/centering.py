@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ssl_lightning.losses.sinkhorn import sinkhorn_knopp
 
@@ -26,6 +27,34 @@ def check_centering(centering: str, sinkhorn_iterations: int) -> None:
         raise ValueError(f"centering must be 'center' or 'sinkhorn', got {centering!r}.")
     if sinkhorn_iterations < 1:
         raise ValueError(f"sinkhorn_iterations must be >= 1, got {sinkhorn_iterations}.")
+
+
+class CenteredDistillationLoss(nn.Module):
+    """Shared state and checks of the self-distillation losses (DINO [CLS], iBOT patches): the
+    student temperature, the persistent fp32 EMA ``center`` (1, K) and the centering choice."""
+
+    center: Tensor
+
+    def __init__(
+        self,
+        name: str,
+        out_dim: int,
+        student_temperature: float,
+        center_momentum: float,
+        centering: Centering,
+        sinkhorn_iterations: int,
+    ) -> None:
+        super().__init__()
+        if out_dim < 1:
+            raise ValueError(f"{name} out_dim must be >= 1, got {out_dim}.")
+        if not student_temperature > 0:
+            raise ValueError(f"student_temperature must be > 0, got {student_temperature}.")
+        if not 0 <= center_momentum < 1:
+            raise ValueError(f"center_momentum must be in [0, 1), got {center_momentum}.")
+        check_centering(centering, sinkhorn_iterations)
+        self.student_temperature, self.center_momentum = student_temperature, center_momentum
+        self.centering, self.sinkhorn_iterations = centering, sinkhorn_iterations
+        self.register_buffer("center", torch.zeros(1, out_dim, dtype=torch.float32))
 
 
 def teacher_targets(

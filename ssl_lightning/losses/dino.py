@@ -18,14 +18,18 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ssl_lightning.distributed import all_reduce_mean_no_grad
-from ssl_lightning.losses.centering import Centering, check_centering, teacher_targets
+from ssl_lightning.losses.centering import (
+    CenteredDistillationLoss,
+    Centering,
+    teacher_targets,
+)
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
-class DINOLoss(nn.Module):
+class DINOLoss(CenteredDistillationLoss):
     """Cross-entropy between centred/sharpened teacher and student distributions over crop pairs.
 
     The centre is a persistent fp32 buffer (saved in checkpoints; ``.double()`` makes it float64
@@ -40,7 +44,6 @@ class DINOLoss(nn.Module):
         sinkhorn_iterations: Sinkhorn rounds (3).
     """
 
-    center: Tensor
 
     def __init__(
         self,
@@ -50,18 +53,8 @@ class DINOLoss(nn.Module):
         centering: Centering = "center",
         sinkhorn_iterations: int = 3,
     ) -> None:
-        super().__init__()
-        if out_dim < 1:
-            raise ValueError(f"DINOLoss out_dim must be >= 1, got {out_dim}.")
-        if not student_temperature > 0:
-            raise ValueError(f"student_temperature must be > 0, got {student_temperature}.")
-        if not 0 <= center_momentum < 1:
-            raise ValueError(f"center_momentum must be in [0, 1), got {center_momentum}.")
-        check_centering(centering, sinkhorn_iterations)
-        self.centering, self.sinkhorn_iterations = centering, sinkhorn_iterations
-        self.student_temperature = student_temperature
-        self.center_momentum = center_momentum
-        self.register_buffer("center", torch.zeros(1, out_dim, dtype=torch.float32))
+        super().__init__('DINOLoss', out_dim, student_temperature, center_momentum, centering,
+                         sinkhorn_iterations)
 
     def forward(
         self, student: Sequence[Tensor], teacher: Sequence[Tensor], teacher_temperature: float
