@@ -34,7 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 #: Extra CLI arguments of a config (after the generic shrinking), e.g. for a new method.
-EXTRA_ARGS: dict[str, list[str]] = {}
+EXTRA_ARGS: dict[str, list[str]] = {
+    "mae.yaml": ["--model.init_args.decoder_depth", "1", "--model.init_args.decoder_heads", "2"],
+    "ijepa.yaml": ["--model.init_args.predictor_depth", "1",
+                   "--model.init_args.predictor_heads", "2"],
+}
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
 SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}
 #: Evaluation configs: the pre-training config whose ``last.ckpt`` they are given.

@@ -76,8 +76,8 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "barlow_twins": lambda: BarlowTwins(_net(), projection_hidden_dim=8, projection_dim=6, **OPT),
     "simsiam": lambda: SimSiam(_net(), projection_hidden_dim=8, projection_dim=6,
                                predictor_hidden_dim=4, **OPT),
-    "linear": lambda: LinearEval(_net(), num_classes=2, lr=0.1, lr_scaling="none",
-                                 warmup_epochs=0.5, image_size=SIZE),
+    "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
+                                 lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
 
 

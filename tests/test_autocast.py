@@ -45,11 +45,27 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
                                              [_randn(B, K) for _ in range(2)], 0.04)),
     "SwAVLoss": lambda: (losses.SwAVLoss(), ([torch.nn.functional.normalize(_randn(B, K), dim=1)
                                               for _ in range(3)],)),
+    "MAELoss": lambda: (losses.MAELoss(), (_randn(B, 4, 12), _randn(B, 4, 12))),
+    "IJEPALoss": lambda: (losses.IJEPALoss(), (_randn(B, 2, 3, D), _randn(B, 2, 3, D))),
+    "DCLLoss": lambda: (losses.DCLLoss(0.2, chunk_size=None), (_randn(B, D), _randn(B, D))),
+    "DCLLoss(weighted, chunked)": lambda: (losses.DCLLoss(0.2, weight_sigma=0.5, chunk_size=5),
+                                           (_randn(B, D), _randn(B, D))),
+    "NNCLRLoss": lambda: (losses.NNCLRLoss(0.2, chunk_size=None), (_randn(B, D), _randn(B, D))),
+    "SupConLoss": lambda: (losses.SupConLoss(0.2, chunk_size=5),
+                           (_randn(B, D), _randn(B, D), torch.arange(B) % 3)),
+    "IBOTPatchLoss": lambda: (losses.IBOTPatchLoss(K), (_randn(B, 2, 4, K), _randn(B, 2, 4, K),
+                                                        torch.arange(B * 2 * 4).view(B, 2, 4) % 3
+                                                        == 0, 0.04)),
+    "KoLeoLoss": lambda: (losses.KoLeoLoss(), (_randn(B, D),)),
 }
 
 
 def _map(inputs: tuple, fn: Callable[[Tensor], Tensor]) -> tuple:
-    return tuple([fn(t) for t in x] if isinstance(x, list) else fn(x) if isinstance(x, Tensor)
+    """``fn`` on the floating-point tensors of ``inputs`` (labels and masks stay as they are)."""
+    def floating(t: object) -> bool:
+        return isinstance(t, Tensor) and t.is_floating_point()
+
+    return tuple([fn(t) for t in x] if isinstance(x, list) else fn(x) if floating(x)
                  else x for x in inputs)
 
 
