@@ -180,3 +180,51 @@ def positive_cross_entropy(
         [positive[:, None], exclude.reshape(len(rows), -1)], dim=1)
     negatives = chunked_logsumexp(anchors, candidates, temperature, columns, chunk_size)
     return F.softplus(negatives - positive_logit)
+
+
+def check_rank_offset(rank_offset: int, batch: int, n_global: int, what: str = "samples") -> None:
+    """``ValueError`` unless this rank's ``batch`` rows start at ``rank_offset`` inside the
+    ``n_global`` gathered rows (``what`` names them in the message)."""
+    if rank_offset < 0 or rank_offset + batch > n_global:
+        raise ValueError(
+            f"rank_offset {rank_offset} with local batch {batch} does not fit in the "
+            f"{n_global} gathered {what}."
+        )
+
+
+def check_two_views(
+    name: str, z1: Tensor, z2: Tensor, z1_all: Tensor | None, z2_all: Tensor | None,
+    rank_offset: int,
+) -> tuple[Tensor, Tensor]:
+    """Validate a two-view contrastive call; returns ``(z1_all, z2_all)`` (the local tensors on
+    one process)."""
+    if z1.shape != z2.shape or z1.dim() != 2:
+        raise ValueError(
+            f"{name} expects two (B, D) tensors of equal shape, got {tuple(z1.shape)} "
+            f"and {tuple(z2.shape)}."
+        )
+    z1_all = z1 if z1_all is None else z1_all
+    z2_all = z2 if z2_all is None else z2_all
+    check_rank_offset(rank_offset, z1.shape[0], z1_all.shape[0])
+    return z1_all, z2_all
+
+
+def two_view_pairs(
+    z1: Tensor, z2: Tensor, z1_all: Tensor, z2_all: Tensor, rank_offset: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The 2B local anchors and 2N gathered candidates of NT-Xent-style losses, L2-normalised
+    (at least fp32), with each anchor's own column and its positive's column.
+
+    Returns:
+        ``(anchors, candidates, self_index, positive_index)``: anchors ``[z1; z2]`` (2B, D),
+        candidates ``[z1_all; z2_all]`` (2N, D), and per anchor the column of itself and of the
+        other view of the same sample.
+    """
+    batch, n_global = z1.shape[0], z1_all.shape[0]
+    anchors = F.normalize(at_least_fp32(torch.cat([z1, z2])), dim=1)
+    candidates = F.normalize(at_least_fp32(torch.cat([z1_all, z2_all])), dim=1)
+    candidates = candidates.to(anchors.dtype)
+    local = torch.arange(batch, device=z1.device) + rank_offset
+    self_index = torch.cat([local, local + n_global])
+    positive_index = torch.cat([local + n_global, local])
+    return anchors, candidates, self_index, positive_index

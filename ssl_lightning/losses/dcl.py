@@ -18,11 +18,13 @@ averages over its own anchors, so the mean over ranks equals the single-process 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
-from ssl_lightning.losses.numerics import at_least_fp32
+from ssl_lightning.losses.chunked_contrastive import (
+    check_two_views,
+    chunked_logsumexp,
+    two_view_pairs,
+)
 
 
 class DCLLoss(nn.Module):
@@ -66,27 +68,17 @@ class DCLLoss(nn.Module):
         Returns:
             Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
         """
-        if z1.shape != z2.shape or z1.dim() != 2:
-            raise ValueError(f"DCLLoss expects two (B, D) tensors of equal shape, got "
-                             f"{tuple(z1.shape)} and {tuple(z2.shape)}.")
-        z1_all = z1 if z1_all is None else z1_all
-        z2_all = z2 if z2_all is None else z2_all
-        batch, n_global = z1.shape[0], z1_all.shape[0]
-        if rank_offset < 0 or rank_offset + batch > n_global:
-            raise ValueError(f"rank_offset {rank_offset} with local batch {batch} does not fit "
-                             f"in the {n_global} gathered samples.")
+        z1_all, z2_all = check_two_views("DCLLoss", z1, z2, z1_all, z2_all, rank_offset)
+        n_global = z1_all.shape[0]
         with torch.autocast(device_type=z1.device.type, enabled=False):
-            anchors = F.normalize(at_least_fp32(torch.cat([z1, z2])), dim=1)
-            candidates = F.normalize(at_least_fp32(torch.cat([z1_all, z2_all])), dim=1)
-            candidates = candidates.to(anchors.dtype)
-            local = torch.arange(batch, device=z1.device) + rank_offset
-            self_index = torch.cat([local, local + n_global])
-            positive_index = torch.cat([local + n_global, local])
+            anchors, candidates, self_index, positive_index = two_view_pairs(
+                z1, z2, z1_all, z2_all, rank_offset)
             excluded = torch.stack([self_index, positive_index], dim=1)
             positive = (anchors * candidates[positive_index]).sum(dim=1) / self.temperature
             if self.weight_sigma is not None:
                 cosine_all = (candidates[:n_global] * candidates[n_global:]).sum(dim=1)
                 weights = 2 - n_global * torch.softmax(cosine_all / self.weight_sigma, dim=0)
+                local = self_index[: z1.shape[0]]  # this rank's samples in the global batch
                 positive = positive * weights[local].repeat(2)
             if self.chunk_size is None:
                 logits = anchors @ candidates.T / self.temperature

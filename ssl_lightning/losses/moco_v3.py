@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.losses.chunked_contrastive import check_rank_offset
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -47,9 +48,7 @@ class MoCoV3Loss(nn.Module):
         if query.dim() != 2 or keys_all.shape[1:] != query.shape[1:]:
             raise ValueError(f"MoCoV3Loss expects (B, D) queries and (N, D) keys, got "
                              f"{tuple(query.shape)} and {tuple(keys_all.shape)}.")
-        if rank_offset < 0 or rank_offset + batch > n_global:
-            raise ValueError(f"rank_offset {rank_offset} with local batch {batch} does not fit in "
-                             f"the {n_global} gathered keys.")
+        check_rank_offset(rank_offset, batch, n_global, "keys")
         with torch.autocast(device_type=query.device.type, enabled=False):
             q = F.normalize(at_least_fp32(query), dim=1)
             k = F.normalize(at_least_fp32(keys_all.detach()).to(q.dtype), dim=1)

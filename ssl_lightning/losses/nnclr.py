@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import positive_cross_entropy
+from ssl_lightning.losses.chunked_contrastive import check_rank_offset, positive_cross_entropy
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -57,9 +57,7 @@ class NNCLRLoss(nn.Module):
         if neighbours.dim() != 2 or predictions_all.shape[1:] != neighbours.shape[1:]:
             raise ValueError(f"NNCLRLoss expects (B, D) neighbours and (N, D) predictions, got "
                              f"{tuple(neighbours.shape)} and {tuple(predictions_all.shape)}.")
-        if rank_offset < 0 or rank_offset + batch > n_global:
-            raise ValueError(f"rank_offset {rank_offset} with local batch {batch} does not fit "
-                             f"in the {n_global} gathered predictions.")
+        check_rank_offset(rank_offset, batch, n_global, "predictions")
         with torch.autocast(device_type=neighbours.device.type, enabled=False):
             p = F.normalize(at_least_fp32(predictions_all), dim=1)
             nn_ = F.normalize(at_least_fp32(neighbours.detach()), dim=1).to(p.dtype)

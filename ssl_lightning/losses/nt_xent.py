@@ -28,7 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp, positive_cross_entropy
+from ssl_lightning.losses.chunked_contrastive import (
+    check_two_views,
+    chunked_logsumexp,
+    positive_cross_entropy,
+    two_view_pairs,
+)
 from ssl_lightning.losses.numerics import at_least_fp32
 from ssl_lightning.queue import FeatureQueue
 
@@ -97,28 +102,12 @@ class NTXentLoss(nn.Module):
         Returns:
             Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
         """
-        if z1.shape != z2.shape or z1.dim() != 2:
-            raise ValueError(
-                f"NTXentLoss expects two (B, D) tensors of equal shape, got {tuple(z1.shape)} "
-                f"and {tuple(z2.shape)}."
-            )
-        z1_all = z1 if z1_all is None else z1_all
-        z2_all = z2 if z2_all is None else z2_all
-        batch, n_global = z1.shape[0], z1_all.shape[0]
-        if rank_offset < 0 or rank_offset + batch > n_global:
-            raise ValueError(
-                f"rank_offset {rank_offset} with local batch {batch} does not fit in the "
-                f"{n_global} gathered samples."
-            )
+        z1_all, z2_all = check_two_views("NTXentLoss", z1, z2, z1_all, z2_all, rank_offset)
         with torch.autocast(device_type=z1.device.type, enabled=False):
             if self.bank is not None:
                 return self._bank_loss(self.bank, z1, z2, z2_all)
-            anchors = F.normalize(at_least_fp32(torch.cat([z1, z2])), dim=1)
-            candidates = F.normalize(at_least_fp32(torch.cat([z1_all, z2_all])), dim=1)
-            candidates = candidates.to(anchors.dtype)
-            local = torch.arange(batch, device=z1.device) + rank_offset
-            self_index = torch.cat([local, local + n_global])
-            positive_index = torch.cat([local + n_global, local])
+            anchors, candidates, self_index, positive_index = two_view_pairs(
+                z1, z2, z1_all, z2_all, rank_offset)
             return positive_cross_entropy(
                 anchors, candidates, positive_index, self.temperature, self_index,
                 self.chunk_size, self.margin,

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
+from ssl_lightning.losses.chunked_contrastive import check_rank_offset, chunked_logsumexp
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -74,9 +74,7 @@ class SupConLoss(nn.Module):
         z2_all = z2 if z2_all is None else z2_all
         labels_all = labels if labels_all is None else labels_all
         batch, n_global = z1.shape[0], z1_all.shape[0]
-        if rank_offset < 0 or rank_offset + batch > n_global:
-            raise ValueError(f"rank_offset {rank_offset} with local batch {batch} does not fit "
-                             f"in the {n_global} gathered samples.")
+        check_rank_offset(rank_offset, batch, n_global, "samples")
         if bool((labels_all < 0).any()):
             unlabelled = int((labels_all < 0).sum())
             raise ValueError(
