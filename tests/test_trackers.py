@@ -27,7 +27,7 @@ def test_mlflow_logger_records_train_loss(run_config, tmp_path, monkeypatch):
 
 
 def test_wandb_offline_logger_records_train_loss(run_config, tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -35,7 +35,10 @@ def test_wandb_offline_logger_records_train_loss(run_config, tmp_path, monkeypat
                               "--trainer.logger.init_args.project", "ssl-lightning-test",
                               "--trainer.logger.init_args.offline", "true",
                               "--trainer.logger.init_args.save_dir", str(tmp_path)])
-    cli.trainer.logger.experiment.finish()  # waits until the run file is written
+    cli.trainer.logger.experiment.finish()
+    # `finish` returns before the wandb-core service has flushed the offline run file (a race
+    # that a loaded machine loses); `teardown` waits for the service process to shut down
+    wandb.teardown()
     # the offline run file (what `wandb sync` uploads) holds one history record per logged
     # step; its protobuf records carry the metric keys as plain strings
     (run_file,) = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
