@@ -13,7 +13,6 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
-import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
@@ -22,7 +21,7 @@ from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
 from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.methods.grad_cache import check_micro_batch_size, grad_cached_loss
-from ssl_lightning.methods.step_rng import default_seed, reseed_global_rng, step_seed
+from ssl_lightning.methods.step_rng import SeededSteps
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -33,10 +32,9 @@ from ssl_lightning.optim import (
 )
 
 Batch = tuple[Sequence[Tensor], Tensor]
-RNG_SEED_KEY = "rng_seed"  # checkpoint key of SSLMethod.rng_seed
 
 
-class SSLMethod(pl.LightningModule):
+class SSLMethod(SeededSteps):
     """Base class of all methods.
 
     Training batches are ``(views, targets)``: a list of view tensors (B, C, H, W) and integer
@@ -67,9 +65,10 @@ class SSLMethod(pl.LightningModule):
             gradients in the memory of a micro-batch, see docs/gradient_caching.md). Must divide
             the per-device batch size. ``None``: the whole batch at once.
         rng_seed: Seed of the model-side randomness (stochastic depth, dropout, masks), which
-            is reseeded before every training batch from (seed, epoch, batch index, rank), see
-            docs/resume.md. ``None``: ``seed_everything``'s seed, else torch's initial seed.
-            Saved in checkpoints; the saved seed wins on resume.
+            is reseeded before every training batch from (seed, epoch, batch index, rank)
+            (:class:`~ssl_lightning.methods.step_rng.SeededSteps`, docs/resume.md). ``None``:
+            ``seed_everything``'s seed, else torch's initial seed. Saved in checkpoints; the
+            saved seed wins on resume.
     """
 
     #: Smallest global batch (per-device batch x processes) the loss is meaningful for; a loss
@@ -83,10 +82,6 @@ class SSLMethod(pl.LightningModule):
     #: The loss couples the samples of a batch (negatives, batch statistics, Sinkhorn, centre),
     #: so ``accumulate_grad_batches`` changes the objective (a warning says so).
     batch_coupled_loss: ClassVar[bool] = True
-    #: Seed the CPU generator without the rank, so every rank draws the same CPU stream (MAE,
-    #: I-JEPA: each rank takes its rows of the masks drawn for the global batch). The
-    #: accelerator's generator (GPU stochastic depth) is still seeded per rank.
-    rng_shared_across_ranks: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -140,7 +135,6 @@ class SSLMethod(pl.LightningModule):
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
         self._views_checked = False
-        self._rng_seed: int | None = None
 
     # ----------------------------------------------------------------- to implement / override
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
@@ -295,29 +289,6 @@ class SSLMethod(pl.LightningModule):
         images, targets = batch
         return {"features": self.backbone(images), "targets": targets}
 
-    @property
-    def rng_seed(self) -> int:
-        """Seed of the model-side randomness (the ``rng_seed`` argument, else the run's seed),
-        fixed at its first use and restored from a checkpoint."""
-        if self._rng_seed is None:
-            given = self.hparams.get("rng_seed")
-            self._rng_seed = int(given) if given is not None else default_seed()
-        return self._rng_seed
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """Reseed torch's global generators: this batch's model-side randomness is a pure
-        function of (:attr:`rng_seed`, epoch, batch index, rank)."""
-        self.reseed_rng(batch_idx)
-
-    def reseed_rng(self, batch_idx: int) -> None:
-        """Seed the CPU and accelerator generators for training batch ``batch_idx`` of the
-        current epoch (the CPU one without the rank when :attr:`rng_shared_across_ranks`)."""
-        seed, epoch, rank = self.rng_seed, self.current_epoch, self.global_rank
-        device_seed = step_seed(seed, epoch, batch_idx, rank)
-        cpu_seed = step_seed(seed, epoch, batch_idx, 0) if self.rng_shared_across_ranks \
-            else device_seed
-        reseed_global_rng(cpu_seed, device_seed, self.device)
-
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Stop (on every rank) when the update just made left non-finite weights."""
         check_finite_weights(self)
@@ -326,17 +297,12 @@ class SSLMethod(pl.LightningModule):
         """Refuse to write non-finite weights over the last good checkpoint (DDP: every rank
         holds the same weights, so the local check raises on all ranks together), and record
         the backbone's class and arguments, so evaluation, ``embed`` and ``export`` rebuild it
-        from the checkpoint alone."""
+        from the checkpoint alone, and the :attr:`rng_seed`."""
         check_finite_weights(self, reduce=False)
         spec = backbone_spec(self.backbone)
         if spec is not None:
             checkpoint["backbone_spec"] = spec
-        checkpoint[RNG_SEED_KEY] = self.rng_seed
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Continue with the checkpoint's :attr:`rng_seed` (absent before it was saved)."""
-        if RNG_SEED_KEY in checkpoint:
-            self._rng_seed = int(checkpoint[RNG_SEED_KEY])
+        super().on_save_checkpoint(checkpoint)  # the rng_seed
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams
