@@ -14,7 +14,7 @@ import torch
 from ssl_lightning.backbones import ViT
 from ssl_lightning.data.seeding import sample_seed, view_seed
 from ssl_lightning.evaluation import LinearEval
-from ssl_lightning.methods import DINO, MAE
+from ssl_lightning.methods import DINO, IBOT, MAE
 from ssl_lightning.methods.step_rng import step_seed
 
 
@@ -37,6 +37,10 @@ class RankedMAE(_OnRank, MAE):
 
 
 class RankedLinearEval(_OnRank, LinearEval):
+    pass
+
+
+class RankedIBOT(_OnRank, IBOT):
     pass
 
 
@@ -78,6 +82,22 @@ def test_ranks_draw_different_stochastic_depth_and_a_batch_redraws_its_own() -> 
     # Control: without stochastic depth the forward is deterministic, whatever the rank.
     plain = _dino(drop_path_rate=0.0)
     assert torch.equal(_student_features(plain, 0, 5), _student_features(plain, 1, 5))
+
+
+def test_ibot_masks_differ_across_ranks_and_replay_per_batch() -> None:
+    torch.manual_seed(0)
+    vit = ViT(image_size=16, patch_size=4, embed_dim=8, depth=1, num_heads=2, mask_token=True)
+    ibot = RankedIBOT(vit, head_out_dim=8, head_hidden_dim=8, head_bottleneck_dim=4,
+                      mask_probability=1.0)
+
+    def masks(rank: int, batch_idx: int) -> torch.Tensor:
+        ibot.rank = rank
+        ibot.reseed_rng(batch_idx)
+        return ibot.draw_masks(8, (4, 4))
+
+    assert torch.equal(masks(0, 2), masks(0, 2))
+    assert not torch.equal(masks(0, 2), masks(1, 2))
+    assert not torch.equal(masks(0, 2), masks(0, 3))
 
 
 def test_fine_tuning_linear_eval_is_reseeded_too() -> None:
