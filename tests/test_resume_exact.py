@@ -13,7 +13,8 @@ One shared set of runs (``tests/resume_harness.py``, three fresh processes):
    from step 9 with its views made in 2 workers' collate; a pre-change checkpoint (no
    data-module state).
 
-Tiny data: 24 train images of 32 px (6 steps of 4 per epoch), 16 px crops, SmallConvNet.
+Tiny data: 24 train images of 32 px (6 steps of 4 per epoch), 16 px crops, SmallConvNet; and DINO
+with a tiny ViT whose stochastic depth (``drop_path_rate=0.5``) draws from torch's global RNG.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from lightning_ddp_utils import assert_states_close
 
 HARNESS = Path(__file__).with_name("resume_harness.py")
 METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "dino", "swav", "vicreg", "barlow_twins",
-           "simsiam", "linear"]
+           "simsiam", "linear", "dino_vit"]  # dino_vit: a ViT with stochastic depth
 RESUME_POINTS = {2: 2, 9: 0}  # step -> num_workers of the resumed run
 SIGTERM_AT = 8  # the SIGTERM run holds from this step until the signal arrived
 

@@ -13,7 +13,6 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -27,6 +26,7 @@ from ssl_lightning.evaluation.checkpoint import (
     resolve_checkpoint,
 )
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.step_rng import SeededSteps
 from ssl_lightning.optim import WarmupCosine, build_optimizer, scale_lr, split_decay_groups
 
 
@@ -35,7 +35,7 @@ def first_view(images: Tensor | Sequence[Tensor]) -> Tensor:
     return images if isinstance(images, Tensor) else images[0]
 
 
-class LinearEval(pl.LightningModule):
+class LinearEval(SeededSteps):
     """A linear classifier on a (frozen) pre-trained backbone.
 
     Training batches are ``(images, targets)``, where ``images`` is a tensor or a list of views
@@ -68,6 +68,9 @@ class LinearEval(pl.LightningModule):
         warmup_epochs: Linear warm-up epochs before the cosine decay.
         image_size: Image side used to infer the feature size when the backbone has no
             ``num_features``.
+        rng_seed: Seed of the per-batch reseeding of stochastic depth / dropout when
+            fine-tuning (see :class:`~ssl_lightning.methods.step_rng.SeededSteps`); ``None``:
+            the run's seed.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class LinearEval(pl.LightningModule):
         weight_decay: float = 0.0,
         warmup_epochs: float = 0.0,
         image_size: int = 32,
+        rng_seed: int | None = None,
     ) -> None:
         super().__init__()
         if num_classes is None:

@@ -4,7 +4,7 @@ A method owns an injected backbone, its heads and its loss, and the optimiser se
 implement :meth:`SSLMethod.forward_views` and :meth:`SSLMethod.loss_from_outputs`; everything
 shared (logging, the step output contract used by the evaluation callbacks, gathering across
 ranks, LARS/SGD/AdamW with warm-up + cosine, the batch-size LR scaling rule, micro-batching by
-gradient caching) lives here.
+gradient caching, the per-batch reseeding of the model-side randomness) lives here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
-import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
@@ -22,6 +21,7 @@ from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
 from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.methods.grad_cache import check_micro_batch_size, grad_cached_loss
+from ssl_lightning.methods.step_rng import SeededSteps
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -34,7 +34,7 @@ from ssl_lightning.optim import (
 Batch = tuple[Sequence[Tensor], Tensor]
 
 
-class SSLMethod(pl.LightningModule):
+class SSLMethod(SeededSteps):
     """Base class of all methods.
 
     Training batches are ``(views, targets)``: a list of view tensors (B, C, H, W) and integer
@@ -64,6 +64,11 @@ class SSLMethod(pl.LightningModule):
             still sees the whole batch (gradient caching, Gao et al. 2021; exact large-batch
             gradients in the memory of a micro-batch, see docs/gradient_caching.md). Must divide
             the per-device batch size. ``None``: the whole batch at once.
+        rng_seed: Seed of the model-side randomness (stochastic depth, dropout, masks), which
+            is reseeded before every training batch from (seed, epoch, batch index, rank)
+            (:class:`~ssl_lightning.methods.step_rng.SeededSteps`, docs/resume.md). ``None``:
+            ``seed_everything``'s seed, else torch's initial seed. Saved in checkpoints; the
+            saved seed wins on resume.
     """
 
     #: Smallest global batch (per-device batch x processes) the loss is meaningful for; a loss
@@ -94,6 +99,7 @@ class SSLMethod(pl.LightningModule):
         channels_last: bool = False,
         compile_backbone: bool = False,
         micro_batch_size: int | None = None,
+        rng_seed: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(backbone, nn.Module):
@@ -291,11 +297,12 @@ class SSLMethod(pl.LightningModule):
         """Refuse to write non-finite weights over the last good checkpoint (DDP: every rank
         holds the same weights, so the local check raises on all ranks together), and record
         the backbone's class and arguments, so evaluation, ``embed`` and ``export`` rebuild it
-        from the checkpoint alone."""
+        from the checkpoint alone, and the :attr:`rng_seed`."""
         check_finite_weights(self, reduce=False)
         spec = backbone_spec(self.backbone)
         if spec is not None:
             checkpoint["backbone_spec"] = spec
+        super().on_save_checkpoint(checkpoint)  # the rng_seed
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams

@@ -32,9 +32,10 @@ class IBOT(DINO):
     """iBOT self-distillation on [CLS] and masked patch tokens.
 
     The backbone must be a :class:`~ssl_lightning.backbones.ViT` built with ``mask_token=True``.
-    Masks are drawn in :meth:`forward_views` from torch's RNG, which :meth:`on_train_batch_start`
-    reseeds from ``(mask_seed, epoch, batch index, rank)``: masks (and stochastic depth) differ
-    across ranks and a resumed run draws the same ones as an uninterrupted run.
+    Masks are drawn in :meth:`forward_views` from torch's RNG, which
+    :meth:`SSLMethod.on_train_batch_start` reseeds from ``(rng_seed, epoch, batch index, rank)``:
+    masks (and stochastic depth) differ across ranks and a resumed run draws the same ones as an
+    uninterrupted run.
 
     Args:
         backbone: A ViT with ``forward_tokens`` and a mask token.
@@ -56,7 +57,6 @@ class IBOT(DINO):
         mask_min_patches: Smallest masking rectangle in patches (4).
         num_local_crops: Local crops the data must provide (checked before training and at
             every step); None: any number.
-        mask_seed: Seed of the per-batch reseeding.
         **kwargs: Other arguments of :class:`DINO` (head widths, temperatures, schedules, ...).
     """
 
@@ -77,7 +77,6 @@ class IBOT(DINO):
         mask_probability: float = 0.5,
         mask_min_patches: int = 4,
         num_local_crops: int | None = None,
-        mask_seed: int = 0,
         **kwargs: Any,
     ) -> None:
         name = type(self).__name__
@@ -202,11 +201,4 @@ class IBOT(DINO):
         if expected is not None and actual is not None and actual != expected:
             raise ValueError(f"{type(self).__name__} expects num_local_crops={expected} but the "
                              f"data's train_transform makes {actual}; set them equal.")
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """Reseed torch's RNG: masks are a function of (mask_seed, epoch, batch, rank)."""
-        seed = 0
-        for part in (self.hparams["mask_seed"], self.current_epoch, batch_idx, self.global_rank):
-            seed = (seed * 1_000_003 + part) % 2**63
-        torch.manual_seed(seed)
 

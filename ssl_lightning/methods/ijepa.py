@@ -33,8 +33,6 @@ from ssl_lightning.methods.masked_modeling import (
     as_token_backbone,
     check_views,
     layout,
-    load_rng_state,
-    save_rng_state,
     token_grid,
 )
 from ssl_lightning.methods.masking import MultiBlockMasking, Range
@@ -69,6 +67,8 @@ class IJEPA(MomentumMethod):
 
     #: A mean of per-sample terms: gradient accumulation keeps the objective (no warning).
     batch_coupled_loss = False
+    #: Every rank draws the global batch's masks from one CPU stream and takes its rows.
+    rng_shared_across_ranks = True
 
     def __init__(
         self,
@@ -143,11 +143,3 @@ class IJEPA(MomentumMethod):
     ) -> dict[str, Tensor]:
         images, targets = batch
         return {"features": self.target_backbone(images), "targets": targets}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        save_rng_state(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        load_rng_state(checkpoint)

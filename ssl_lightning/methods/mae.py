@@ -28,8 +28,6 @@ from ssl_lightning.methods.masked_modeling import (
     as_token_backbone,
     check_views,
     layout,
-    load_rng_state,
-    save_rng_state,
     token_grid,
 )
 from ssl_lightning.methods.masking import random_masking
@@ -65,6 +63,8 @@ class MAE(SSLMethod):
 
     #: A mean of per-sample terms: gradient accumulation keeps the objective (no warning).
     batch_coupled_loss = False
+    #: Every rank draws the global batch's masks from one CPU stream and takes its rows.
+    rng_shared_across_ranks = True
 
     def __init__(
         self,
@@ -112,11 +112,3 @@ class MAE(SSLMethod):
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         return self.criterion(outputs["predictions"], outputs["patches"])
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        save_rng_state(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        load_rng_state(checkpoint)

@@ -1,10 +1,10 @@
-"""What MAE and I-JEPA share beyond the masks: the token-backbone check, the rank layout the
-masks are drawn for, and the RNG state in the checkpoint.
+"""What MAE and I-JEPA share beyond the masks: the token-backbone check and the rank layout
+the masks are drawn for.
 
 The masks come from torch's global CPU RNG (see :mod:`ssl_lightning.methods.masking`), which
-Lightning does not checkpoint; these methods store it (``"mim_rng_state"``) so a resumed run
-draws the masks the uninterrupted run draws. Under DDP, ranks share one RNG stream (the same
-seed, the same draws), so the state saved by rank 0 is every rank's state.
+:class:`~ssl_lightning.methods.base.SSLMethod` reseeds before every training batch, the same on
+every rank for these methods (``rng_shared_across_ranks``), so a resumed run draws the masks the
+uninterrupted run draws.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from __future__ import annotations
 from typing import Any, Protocol, cast
 
 import pytorch_lightning as pl
-import torch
 from torch import Tensor, nn
 
 from ssl_lightning import distributed
-
-RNG_KEY = "mim_rng_state"
 
 
 class TokenBackbone(Protocol):
@@ -80,14 +77,3 @@ def layout(module: pl.LightningModule) -> tuple[int, int]:
         return module.trainer.world_size, module.global_rank
     return distributed.world_size(), distributed.rank()
 
-
-def save_rng_state(checkpoint: dict[str, Any]) -> None:
-    """Store torch's CPU RNG state (the masks' source) in ``checkpoint``."""
-    checkpoint[RNG_KEY] = torch.get_rng_state()
-
-
-def load_rng_state(checkpoint: dict[str, Any]) -> None:
-    """Restore the CPU RNG state saved by :func:`save_rng_state`, if present."""
-    state = checkpoint.get(RNG_KEY)
-    if state is not None:
-        torch.set_rng_state(state)

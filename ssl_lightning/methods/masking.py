@@ -7,7 +7,8 @@
   blocks and one context block with the target patches removed.
 
 Both draw the masks of the *global* batch (``world_size × B`` samples) from the global CPU RNG
-and return this rank's rows. Ranks share one RNG stream (``seed_everything``), so every rank
+and return this rank's rows. Ranks share one RNG stream (in training, ``SSLMethod`` reseeds the
+CPU generator before each batch identically on every rank for MAE and I-JEPA), so every rank
 draws the same table: ranks get different masks, and 2 processes × B use exactly the masks of
 1 process × 2B. A replay of the RNG state (gradient caching) redraws the same masks.
 """
