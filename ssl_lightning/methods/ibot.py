@@ -195,6 +195,7 @@ class IBOT(DINO):
 
     def on_fit_start(self) -> None:
         """Fail before the first step when the data module's crops do not match."""
+        super().on_fit_start()
         expected = self.hparams["num_local_crops"]
         transform = getattr(getattr(self.trainer, "datamodule", None), "train_transform", None)
         actual = getattr(transform, "num_local_crops", None)
