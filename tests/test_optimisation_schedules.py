@@ -18,7 +18,7 @@ from multicrop_utils import multicrop_loader
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet, ViT
-from ssl_lightning.methods import DINO, DINOv2
+from ssl_lightning.methods import DINO, DINOv2, SwAV
 
 DEPTH, DECAY, PATCH_MULT, PEAK, FINAL_RATIO = 2, 0.8, 0.3, 1e-3, 0.1
 WD, WD_END = 0.04, 0.4
@@ -82,23 +82,36 @@ def tiny_dinov2(**kwargs) -> DINOv2:  # type: ignore[no-untyped-def]
     return DINOv2(vit, **{**args, **kwargs})
 
 
-def test_ijepa_weight_decay_follows_the_cosine_over_a_run(tmp_path) -> None:
-    """I-JEPA's defaults raise the weight decay 0.04 -> 0.4 on the weights (predictor too),
-    never on biases and norms; the value of step s is the cosine at s / total."""
+def tiny_swav() -> SwAV:
+    return SwAV(SmallConvNet((8, 16), norm="group"), projection_hidden_dim=16, projection_dim=8,
+                num_prototypes=10, freeze_prototypes_steps=3, queue_length=8, lr=0.5,
+                lr_scaling="none", warmup_epochs=0, weight_decay=WD, weight_decay_end=WD_END)
+
+
+@pytest.mark.parametrize("name", ["ijepa", "swav"])
+def test_weight_decay_follows_the_cosine_over_a_run(tmp_path, name: str) -> None:
+    """The weight decay rises 0.04 -> 0.4 on the weights, never on biases and norms; the value
+    of step s is the cosine at s / total. I-JEPA: its defaults, AdamW, the predictor included;
+    SwAV: LARS, through its own optimiser-step hook."""
     torch.manual_seed(0)
-    model = tiny_ijepa()  # weight_decay / weight_decay_end: IJEPA's defaults
-    assert (model.hparams["weight_decay"], model.hparams["weight_decay_end"]) == (WD, WD_END)
+    if name == "ijepa":
+        model: pl.LightningModule = tiny_ijepa()  # weight_decay(_end): IJEPA's defaults
+        assert (model.hparams["weight_decay"], model.hparams["weight_decay_end"]) == (WD, WD_END)
+        loader = views_loader(16, 4, num_views=1, size=SIZE)
+    else:
+        model, loader = tiny_swav(), multicrop_loader()
     recorder = Recorder()
     cpu_trainer(str(tmp_path), 1, callbacks=[recorder], enable_checkpointing=False).fit(
-        model, views_loader(16, 4, num_views=1, size=SIZE))
+        model, loader)
     total = 4
     assert sorted(recorder.wd) == list(range(total))
     params = dict(model.named_parameters())
+    head = "predictor." if name == "ijepa" else "prototypes."
     for step, values in recorder.wd.items():
-        assert any(name.startswith("predictor.") for name in values)
-        for name, wd in values.items():
-            expected = 0.0 if params[name].ndim <= 1 else cosine_wd(step, total)
-            assert wd == pytest.approx(expected, rel=1e-12, abs=1e-15), (step, name)
+        assert any(n.startswith(head) for n in values)
+        for n, wd in values.items():
+            expected = 0.0 if params[n].ndim <= 1 else cosine_wd(step, total)
+            assert wd == pytest.approx(expected, rel=1e-12, abs=1e-15), (step, n)
     decays = [max(values.values()) for _, values in sorted(recorder.wd.items())]
     assert all(a < b for a, b in zip(decays, decays[1:], strict=False))
 
