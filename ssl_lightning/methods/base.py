@@ -3,8 +3,10 @@
 A method owns an injected backbone, its heads and its loss, and the optimiser set-up. Subclasses
 implement :meth:`SSLMethod.forward_views` and :meth:`SSLMethod.loss_from_outputs`; everything
 shared (logging, the step output contract used by the evaluation callbacks, gathering across
-ranks, LARS/SGD/AdamW with warm-up + cosine, the batch-size LR scaling rule, micro-batching by
-gradient caching, the per-batch reseeding of the model-side randomness) lives here.
+ranks, LARS/SGD/AdamW with warm-up + cosine, the batch-size LR scaling rule, the cosine
+weight-decay schedule, layer-wise lr decay for ViTs, micro-batching by gradient caching, the
+per-batch reseeding of the model-side randomness) lives here; docs/optimisation_schedules.md
+has the schedules' formulas and sources.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
+from ssl_lightning.callbacks.ema import cosine_momentum
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
 from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.methods.grad_cache import check_micro_batch_size, grad_cached_loss
@@ -27,6 +30,8 @@ from ssl_lightning.optim import (
     OptimizerName,
     WarmupCosineLR,
     build_optimizer,
+    check_layer_decay,
+    layer_decay_multipliers,
     scale_lr,
     split_decay_groups,
 )
@@ -49,6 +54,14 @@ class SSLMethod(SeededSteps):
             ``"none"``: lr as given. global_batch = per-device batch × devices × nodes ×
             accumulate_grad_batches.
         weight_decay: Weight decay for weights; biases and norm parameters get none.
+        weight_decay_end: Final weight decay of a cosine schedule from ``weight_decay`` (step 0)
+            to this value (last step), set before every optimiser step from the global step
+            (DINO, Caron et al. 2021: 0.04 → 0.4; I-JEPA's code likewise); None: constant.
+        layer_decay: Layer-wise lr decay of a ViT backbone (BEiT, Bao et al. 2022; DINOv2:
+            0.9): block ``i`` gets ``lr × layer_decay ** (depth − i)``, the patch embedding and
+            tokens ``lr × layer_decay ** (depth + 1)``, the final norm and heads ``lr``. In
+            (0, 1]; 1: off.
+        patch_embed_lr_multiplier: Extra lr factor of the ViT patch embedding (DINOv2: 0.2).
         momentum: SGD/LARS momentum.
         betas: AdamW's (beta1, beta2); MAE uses (0.9, 0.95).
         lars_trust_coefficient: LARS eta (0.001 in the LARS paper and SimCLR; solo-learn's CIFAR
@@ -90,6 +103,9 @@ class SSLMethod(SeededSteps):
         lr: float = 0.3,
         lr_scaling: LRScaling = "linear",
         weight_decay: float = 1e-6,
+        weight_decay_end: float | None = None,
+        layer_decay: float = 1.0,
+        patch_embed_lr_multiplier: float = 1.0,
         momentum: float = 0.9,
         betas: tuple[float, float] = (0.9, 0.999),
         lars_trust_coefficient: float = 0.001,
@@ -122,6 +138,9 @@ class SSLMethod(SeededSteps):
             raise ValueError(f"lr must be > 0, got {lr}.")
         if weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+        if weight_decay_end is not None and weight_decay_end < 0:
+            raise ValueError(f"weight_decay_end must be >= 0 or None, got {weight_decay_end}.")
+        check_layer_decay(backbone, layer_decay, patch_embed_lr_multiplier)
         if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"betas must be two values in [0, 1), got {betas}.")
         if lars_trust_coefficient <= 0:
@@ -340,7 +359,32 @@ class SSLMethod(SeededSteps):
     def param_groups(self) -> list[dict]:
         """Optimiser parameter groups (weights with decay; biases and norms without). A group
         with ``"fixed_lr": True`` keeps the scaled peak lr throughout (no warm-up, no cosine)."""
-        return split_decay_groups(self.trainable_modules(), self.hparams["weight_decay"])
+        return self.decay_groups(self.trainable_modules())
+
+    def decay_groups(self, modules: Sequence[nn.Module]) -> list[dict]:
+        """:func:`split_decay_groups` of ``modules`` with this method's weight decay, split
+        further by the backbone's layer-wise lr multipliers when ``layer_decay`` or
+        ``patch_embed_lr_multiplier`` is set."""
+        hp = self.hparams
+        multipliers = None
+        if hp["layer_decay"] != 1 or hp["patch_embed_lr_multiplier"] != 1:
+            multipliers = layer_decay_multipliers(self.backbone, hp["layer_decay"],
+                                                  hp["patch_embed_lr_multiplier"])
+        return split_decay_groups(modules, hp["weight_decay"], multipliers)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The cosine weight-decay schedule (``weight_decay_end``): the decay groups'
+        (``weight_decay_schedule``) value for this step, a pure function of the global step, so
+        a resumed run uses the values of an uninterrupted one."""
+        end = self.hparams["weight_decay_end"]
+        if end is None:
+            return
+        wd = cosine_momentum(self.trainer.global_step,
+                             int(self.trainer.estimated_stepping_batches),
+                             self.hparams["weight_decay"], end)
+        for group in optimizer.param_groups:
+            if group.get("weight_decay_schedule"):
+                group["weight_decay"] = wd
 
     def global_batch_size(self) -> int:
         """Per-device batch × world size × gradient-accumulation steps, from the train loader."""

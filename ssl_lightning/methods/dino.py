@@ -3,24 +3,27 @@
 Student (backbone + :class:`DINOHead`) sees all multi-crop views, the EMA teacher only the 2
 global ones (Algorithm 1); :class:`DINOLoss` compares them with a centred, sharpened teacher.
 The recipe details of the paper's code are arguments: teacher temperature warm-up (per epoch),
-last layer frozen during the first epoch(s), per-parameter gradient clipping, cosine weight-decay
-schedule, teacher momentum 0.996 → 1 (cosine, through :class:`EMACallback`).
+last layer frozen during the first epoch(s), per-parameter gradient clipping (or DINOv2's clip of
+each module's gradient norm), teacher momentum 0.996 → 1 (cosine, through :class:`EMACallback`);
+the cosine weight-decay schedule (0.04 → 0.4) is :class:`SSLMethod`'s ``weight_decay_end``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.vit import DropPath
-from ssl_lightning.callbacks.ema import cosine_momentum, momentum_teacher
+from ssl_lightning.callbacks.ema import momentum_teacher
 from ssl_lightning.heads import DINOHead
 from ssl_lightning.losses import DINOLoss
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.multicrop_forward import forward_by_resolution
+
+ClipMode = Literal["per_parameter", "per_module"]
 
 
 class DINO(MomentumMethod):
@@ -43,11 +46,13 @@ class DINO(MomentumMethod):
         warmup_teacher_temperature_epochs: Epochs of the linear τ_t warm-up (30 for ViT-S/300 ep).
         center_momentum: Momentum of the centre EMA (0.9).
         freeze_last_layer_epochs: Epochs during which the head's last layer is not updated (1).
-        clip_grad: Per-parameter gradient-norm clip (3.0), or None for no clipping.
-        weight_decay_end: Final weight decay of a cosine schedule starting at ``weight_decay``
-            (paper: 0.04 → 0.4), or None for a constant weight decay.
+        clip_grad: Gradient-norm clip (3.0), or None for no clipping.
+        clip_grad_mode: ``"per_parameter"``: each parameter's gradient norm (DINO's code);
+            ``"per_module"``: the norm of all gradients of each trainable module (backbone,
+            head, iBOT head) together (DINOv2's code).
         momentum_base: Teacher EMA momentum at step 0 (0.996), cosine to ``momentum_end`` (1).
-        **kwargs: Other arguments of :class:`MomentumMethod` / :class:`SSLMethod`.
+        **kwargs: Other arguments of :class:`MomentumMethod` / :class:`SSLMethod`, e.g.
+            ``weight_decay_end`` (the paper's 0.04 → 0.4 cosine schedule with AdamW).
     """
 
     views_used = None  # every multi-crop view
@@ -67,7 +72,7 @@ class DINO(MomentumMethod):
         center_momentum: float = 0.9,
         freeze_last_layer_epochs: int = 1,
         clip_grad: float | None = 3.0,
-        weight_decay_end: float | None = None,
+        clip_grad_mode: ClipMode = "per_parameter",
         momentum_base: float = 0.996,
         **kwargs: Any,
     ) -> None:
@@ -83,8 +88,9 @@ class DINO(MomentumMethod):
                 raise ValueError(f"{name} must be >= 0, got {value}.")
         if clip_grad is not None and not clip_grad > 0:
             raise ValueError(f"clip_grad must be > 0 or None, got {clip_grad}.")
-        if weight_decay_end is not None and weight_decay_end < 0:
-            raise ValueError(f"weight_decay_end must be >= 0 or None, got {weight_decay_end}.")
+        if clip_grad_mode not in ("per_parameter", "per_module"):
+            raise ValueError(f"clip_grad_mode must be 'per_parameter' or 'per_module', got "
+                             f"{clip_grad_mode!r}.")
         self.head = DINOHead(self.feature_dim, head_out_dim, head_hidden_dim, head_bottleneck_dim,
                              batch_norm=head_batch_norm, norm_last_layer=norm_last_layer)
         self.teacher_backbone = momentum_teacher(self.backbone)
@@ -125,15 +131,16 @@ class DINO(MomentumMethod):
         return loss
 
     # ------------------------------------------------------------- optimiser-step adjustments
-    def param_groups(self) -> list[dict]:
-        groups = super().param_groups()
-        groups[0]["weight_decay_schedule"] = True  # the decay group (weights, not norms/biases)
-        return groups
-
     def adjust_gradients_(self, epoch: int) -> None:
-        """Per-parameter clipping, then drop the last layer's gradients while it is frozen."""
+        """Clip the gradients (``clip_grad_mode``), then drop the last layer's gradients while
+        it is frozen."""
         clip = self.hparams["clip_grad"]
-        if clip is not None:
+        if clip is not None and self.hparams["clip_grad_mode"] == "per_module":
+            for module in self.trainable_modules():
+                grads = [p for p in module.parameters() if p.requires_grad and p.grad is not None]
+                if grads:
+                    torch.nn.utils.clip_grad_norm_(grads, clip)
+        elif clip is not None:
             for p in self.trainable_parameters():
                 if p.grad is not None:
                     scale = clip / (torch.linalg.vector_norm(p.grad) + 1e-6)
@@ -147,11 +154,4 @@ class DINO(MomentumMethod):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.adjust_gradients_(self.current_epoch)
-        end = self.hparams["weight_decay_end"]
-        if end is not None:
-            wd = cosine_momentum(self.trainer.global_step,
-                                 int(self.trainer.estimated_stepping_batches),
-                                 self.hparams["weight_decay"], end)
-            for group in optimizer.param_groups:
-                if group.get("weight_decay_schedule"):
-                    group["weight_decay"] = wd
+        super().on_before_optimizer_step(optimizer)  # the weight-decay schedule

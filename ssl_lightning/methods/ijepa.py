@@ -59,7 +59,9 @@ class IJEPA(MomentumMethod):
         momentum_base: Target-encoder EMA momentum at step 0 (0.996), cosine to 1.
         optimizer: ``"adamw"`` as in the paper's code.
         lr: Base lr for the ``linear`` rule: 1e-3 at batch 2048 is 1.25e-4 per 256.
-        weight_decay: 0.04 (the code raises it to 0.4 by a cosine; constant here).
+        weight_decay: 0.04 at step 0, raised by a cosine to ...
+        weight_decay_end: ... 0.4 at the last step (the code's ``final_weight_decay``; None:
+            constant ``weight_decay``).
         warmup_epochs: 40 (the code warms up from 2e-4, not from 0).
         final_lr_ratio: 1e-3 (1e-6 / 1e-3 in the code).
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
@@ -87,13 +89,14 @@ class IJEPA(MomentumMethod):
         optimizer: OptimizerName = "adamw",
         lr: float = 1.25e-4,
         weight_decay: float = 0.04,
+        weight_decay_end: float | None = 0.4,
         warmup_epochs: float = 40.0,
         final_lr_ratio: float = 1e-3,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, momentum_base=momentum_base, optimizer=optimizer, lr=lr,
-                         weight_decay=weight_decay, warmup_epochs=warmup_epochs,
-                         final_lr_ratio=final_lr_ratio, **kwargs)
+                         weight_decay=weight_decay, weight_decay_end=weight_decay_end,
+                         warmup_epochs=warmup_epochs, final_lr_ratio=final_lr_ratio, **kwargs)
         self.image_size = int(self.hparams["image_size"])
         grid = token_grid(backbone, self.image_size, "IJEPA")
         self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens

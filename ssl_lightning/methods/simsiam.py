@@ -12,7 +12,6 @@ from torch import Tensor, nn
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import NegativeCosineLoss
 from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.optim import split_decay_groups
 
 
 class SimSiam(SSLMethod):
@@ -74,9 +73,8 @@ class SimSiam(SSLMethod):
         """The base groups, with the predictor in groups of its own marked ``fixed_lr``."""
         if not self.fixed_predictor_lr:
             return super().param_groups()
-        weight_decay = self.hparams["weight_decay"]
         others = [m for m in self.trainable_modules() if m is not self.predictor]
-        predictor = split_decay_groups([self.predictor], weight_decay)
-        return split_decay_groups(others, weight_decay) + [
+        predictor = self.decay_groups([self.predictor])
+        return self.decay_groups(others) + [
             {**group, "fixed_lr": True} for group in predictor
         ]

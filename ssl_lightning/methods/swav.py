@@ -163,3 +163,4 @@ class SwAV(SSLMethod):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.freeze_prototypes_(self.trainer.global_step)
+        super().on_before_optimizer_step(optimizer)  # the weight-decay schedule
