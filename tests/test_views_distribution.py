@@ -18,17 +18,20 @@ probability ~1 %):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from scipy import stats
 from torchvision.transforms import v2
 
-from ssl_lightning.data import DeviceViews, SimCLRViews
+from ssl_lightning.data import CIFAR10DataModule, DeviceViews, SimCLRViews
 from ssl_lightning.data.seeding import sample_seed
 
+ROOT = Path(__file__).resolve().parents[1]
 ALPHA = 1e-4
 DRAWS = 2000
 
@@ -222,3 +225,30 @@ def test_same_distribution_of_view_statistics(recipe: str) -> None:
     kwargs, height, width = RECIPES[recipe]
     pvalues = compare_views(kwargs, height, width, n=500)
     assert min(pvalues) > ALPHA, pvalues
+
+
+SIMCLR_RECIPE_CONFIGS = ["simclr", "dcl", "supcon", "moco_v2", "simsiam"]
+
+
+@pytest.mark.parametrize("name", SIMCLR_RECIPE_CONFIGS)
+def test_simclr_recipe_configs_ship_a_tested_batched_recipe(name: str) -> None:
+    """The configs' DeviceViews arguments are a recipe tested above, made where "auto" says."""
+    config = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    data = config["data"]["init_args"]
+    assert "train_transform" not in data  # the data module's UInt8Image: decode only
+    assert data["batched_views_on"] == "auto"
+    assert data["device_transform"]["class_path"] == "DeviceViews"
+    args = {k: tuple(v) if isinstance(v, list) else v
+            for k, v in data["device_transform"]["init_args"].items()}
+    assert args in [RECIPES["cifar"][0], RECIPES["simsiam"][0]], args
+
+
+def test_auto_makes_the_views_in_the_loader_without_an_accelerator(
+        tiny_image_folder: Path) -> None:
+    """"auto" without a trainer (or on CPU): the loader yields the normalised float views."""
+    dm = CIFAR10DataModule(root=str(tiny_image_folder), batch_size=4, num_workers=0,
+                           device_transform=DeviceViews("cifar"))
+    views, targets = next(iter(dm.train_dataloader()))
+    assert len(views) == 2 and views[0].shape == (4, 3, 32, 32)
+    assert views[0].dtype == torch.float32 and targets.shape == (4,)
+    assert dm.on_after_batch_transfer((views, targets), 0) == (views, targets)
