@@ -142,7 +142,7 @@ def compare_params(ref: dict[str, Any], ours: dict[str, Any], height: int,
                    width: int) -> dict[str, float]:
     """p-values of the two-sample tests, one per parameter."""
     p: dict[str, float] = {}
-    for name, params in (("ref", ref), ("ours", ours)):
+    for params in (ref, ours):
         x0, y0, x1, y1 = params["box"].T
         params["area"] = (x1 - x0) * (y1 - y0) / (height * width)
         params["log_ratio"] = np.log((x1 - x0) / (y1 - y0))
@@ -252,3 +252,8 @@ def test_auto_makes_the_views_in_the_loader_without_an_accelerator(
     assert len(views) == 2 and views[0].shape == (4, 3, 32, 32)
     assert views[0].dtype == torch.float32 and targets.shape == (4,)
     assert dm.on_after_batch_transfer((views, targets), 0) == (views, targets)
+
+
+def test_a_view_making_train_transform_with_a_device_transform_is_refused() -> None:
+    with pytest.raises(ValueError, match="device_transform: null"):
+        CIFAR10DataModule(train_transform=SimCLRViews(), device_transform=DeviceViews())

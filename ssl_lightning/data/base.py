@@ -105,6 +105,14 @@ class SSLDataModule(pl.LightningDataModule):
             raise ValueError(f"batched_views_on must be 'auto', 'device' or 'workers', got "
                              f"{batched_views_on!r}.")
         self.batched_views_on = batched_views_on
+        if device_transform is not None and train_transform is not None and not isinstance(
+                train_transform, UInt8Image):
+            raise ValueError(
+                f"train_transform={type(train_transform).__name__} makes views itself, but "
+                f"device_transform={type(device_transform).__name__} makes them from the "
+                "decoded uint8 images (train_transform UInt8Image, the default with a "
+                "device_transform). Set device_transform: null to use your train_transform, "
+                "or leave train_transform unset.")
         self.train_transform = train_transform or (
             UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)

@@ -1,13 +1,16 @@
 """SimCLR views made from a whole uint8 batch at once, on the batch's device (GPU or CPU).
 
 The data loader only decodes images to fixed-size uint8 tensors (:class:`UInt8Image`); after the
-batch is on the accelerator, :class:`DeviceViews` makes every view with batched tensor ops, each
-sample drawing its own random parameters: random resized crop (antialiased bilinear resampling
-of the crop box as two batched matrix products, the weights of torchvision's
-``resized_crop(antialias=True)``), horizontal flip, colour jitter in a random order per sample, grayscale, Gaussian blur, solarisation and
-normalisation. The recipe is the SimCLR augmentation (Chen et al., "A Simple Framework for
-Contrastive Learning of Visual Representations", ICML 2020, Appendix A) with the parameter
-ranges of ``torchvision.transforms`` (as :func:`ssl_lightning.data.simclr_augmentation`).
+batch is on the accelerator (or in the loader workers' collate step, on the CPU),
+:class:`DeviceViews` makes every view with batched tensor ops, each sample drawing its own random
+parameters (:meth:`DeviceViews.draw_params`): random resized crop (antialiased bilinear
+resampling with the weights of torchvision's ``resized_crop(antialias=True)``, as two batched
+matrix products), horizontal flip, colour jitter in a random order per sample, grayscale,
+Gaussian blur, solarisation and normalisation. The recipe is the SimCLR augmentation (Chen et
+al., "A Simple Framework for Contrastive Learning of Visual Representations", ICML 2020,
+Appendix A) with the parameter ranges of ``torchvision.transforms``, drawn with the same
+distributions as :class:`~ssl_lightning.data.SimCLRViews` (tests/test_views_distribution.py,
+docs/batched_views.md).
 
 Enable it with ``SSLDataModule(device_transform=DeviceViews(...))``: the module's
 ``on_after_batch_transfer`` hook turns the uint8 training batch into views. It also runs on the
