@@ -2,14 +2,19 @@
 
 - ``lightly``: ``lightly.transforms.SimCLRTransform`` (CIFAR settings: 32 px, colour strength 0.5,
   no blur, CIFAR normalisation), per image;
-- ``SimCLRViews``: ours, per image (what the data loader workers run by default);
+- ``SimCLRViews``: ours, per image (the loader workers' path with ``train_transform:
+  SimCLRViews``);
 - ``DeviceViews (CPU)``: ours, decode per image to uint8 (:class:`UInt8Image`), then the batched
   augmentation of :class:`DeviceViews` on the CPU, ``--batch`` images per call (the same code runs
   on the GPU in ``on_after_batch_transfer``, or in the loader workers' collate on CPU).
 - ``seeded``: the same pipelines as the data modules run them since exact resume (issue 11):
   per image through :class:`SeededDataset` (the global RNG seeded per sample and per view, and
-  restored), batched with per-sample seeds (counter-based draws). The ratio seeded / unseeded is
+  restored); batched through ``SeededDataset(with_seed=True)`` and the loader's
+  :class:`BatchedViewsCollate` (counter-based draws from per-sample seeds), i.e. exactly what a
+  CPU loader worker runs with ``device_transform: DeviceViews``. The ratio seeded / unseeded is
   the cost of making augmentations a pure function of (seed, epoch, index, view).
+
+The row marked ``[default]`` is the path ``configs/simclr.yaml`` configures (read from it).
 
 Every pipeline includes the JPEG decode and returns 2 normalised float views per image.
 
@@ -27,10 +32,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import yaml
 
 from ssl_lightning.data import DeviceViews, SimCLRViews, UInt8Image
+from ssl_lightning.data.base import BatchedViewsCollate
 from ssl_lightning.data.datasets import find_images, load_image
-from ssl_lightning.data.seeding import SeededDataset, sample_seed
+from ssl_lightning.data.seeding import SeededDataset
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "simclr.yaml"
 
 CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
 
@@ -67,18 +76,36 @@ def per_image_seeded(transform: Callable) -> Callable[[list[str]], int]:
     return run
 
 
-def batched(batch: int, seeded: bool = False) -> Callable[[list[str]], int]:
+def batched(batch: int) -> Callable[[list[str]], int]:
     decode, views = UInt8Image(), DeviceViews("cifar")
 
     def run(paths: list[str]) -> int:
         for start in range(0, len(paths), batch):
             chunk = range(start, min(start + batch, len(paths)))
             images = torch.stack([decode(load_image(paths[i]))[0] for i in chunk])
-            seeds = torch.tensor([sample_seed(0, 0, i) for i in chunk]) if seeded else None
-            out = views(images, seeds=seeds)
+            out = views(images)
             assert len(out) == 2 and out[0].shape[0] == len(images)
         return len(paths)
     return run
+
+
+def batched_seeded(batch: int) -> Callable[[list[str]], int]:
+    collate = BatchedViewsCollate(DeviceViews("cifar"))
+
+    def run(paths: list[str]) -> int:
+        data = SeededDataset(_Images(paths, UInt8Image()), seed=0, with_seed=True)
+        for start in range(0, len(paths), batch):
+            items = [data[(0, i)] for i in range(start, min(start + batch, len(paths)))]
+            out, _ = collate(items)
+            assert len(out) == 2 and out[0].shape[0] == len(items)
+        return len(paths)
+    return run
+
+
+def configured_path() -> str:
+    """``"batched"`` if configs/simclr.yaml sets a ``device_transform``, else ``"per-image"``."""
+    data = yaml.safe_load(CONFIG.read_text())["data"].get("init_args", {})
+    return "batched" if data.get("device_transform") else "per-image"
 
 
 def main() -> None:
@@ -102,10 +129,13 @@ def main() -> None:
         pipelines["lightly SimCLRTransform"] = per_image(lightly)
     except ImportError:
         print("lightly is not installed (pip install -e .[benchmark]); skipping it")
+    default = configured_path()
+    tag = {name: " [default]" if name == default else "" for name in ("per-image", "batched")}
     pipelines["ours SimCLRViews"] = per_image(SimCLRViews("cifar"))
-    pipelines["ours SimCLRViews seeded"] = per_image_seeded(SimCLRViews("cifar"))
+    pipelines["ours SimCLRViews seeded" + tag["per-image"]] = per_image_seeded(SimCLRViews("cifar"))
     pipelines[f"ours DeviceViews on CPU (batch {args.batch})"] = batched(args.batch)
-    pipelines[f"ours DeviceViews on CPU seeded (batch {args.batch})"] = batched(args.batch, True)
+    pipelines[f"ours DeviceViews on CPU seeded (batch {args.batch}){tag['batched']}"] = \
+        batched_seeded(args.batch)
     rates: dict[str, list[float]] = {name: [] for name in pipelines}
     for _ in range(args.rounds):  # interleaved rounds, so load changes hit every pipeline
         for name, run in pipelines.items():
@@ -114,12 +144,17 @@ def main() -> None:
             rates[name].append(count / (time.perf_counter() - start))
     results = {name: statistics.median(r) for name, r in rates.items()}
     baseline = results.get("lightly SimCLRTransform")
+    print(f"configs/simclr.yaml's loader path: {default}")
     for name, rate in results.items():
         ratio = f"  ({rate / baseline:.2f}x lightly)" if baseline else ""
-        print(f"{name:45s} {rate:8.0f} images/s{ratio}")
+        print(f"{name:60s} {rate:8.0f} images/s{ratio}")
+    names = list(results)
+    for plain, seeded in ((names[-4], names[-3]), (names[-2], names[-1])):
+        print(f"seeding cost, {plain}: {1 - results[seeded] / results[plain]:+.1%}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"images_per_s": results, "images": len(paths), "threads": 1}, f, indent=2)
+            json.dump({"images_per_s": results, "images": len(paths), "threads": 1,
+                       "default_path": default}, f, indent=2)
 
 
 if __name__ == "__main__":

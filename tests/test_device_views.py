@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from PIL import Image
-from torchvision.ops import roi_align
 from torchvision.transforms.v2 import functional as TF
 
 from ssl_lightning.data import CIFAR10DataModule
@@ -19,6 +18,7 @@ from ssl_lightning.data.device_views import (
     _gaussian_blur,
     _shift_hue,
     color_jitter,
+    resized_crop,
 )
 
 PLAIN = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}  # no normalisation: values in [0, 1]
@@ -100,15 +100,16 @@ def test_reproducible_under_a_seed_and_different_on_each_rank(monkeypatch):
     assert not torch.allclose(views_on_rank(0), views_on_rank(1))
 
 
-def test_crop_matches_torchvision_resized_crop_inside_the_box():
-    x = torch.rand(1, 3, 32, 32)
-    for x0, y0, x1, y1 in [(3, 5, 13, 20), (10, 2, 30, 30), (0, 0, 32, 32)]:
-        ours = roi_align(x, torch.tensor([[0.0, x0, y0, x1, y1]]), 32, aligned=True)
-        ref = TF.resized_crop(x, y0, x0, y1 - y0, x1 - x0, [32, 32], antialias=False)
-        # Border pixels differ by design: we interpolate with the pixels just outside the box
-        # where torchvision replicates the crop edge.
-        torch.testing.assert_close(ours[..., 2:-2, 2:-2], ref[..., 2:-2, 2:-2],
-                                   atol=1e-6, rtol=0)
+def test_crop_matches_torchvision_antialiased_resized_crop():
+    """Up- and down-scaled crops (also non-square ones) equal torchvision's resized_crop with
+    antialias=True, the resampling of SimCLRViews' RandomResizedCrop, edges included."""
+    x = torch.rand(4, 3, 40, 48)
+    boxes = [(3, 5, 13, 20), (10, 2, 30, 30), (0, 0, 48, 40), (1, 0, 47, 39)]
+    for size in (16, 32):
+        ours = resized_crop(x, torch.tensor(boxes, dtype=torch.float32), size)
+        for i, (x0, y0, x1, y1) in enumerate(boxes):
+            ref = TF.resized_crop(x[i], y0, x0, y1 - y0, x1 - x0, [size, size], antialias=True)
+            torch.testing.assert_close(ours[i], ref, atol=1e-5, rtol=0)
 
 
 def test_color_operations_match_torchvision_per_sample():

@@ -57,7 +57,9 @@ class SSLDataModule(pl.LightningDataModule):
         batched_views_on: Where ``device_transform`` runs: ``"device"`` (after the batch is
             on the accelerator), ``"workers"`` (in the loader workers' collate step, on CPU:
             batched augmentation without accelerator time) or ``"auto"``: the workers when
-            training on CPU, else the device. The views are the same either way.
+            training on CPU (or without a trainer), else the device. The views are the same
+            either way. The shipped SimCLR-recipe configs (simclr, dcl, supcon, moco_v2,
+            simsiam) set ``DeviceViews`` with ``"auto"``.
         seed: Seed of the training order and augmentations (both pure functions of seed, epoch,
             sample index and view; see ``docs/resume.md``); None takes ``seed_everything``'s
             seed (``PL_GLOBAL_SEED``), else 0. Saved in checkpoints and restored on resume.
@@ -103,6 +105,14 @@ class SSLDataModule(pl.LightningDataModule):
             raise ValueError(f"batched_views_on must be 'auto', 'device' or 'workers', got "
                              f"{batched_views_on!r}.")
         self.batched_views_on = batched_views_on
+        if device_transform is not None and train_transform is not None and not isinstance(
+                train_transform, UInt8Image):
+            raise ValueError(
+                f"train_transform={type(train_transform).__name__} makes views itself, but "
+                f"device_transform={type(device_transform).__name__} makes them from the "
+                "decoded uint8 images (train_transform UInt8Image, the default with a "
+                "device_transform). Set device_transform: null to use your train_transform, "
+                "or leave train_transform unset.")
         self.train_transform = train_transform or (
             UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)
@@ -229,10 +239,12 @@ class SSLDataModule(pl.LightningDataModule):
         return loader
 
     def _views_in_workers(self) -> bool:
+        """``"auto"``: the workers unless the trainer runs on an accelerator (also without a
+        trainer, so a loader iterated by hand yields views, not uint8 images)."""
         if self.batched_views_on != "auto":
             return self.batched_views_on == "workers"
         trainer = self.trainer
-        return trainer is not None and trainer.strategy.root_device.type == "cpu"
+        return trainer is None or trainer.strategy.root_device.type == "cpu"
 
     def _sampler(self, dataset: Dataset) -> EpochSampler:
         trainer = self.trainer

@@ -1,13 +1,16 @@
 """SimCLR views made from a whole uint8 batch at once, on the batch's device (GPU or CPU).
 
 The data loader only decodes images to fixed-size uint8 tensors (:class:`UInt8Image`); after the
-batch is on the accelerator, :class:`DeviceViews` makes every view with batched tensor ops, each
-sample drawing its own random parameters: random resized crop (``roi_align``, which averages
-``ceil(box / output)`` samples per output pixel, so down-scaling is anti-aliased), horizontal
-flip, colour jitter in a random order per sample, grayscale, Gaussian blur, solarisation and
-normalisation. The recipe is the SimCLR augmentation (Chen et al., "A Simple Framework for
-Contrastive Learning of Visual Representations", ICML 2020, Appendix A) with the parameter
-ranges of ``torchvision.transforms`` (as :func:`ssl_lightning.data.simclr_augmentation`).
+batch is on the accelerator (or in the loader workers' collate step, on the CPU),
+:class:`DeviceViews` makes every view with batched tensor ops, each sample drawing its own random
+parameters (:meth:`DeviceViews.draw_params`): random resized crop (antialiased bilinear
+resampling with the weights of torchvision's ``resized_crop(antialias=True)``, as two batched
+matrix products), horizontal flip, colour jitter in a random order per sample, grayscale,
+Gaussian blur, solarisation and normalisation. The recipe is the SimCLR augmentation (Chen et
+al., "A Simple Framework for Contrastive Learning of Visual Representations", ICML 2020,
+Appendix A) with the parameter ranges of ``torchvision.transforms``, drawn with the same
+distributions as :class:`~ssl_lightning.data.SimCLRViews` (tests/test_views_distribution.py,
+docs/batched_views.md).
 
 Enable it with ``SSLDataModule(device_transform=DeviceViews(...))``: the module's
 ``on_after_batch_transfer`` hook turns the uint8 training batch into views. It also runs on the
@@ -17,14 +20,13 @@ CPU, where one batched call is much cheaper than per-image transforms.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
-from torchvision.ops import roi_align
 
 from ssl_lightning.data.seeding import counter_uniform, view_seed_tensor
 from ssl_lightning.data.transforms import MultiViewTransform, Triple, get_preset
@@ -95,6 +97,34 @@ def _shift_hue(x: Tensor, shift: Tensor) -> Tensor:
     return table.gather(2, sector.unsqueeze(1).expand(-1, 3, 1, -1, -1)).squeeze(2)
 
 
+def _resample_weights(start: Tensor, length: Tensor, in_size: int, out_size: int) -> Tensor:
+    """(n, out_size, in_size) antialiased bilinear weights of the crops ``[start, start +
+    length)``: a triangle filter widened by the down-scaling factor, cut at the crop's edges and
+    normalised (the rule of PIL and of torch's ``antialias=True`` resize)."""
+    scale = (length / out_size).view(-1, 1, 1)
+    support = scale.clamp(min=1.0)
+    steps = torch.arange(out_size, device=start.device, dtype=start.dtype).view(1, -1, 1)
+    centre = start.view(-1, 1, 1) + (steps + 0.5) * scale
+    pixel = torch.arange(in_size, device=start.device, dtype=start.dtype).view(1, 1, -1) + 0.5
+    weights = (1 - ((pixel - centre) / support).abs()).clamp_(min=0)
+    inside = (pixel > start.view(-1, 1, 1)) & (pixel < (start + length).view(-1, 1, 1))
+    weights = weights * inside
+    return weights / weights.sum(2, keepdim=True)
+
+
+def resized_crop(x: Tensor, boxes: Tensor, size: int) -> Tensor:
+    """Crop every sample of ``x`` (n, c, h, w) to its box ``x0, y0, x1, y1`` (integers) and
+    resize it to (size, size), as torchvision's ``resized_crop(..., antialias=True)``."""
+    n, c, h, w = x.shape
+    x0, y0, x1, y1 = boxes.unbind(1)
+    rows = _resample_weights(y0, y1 - y0, h, size)
+    columns = _resample_weights(x0, x1 - x0, w, size)
+    y = torch.bmm(x.reshape(n, c * h, w), columns.transpose(1, 2))  # (n, c*h, size)
+    y = y.view(n, c, h, size).transpose(1, 2).reshape(n, h, c * size)
+    y = torch.bmm(rows, y)  # (n, size, c*size)
+    return y.view(n, size, c, size).transpose(1, 2).contiguous()
+
+
 def _gaussian_blur(x: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
     """Separable Gaussian blur with one sigma per sample (reflect padding, as torchvision)."""
     n, c, h, w = x.shape
@@ -107,6 +137,32 @@ def _gaussian_blur(x: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
     y = F.conv2d(y, kernel.view(n * c, 1, 1, kernel_size), groups=n * c)
     y = F.conv2d(y, kernel.view(n * c, 1, kernel_size, 1), groups=n * c)
     return y.view(n, c, h, w)
+
+
+class ViewParams(NamedTuple):
+    """The random parameters of one view of a batch, one row per sample.
+
+    Attributes:
+        boxes: (n, 4) integer crop boxes ``x0, y0, x1, y1`` (float).
+        flip: (n,) horizontal flip.
+        jitter: (n,) colour jitter applied.
+        factors: (n, 3) brightness, contrast and saturation factors (1 without jitter).
+        hue: (n,) hue shift in turns (0 without jitter).
+        order: (n, 4) order of the jitter's 0 brightness, 1 contrast, 2 saturation, 3 hue.
+        gray: (n,) grayscale.
+        blur_sigma: (n,) Gaussian blur sigma (0: no blur).
+        solarize: (n,) solarisation.
+    """
+
+    boxes: Tensor
+    flip: Tensor
+    jitter: Tensor
+    factors: Tensor
+    hue: Tensor
+    order: Tensor
+    gray: Tensor
+    blur_sigma: Tensor
+    solarize: Tensor
 
 
 class DeviceViews:
@@ -238,43 +294,56 @@ class DeviceViews:
         w = torch.where(found, w, torch.full_like(w, fb_w))
         h = torch.where(found, h, torch.full_like(h, fb_h))
         u = self._uniform((n, 2), device=device)
-        x0 = torch.where(found, (u[:, 0] * (width - w + 1)).floor(), (width - w) / 2)
-        y0 = torch.where(found, (u[:, 1] * (height - h + 1)).floor(), (height - h) / 2)
+        # randint(0, width - w + 1); the clamp guards float32 rounding of u * n up to n.
+        x0 = torch.where(found, torch.minimum((u[:, 0] * (width - w + 1)).floor(), width - w),
+                         ((width - w) / 2).floor())
+        y0 = torch.where(found, torch.minimum((u[:, 1] * (height - h + 1)).floor(), height - h),
+                         ((height - h) / 2).floor())
         return torch.stack([x0, y0, x0 + w, y0 + h], 1)
 
     def view(self, x: Tensor) -> Tensor:
         """One view of a float batch in [0, 1]."""
-        n, device = x.shape[0], x.device
-        boxes = self.crop_boxes(n, x.shape[2], x.shape[3], device)
-        index = torch.arange(n, device=device, dtype=boxes.dtype).unsqueeze(1)
-        x = roi_align(x, torch.cat([index, boxes], 1), self.crop_size, aligned=True)
+        return self.apply(x, self.draw_params(x.shape[0], x.shape[2], x.shape[3], x.device))
+
+    def draw_params(self, n: int, height: int, width: int, device: Any) -> ViewParams:
+        """The random parameters of one view of ``n`` images of ``height`` x ``width``."""
+        boxes = self.crop_boxes(n, height, width, device)
         flip = self._uniform((n,), device=device) < self.flip_p
-        x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
-        x = self._color_jitter(x)
+        factors, hue = torch.ones(n, 3, device=device), torch.zeros(n, device=device)
+        order = torch.arange(4, device=device).expand(n, 4)
+        jitter = torch.zeros(n, dtype=torch.bool, device=device)
+        s = self.jitter_strength
+        if s > 0 and self.jitter_p > 0:
+            jitter = self._uniform((n, 1), device=device)[:, 0] < self.jitter_p
+            drawn = self._uniform((n, 3), max(0.0, 1 - 0.8 * s), 1 + 0.8 * s, device=device)
+            factors = torch.where(jitter.unsqueeze(1), drawn, factors)
+            hue = self._uniform((n,), -0.2 * s, 0.2 * s, device=device) * jitter
+            order = self._uniform((n, 4), device=device).argsort(1)
         gray = self._uniform((n,), device=device) < self.grayscale_p
-        x = torch.where(gray.view(-1, 1, 1, 1), _gray(x).expand_as(x), x)
+        sigma = torch.zeros(n, device=device)
         if self.blur_p > 0:
             blur = (self._uniform((n,), device=device) < self.blur_p).nonzero()[:, 0]
-            sigma = self._uniform((len(blur),), 0.1, 2.0, device=device, rows=blur)
-            x[blur] = _gaussian_blur(x[blur], sigma, self.blur_kernel)
+            sigma[blur] = self._uniform((len(blur),), 0.1, 2.0, device=device, rows=blur)
+        solarize = torch.zeros(n, dtype=torch.bool, device=device)
         if self.solarize_p > 0:
-            sol = (self._uniform((n,), device=device) < self.solarize_p).view(-1, 1, 1, 1)
-            x = torch.where(sol & (x >= 128 / 255), 1.0 - x, x)
-        mean = torch.tensor(self.mean, device=device).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, device=device).view(1, 3, 1, 1)
-        return (x - mean) / std
+            solarize = self._uniform((n,), device=device) < self.solarize_p
+        return ViewParams(boxes, flip, jitter, factors, hue, order, gray, sigma, solarize)
 
-    def _color_jitter(self, x: Tensor) -> Tensor:
-        """Draw per-sample jitter parameters (identity for the 1 - jitter_p that skip it)."""
-        n, device, s = x.shape[0], x.device, self.jitter_strength
-        if s == 0 or self.jitter_p == 0:
-            return x
-        apply = self._uniform((n, 1), device=device) < self.jitter_p
-        factors = self._uniform((n, 3), max(0.0, 1 - 0.8 * s), 1 + 0.8 * s, device=device)
-        factors = torch.where(apply, factors, torch.ones_like(factors))
-        hue = self._uniform((n,), -0.2 * s, 0.2 * s, device=device) * apply[:, 0]
-        order = self._uniform((n, 4), device=device).argsort(1)
-        return color_jitter(x, factors, hue, order)
+    def apply(self, x: Tensor, params: ViewParams) -> Tensor:
+        """Make the view ``params`` of the float batch ``x`` in [0, 1]; normalised output."""
+        x = resized_crop(x, params.boxes, self.crop_size)
+        x = torch.where(params.flip.view(-1, 1, 1, 1), x.flip(-1), x)
+        if params.jitter.any():
+            x = color_jitter(x, params.factors, params.hue, params.order)
+        x = torch.where(params.gray.view(-1, 1, 1, 1), _gray(x).expand_as(x), x)
+        blur = params.blur_sigma.nonzero()[:, 0]
+        if len(blur):
+            x[blur] = _gaussian_blur(x[blur], params.blur_sigma[blur], self.blur_kernel)
+        solarize = params.solarize.view(-1, 1, 1, 1)
+        x = torch.where(solarize & (x >= 128 / 255), 1.0 - x, x)
+        mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1)
+        return (x - mean) / std
 
 
 def color_jitter(x: Tensor, factors: Tensor, hue: Tensor, order: Tensor) -> Tensor:
