@@ -18,12 +18,15 @@ import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 OptimizerName = Literal["lars", "sgd", "adamw"]
 LRScaling = Literal["none", "linear", "sqrt"]
@@ -336,6 +339,21 @@ class WarmupCosineLR(LRScheduler):
                 f"(step {self.last_epoch + self.step_shift} of {self.schedule.total_steps}).",
                 UserWarning, stacklevel=2,
             )
+
+
+def schedule_position(trainer: pl.Trainer, step: int) -> tuple[int, int]:
+    """``(position, total steps)`` of optimiser step ``step`` in this run's per-step schedules.
+
+    ``(step, estimated_stepping_batches)``, unless the lr scheduler is a resumed
+    :class:`WarmupCosineLR` that converted its position through epochs (``step_shift``: the
+    steps per epoch changed in a ``max_epochs``-bounded run). The other per-step schedules (EMA
+    momentum, weight decay) then take the same position, so every schedule ends with the last
+    epoch and stays consistent with the lr.
+    """
+    for config in trainer.lr_scheduler_configs:
+        if isinstance(config.scheduler, WarmupCosineLR):
+            return step + config.scheduler.step_shift, config.scheduler.schedule.total_steps
+    return step, int(trainer.estimated_stepping_batches)
 
 
 @dataclass

@@ -56,14 +56,24 @@ class LrRecorder(pl.Callback):
 
     def __init__(self) -> None:
         self.lrs: list[tuple[int, list[float]]] = []
+        self.wds: list[tuple[int, float]] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.lrs.append((trainer.global_step,
                          [g["lr"] for g in trainer.optimizers[0].param_groups]))
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """The decay group's weight decay of the optimiser step just taken."""
+        self.wds.append((trainer.global_step - 1,
+                         trainer.optimizers[0].param_groups[0]["weight_decay"]))
+
+
+def recorder(cli) -> LrRecorder:
+    return next(c for c in cli.trainer.callbacks if isinstance(c, LrRecorder))
+
 
 def recorded(cli) -> list[tuple[int, list[float]]]:
-    return next(c for c in cli.trainer.callbacks if isinstance(c, LrRecorder)).lrs
+    return recorder(cli).lrs
 
 
 def warmup_cosine(step: int, warmup: int, total: int) -> float:
@@ -118,7 +128,8 @@ def test_resume_to_two_epochs_follows_the_two_epoch_cosine(first_run, resume) ->
 def test_resume_with_a_larger_batch_and_overrides_uses_the_new_values(resume) -> None:
     with pytest.warns(UserWarning) as record:
         cli = resume("--trainer.max_epochs", "2", "--data.batch_size", "8", "--model.lr", "0.08",
-                     "--model.init_args.temperature", "0.3", "--model.weight_decay", "0.001")
+                     "--model.init_args.temperature", "0.3", "--model.weight_decay", "0.001",
+                     "--model.weight_decay_end", "0.01")
     messages = [str(w.message) for w in record]
     hparams = [m for m in messages if "hyperparameter(s) that differ" in m]
     assert len(hparams) == 1, messages  # ONE warning listing every difference
@@ -130,7 +141,7 @@ def test_resume_with_a_larger_batch_and_overrides_uses_the_new_values(resume) ->
     assert "steps per epoch 6 -> 3; global batch 4 -> 8; peak lr 0.0015625 -> 0.0025" in schedule
     assert cli.model.criterion.temperature == 0.3
     groups = cli.trainer.optimizers[0].param_groups
-    assert [g["weight_decay"] for g in groups] == [0.001, 0.0]
+    assert groups[1]["weight_decay"] == 0.0  # biases/norms; the decay group: see below
     # 1 of 2 epochs done = position 3 of the new 6-step schedule (3 steps per epoch,
     # warm-up round(0.5 * 3) = 2), at the new global batch's peak lr.
     peak = 0.08 * 8 / 256  # the new lr scaled for the new global batch
@@ -139,6 +150,13 @@ def test_resume_with_a_larger_batch_and_overrides_uses_the_new_values(resume) ->
     for step, values in lrs:
         expected = peak * warmup_cosine(step - 3, 2, 6)
         assert expected > 1e-5 and values == pytest.approx([expected] * 2, rel=1e-12)
+    # The weight-decay cosine takes the same converted position (step 3 of 6), not step 6 (its
+    # end, 0.01): 0.01 - 0.009 * (cos(pi * position / 6) + 1) / 2.
+    wds = recorder(cli).wds
+    assert [s for s, _ in wds] == [6, 7, 8]
+    for step, value in wds:
+        expected = 0.01 - 0.009 * (math.cos(math.pi * (step - 3) / 6) + 1) / 2
+        assert value == pytest.approx(expected, rel=1e-12)
 
 
 def _error(capsys, run, *args: str, **kwargs) -> str:

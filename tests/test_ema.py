@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from momentum_utils import cpu_trainer, fit_and_resume, views_loader
+from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 
 from ssl_lightning.callbacks import EMACallback
@@ -167,3 +168,23 @@ def test_resume_continues_schedule_and_teacher_exactly(tmp_path, recorded_taus: 
     assert any(k.startswith("teacher.") for k in full)
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
+
+
+def test_resume_with_fewer_steps_per_epoch_converts_the_momentum_position(
+        tmp_path, recorded_taus: list[float]) -> None:
+    """Epoch 0 at batch 4 (4 steps), epoch 1 resumed at batch 8 (2 steps): like the lr, the
+    momentum schedule continues at "1 of 2 epochs done" = step 2 of the new 4-step schedule,
+    not at step 4 (which would be its end, tau = 1: a frozen teacher for the whole epoch)."""
+    model = TinyTeacherMethod()
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path), save_top_k=-1, every_n_epochs=1,
+                           filename="{epoch}")
+    cpu_trainer(str(tmp_path), 1, callbacks=[ckpt, EMACallback(momentum_base=0.9)]).fit(
+        model, views_loader(16, 4))
+    assert recorded_taus == [pytest.approx(cosine_momentum(k, 4, 0.9)) for k in range(4)]
+    recorded_taus.clear()
+    with pytest.warns(UserWarning, match="steps per epoch 4 -> 2"):
+        cpu_trainer(str(tmp_path), 2, callbacks=[EMACallback(momentum_base=0.9)],
+                    enable_checkpointing=False).fit(TinyTeacherMethod(), views_loader(16, 8),
+                                                    ckpt_path=str(tmp_path / "epoch=0.ckpt"))
+    assert recorded_taus == [pytest.approx(cosine_momentum(k, 4, 0.9)) for k in (2, 3)]
+    assert max(recorded_taus) < 1

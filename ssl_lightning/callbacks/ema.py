@@ -10,7 +10,8 @@ reuse.
 The teacher lives in the method (so it is checkpointed and moved with it); the method names the
 ``(student, teacher)`` pairs in :meth:`SSLMethod.ema_pairs`. The callback is stateless: the step
 ``k`` is ``trainer.global_step`` and ``K`` is ``trainer.estimated_stepping_batches``, so a resumed
-run continues the schedule exactly.
+run continues the schedule exactly; after a resume with other steps per epoch, ``k`` is converted
+through epochs as the lr's position is (:func:`ssl_lightning.optim.schedule_position`).
 
 Buffers (BatchNorm running statistics and counters) follow ``buffer_policy``:
 ``"copy"`` (default) copies the student's buffers into the teacher after each update, so the
@@ -29,6 +30,8 @@ from typing import Any, Literal
 import pytorch_lightning as pl
 import torch
 from torch import nn
+
+from ssl_lightning.optim import schedule_position
 
 Schedule = Literal["cosine", "constant"]
 BufferPolicy = Literal["copy", "ema", "none"]
@@ -148,7 +151,7 @@ class EMACallback(pl.Callback):
         if trainer.global_step == self._last_step:
             return  # no optimiser step on this micro-batch (gradient accumulation)
         self._last_step = trainer.global_step
-        tau = self.momentum(trainer.global_step - 1, int(trainer.estimated_stepping_batches))
+        tau = self.momentum(*schedule_position(trainer, trainer.global_step - 1))
         ema_update_(self._pairs(pl_module), tau, self.buffer_policy)
         pl_module.log("ema/tau", tau, on_step=True, on_epoch=False)
 

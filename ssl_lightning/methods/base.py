@@ -33,6 +33,7 @@ from ssl_lightning.optim import (
     check_layer_decay,
     layer_decay_multipliers,
     scale_lr,
+    schedule_position,
     split_decay_groups,
 )
 
@@ -379,8 +380,7 @@ class SSLMethod(SeededSteps):
         end = self.hparams["weight_decay_end"]
         if end is None:
             return
-        wd = cosine_momentum(self.trainer.global_step,
-                             int(self.trainer.estimated_stepping_batches),
+        wd = cosine_momentum(*schedule_position(self.trainer, self.trainer.global_step),
                              self.hparams["weight_decay"], end)
         for group in optimizer.param_groups:
             if group.get("weight_decay_schedule"):
