@@ -341,6 +341,33 @@ class WarmupCosineLR(LRScheduler):
             )
 
 
+def run_schedule(trainer: pl.Trainer, optimizer: Optimizer, warmup_epochs: float,
+                 final_ratio: float = 0.0, global_batch_size: int | None = None
+                 ) -> WarmupCosineLR:
+    """The per-step :class:`WarmupCosineLR` of a run on ``trainer``: total steps from
+    ``estimated_stepping_batches``, warm-up and steps per epoch from the train loader's length
+    (after gradient accumulation). Groups marked ``fixed_lr`` keep their peak lr.
+
+    Raises:
+        ValueError: ``warmup_epochs > 0`` with a train loader without a length.
+    """
+    total_steps = int(trainer.estimated_stepping_batches)
+    batches = trainer.num_training_batches
+    if not math.isfinite(batches) and warmup_epochs > 0:
+        raise ValueError(
+            f"warmup_epochs={warmup_epochs} needs a train dataloader with a length; "
+            "set warmup_epochs: 0 for an iterable dataset."
+        )
+    steps_per_epoch = (max(1, math.ceil(batches / trainer.accumulate_grad_batches))
+                       if math.isfinite(batches) else 1)
+    return WarmupCosineLR(
+        optimizer, min(total_steps, round(warmup_epochs * steps_per_epoch)), total_steps,
+        final_ratio, fixed_groups=[bool(g.get("fixed_lr")) for g in optimizer.param_groups],
+        steps_per_epoch=steps_per_epoch, global_batch_size=global_batch_size,
+        epoch_based=trainer.max_steps == -1 or total_steps < trainer.max_steps,
+    )
+
+
 def schedule_position(trainer: pl.Trainer, step: int) -> tuple[int, int]:
     """``(position, total steps)`` of optimiser step ``step`` in this run's per-step schedules.
 

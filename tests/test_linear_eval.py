@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 
 import pytest
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.evaluation import LinearEval, load_backbone
+from ssl_lightning.methods.divergence import TrainingDivergedError
 
 NUM_CLASSES = 4
 
@@ -191,3 +193,53 @@ def test_resume_is_exact(tmp_path):
     assert trainer.global_step == 8
     for key, value in straight.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value), key
+
+
+class LrRecorder(pl.Callback):
+    def __init__(self) -> None:
+        self.lrs: list[tuple[int, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self.lrs.append((trainer.global_step, trainer.optimizers[0].param_groups[0]["lr"]))
+
+
+def test_resume_with_more_epochs_follows_the_new_schedule(tmp_path):
+    """1 epoch (4 steps), then resumed to 2: the resumed steps follow the 8-step cosine (a
+    ``LambdaLR`` restores the old 4-step schedule and trains the second epoch at lr 0)."""
+    train, val = separable_data(32, 0), separable_data(16, 1)
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(make_model(), DataLoader(train, batch_size=8))
+    trainer.save_checkpoint(str(tmp_path / "epoch1.ckpt"))
+    recorder = LrRecorder()
+    with pytest.warns(UserWarning, match="total steps 4 -> 8"):
+        tiny_trainer(max_epochs=2, callbacks=[recorder]).fit(
+            make_model(), DataLoader(train, batch_size=8), DataLoader(val, 16),
+            ckpt_path=str(tmp_path / "epoch1.ckpt"))
+    assert [s for s, _ in recorder.lrs] == [4, 5, 6, 7]
+    for step, lr in recorder.lrs:  # lr 0.5, no warm-up, half a cosine over 8 steps
+        assert lr == pytest.approx(0.5 * 0.5 * (1 + math.cos(math.pi * step / 8)), rel=1e-12)
+        assert lr > 1e-3
+
+
+class NaNFromStep2(nn.Module):
+    """A frozen feature extractor whose features become NaN from its third training call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.calls = bn_backbone(), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        features = self.net(x)
+        return features * float("nan") if self.calls >= 3 else features
+
+
+def test_a_non_finite_loss_stops_linear_eval_at_that_step(tmp_path):
+    model = LinearEval(NaNFromStep2(), NUM_CLASSES, checkpoint="random", lr=0.5,
+                       lr_scaling="none", image_size=8)
+    model.backbone.calls = 0  # the feature-size probe at construction was one call
+    trainer = tiny_trainer(max_epochs=1, limit_val_batches=0)
+    with pytest.raises(TrainingDivergedError, match=r"loss is nan at global step 2 .*lower"):
+        trainer.fit(model, DataLoader(separable_data(32, 0), batch_size=8))
+    assert trainer.global_step == 2  # the NaN step was not applied
+    assert all(torch.isfinite(p).all() for p in model.classifier.parameters())

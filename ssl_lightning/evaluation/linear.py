@@ -9,9 +9,8 @@ crop + flip, SGD with momentum and a cosine schedule; top-1/top-5 accuracy on th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +25,9 @@ from ssl_lightning.evaluation.checkpoint import (
     resolve_checkpoint,
 )
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.methods.step_rng import SeededSteps
-from ssl_lightning.optim import WarmupCosine, build_optimizer, scale_lr, split_decay_groups
+from ssl_lightning.optim import build_optimizer, run_schedule, scale_lr, split_decay_groups
 
 
 def first_view(images: Tensor | Sequence[Tensor]) -> Tensor:
@@ -138,12 +138,22 @@ class LinearEval(SeededSteps):
         images, targets = batch
         logits = self(first_view(images))
         loss = F.cross_entropy(logits.float(), targets)
+        check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         top1 = 100 * (logits.detach().argmax(dim=1) == targets).float().mean()
         self.log("train/top1", top1, on_step=False, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Stop (on every rank) when the update just made left non-finite weights."""
+        check_finite_weights(self)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Never write non-finite weights over the last good checkpoint."""
+        check_finite_weights(self, reduce=False)
+        super().on_save_checkpoint(checkpoint)
 
     def on_validation_epoch_start(self) -> None:
         self._val_rows.clear()
@@ -182,15 +192,12 @@ class LinearEval(SeededSteps):
         modules = [self.backbone, self.classifier] if self.finetune else [self.classifier]
         if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
             self.trainer.fit_loop.setup_data()
-        lr = scale_lr(hp.lr, SSLMethod.global_batch_size(self), hp.lr_scaling)  # type: ignore[arg-type]
+        global_batch = SSLMethod.global_batch_size(self)  # type: ignore[arg-type]
+        lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
         optimizer = build_optimizer(
             "sgd", split_decay_groups(modules, hp.weight_decay), lr=lr, momentum=hp.momentum
         )
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        steps_per_epoch = max(
-            1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
-        )
-        warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, total_steps))
+        scheduler = run_schedule(self.trainer, optimizer, hp.warmup_epochs,
+                                 global_batch_size=global_batch)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

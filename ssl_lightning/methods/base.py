@@ -11,7 +11,6 @@ has the schedules' formulas and sources.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
@@ -28,10 +27,10 @@ from ssl_lightning.methods.step_rng import SeededSteps
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
-    WarmupCosineLR,
     build_optimizer,
     check_layer_decay,
     layer_decay_multipliers,
+    run_schedule,
     scale_lr,
     schedule_position,
     split_decay_groups,
@@ -328,17 +327,6 @@ class SSLMethod(SeededSteps):
         hp = self.hparams
         if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
             self.trainer.fit_loop.setup_data()
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        batches = self.trainer.num_training_batches
-        if not math.isfinite(batches) and hp.warmup_epochs > 0:
-            raise ValueError(
-                f"warmup_epochs={hp.warmup_epochs} needs a train dataloader with a length; "
-                "set warmup_epochs: 0 for an iterable dataset."
-            )
-        steps_per_epoch = (
-            max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
-            if math.isfinite(batches) else 1
-        )
         global_batch = self.global_batch_size()
         lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
         groups = self.param_groups()
@@ -346,14 +334,8 @@ class SSLMethod(SeededSteps):
             hp.optimizer, groups, lr=lr, momentum=hp.momentum, betas=(hp.betas[0], hp.betas[1]),
             trust_coefficient=hp.lars_trust_coefficient,
         )
-        warmup = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
-        scheduler = WarmupCosineLR(
-            optimizer, warmup, total_steps, hp.final_lr_ratio,
-            fixed_groups=[bool(g.get("fixed_lr")) for g in optimizer.param_groups],
-            steps_per_epoch=steps_per_epoch,
-            global_batch_size=global_batch,
-            epoch_based=self.trainer.max_steps == -1 or total_steps < self.trainer.max_steps,
-        )
+        scheduler = run_schedule(self.trainer, optimizer, hp.warmup_epochs, hp.final_lr_ratio,
+                                 global_batch)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 
