@@ -87,3 +87,11 @@ def test_backbone_must_be_a_module_instance(backbone, got) -> None:
     message = f"backbone must be an nn.Module instance, {got}"
     with pytest.raises(TypeError, match=re.escape(message)):
         SimCLR(backbone)
+
+
+def test_a_trainer_misconfiguration_is_printed_as_its_own_message(fit, capsys) -> None:
+    """Raised by ``Trainer.__init__`` itself (not through jsonargparse): still one line."""
+    err = _stderr(capsys, fit, "--trainer.callbacks+=TQDMProgressBar",
+                  "--trainer.enable_progress_bar", "false", code=1)
+    assert err.startswith("error: MisconfigurationException: Trainer was configured with "
+                          "`enable_progress_bar=False` but found `TQDMProgressBar`"), err

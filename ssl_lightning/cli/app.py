@@ -55,14 +55,17 @@ class SSLLightningCLI(LightningCLI):
         self._resume = (str(path), checkpoint)
 
     def instantiate_classes(self) -> None:
-        """Build trainer, model and data; a constructor's error is raised as its own message."""
+        """Build trainer, model and data; a constructor's error (also the Trainer's own
+        ``MisconfigurationException``) is raised as its own message."""
         try:
             super().instantiate_classes()
         except Exception as err:
             cause = constructor_error(err)
-            if debug_mode() or cause is err:
+            if debug_mode():
                 raise
-            if not isinstance(cause, READABLE):
+            if not isinstance(cause, READABLE):  # a bug, not a setting: keep its traceback
+                if cause is err:
+                    raise
                 raise cause from None
             name = "" if isinstance(cause, ValueError) else f"{type(cause).__name__}: "
             raise CLIError(f"{name}{cause}") from err
