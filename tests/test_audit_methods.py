@@ -1,5 +1,6 @@
-"""Method set-ups that used to run silently wrong: a global batch of one for losses that need the
-other samples, extra views a 2-view method ignores, SwAV's queue split over the processes."""
+"""Method set-ups that used to run silently wrong (or fail late): a global batch of one for losses
+that need the other samples, extra views a 2-view method ignores, SwAV's queue split over the
+processes, a queue that the global batch does not divide."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader
 from ssl_lightning import (
     BYOL,
     DINO,
+    NNCLR,
     BarlowTwins,
     MoCoV2,
     MoCoV3,
@@ -111,3 +113,19 @@ def test_swav_queue_length_is_checked_at_setup():
     with pytest.raises(ValueError, match=r"SwAV queue_length=100 is not divisible by the 3 "
                                          r"processes .* Use queue_length: 102 or 99\."):
         _with_trainer(model, 4, 3).setup("fit")
+
+
+@pytest.mark.parametrize(("cls", "kwargs", "queue"), [
+    (MoCoV2, dict(SMALL, queue_size=12), "queue"),
+    (NNCLR, dict(SMALL, support_set_size=12, prediction_hidden_dim=8), "support_set"),
+    (SimCLR, dict(SMALL, memory_bank_size=12), "criterion.bank"),
+])
+def test_a_queue_not_divided_by_the_global_batch_is_refused_when_fit_starts(cls, kwargs, queue):
+    """12 = 3 steps of 4 on one process, but not a whole number of steps of 4 x 2 processes
+    (before: an error at the first enqueue, after the first forward pass)."""
+    _with_trainer(cls(SmallConvNet((8,)), **kwargs), batch_size=4, world_size=1).on_fit_start()
+    model = _with_trainer(cls(SmallConvNet((8,)), **kwargs), batch_size=4, world_size=2)
+    with pytest.raises(ValueError, match=(
+            rf"{cls.__name__}.{queue} holds 12 embeddings, not a multiple of the global batch 8 "
+            r"\(batch_size=4 x 2 process\(es\)\).*Use a size of 8 or 16")):
+        model.on_fit_start()

@@ -35,6 +35,7 @@ from ssl_lightning.optim import (
     schedule_position,
     split_decay_groups,
 )
+from ssl_lightning.queue import FeatureQueue
 
 Batch = tuple[Sequence[Tensor], Tensor]
 
@@ -226,21 +227,36 @@ class SSLMethod(SeededSteps):
         self.check_global_batch()
 
     def check_global_batch(self) -> None:
-        """Refuse a global batch below :attr:`min_global_batch`, before the first step.
+        """Before the first step: refuse a global batch below :attr:`min_global_batch`, and a
+        queue (MoCo's negatives, NNCLR's support set, NT-Xent's memory bank) whose size is not
+        a multiple of the global batch it receives every step.
 
         Raises:
-            ValueError: naming the per-device batch, the process count and why.
+            ValueError: naming the per-device batch, the process count and what to change.
         """
         if self.trainer.train_dataloader is None:
             self.trainer.fit_loop.setup_data()
         batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
+        if not isinstance(batch_size, int):
+            return
         world = self.trainer.world_size
-        if isinstance(batch_size, int) and batch_size * world < self.min_global_batch:
+        layout = f"batch_size={batch_size} x {world} process(es)"
+        if batch_size * world < self.min_global_batch:
             raise ValueError(
                 f"{type(self).__name__} needs a global batch (batch_size x processes) of >= "
-                f"{self.min_global_batch}, got batch_size={batch_size} x {world} process(es): "
-                f"{self.min_global_batch_reason}. Raise --data.batch_size."
+                f"{self.min_global_batch}, got {layout}: {self.min_global_batch_reason}. "
+                "Raise --data.batch_size."
             )
+        global_batch = batch_size * world
+        for name, queue in self.named_modules():
+            if isinstance(queue, FeatureQueue) and queue.size % global_batch:
+                fits = max(1, queue.size // global_batch) * global_batch
+                raise ValueError(
+                    f"{type(self).__name__}.{name} holds {queue.size} embeddings, not a multiple "
+                    f"of the global batch {global_batch} ({layout}) that it receives every "
+                    f"step. Use a size of {fits} or {fits + global_batch}, or a batch size "
+                    f"that divides {queue.size}."
+                )
 
     def warn_unused_views(self, views: Sequence[Tensor]) -> None:
         """Warn once when the batch has more views than the loss uses (:attr:`views_used`)."""
