@@ -31,22 +31,30 @@ def check_centering(centering: str, sinkhorn_iterations: int) -> None:
 
 class CenteredDistillationLoss(nn.Module):
     """Shared state and checks of the self-distillation losses (DINO [CLS], iBOT patches): the
-    student temperature, the persistent fp32 EMA ``center`` (1, K) and the centering choice."""
+    student temperature, the persistent fp32 EMA ``center`` (1, K) and the centering choice.
+
+    Args:
+        out_dim: Prototypes K of the head.
+        student_temperature: τ_s > 0 (0.1).
+        center_momentum: m in [0, 1) of the centre EMA (0.9).
+        centering: ``"center"`` (the EMA centre) or ``"sinkhorn"`` (DINOv2's Sinkhorn-Knopp
+            targets over all rows and ranks; the centre is then not updated).
+        sinkhorn_iterations: Sinkhorn rounds (3).
+    """
 
     center: Tensor
 
     def __init__(
         self,
-        name: str,
         out_dim: int,
-        student_temperature: float,
-        center_momentum: float,
-        centering: Centering,
-        sinkhorn_iterations: int,
+        student_temperature: float = 0.1,
+        center_momentum: float = 0.9,
+        centering: Centering = "center",
+        sinkhorn_iterations: int = 3,
     ) -> None:
         super().__init__()
         if out_dim < 1:
-            raise ValueError(f"{name} out_dim must be >= 1, got {out_dim}.")
+            raise ValueError(f"{type(self).__name__} out_dim must be >= 1, got {out_dim}.")
         if not student_temperature > 0:
             raise ValueError(f"student_temperature must be > 0, got {student_temperature}.")
         if not 0 <= center_momentum < 1:
@@ -55,6 +63,12 @@ class CenteredDistillationLoss(nn.Module):
         self.student_temperature, self.center_momentum = student_temperature, center_momentum
         self.centering, self.sinkhorn_iterations = centering, sinkhorn_iterations
         self.register_buffer("center", torch.zeros(1, out_dim, dtype=torch.float32))
+
+    @staticmethod
+    def check_teacher_temperature(teacher_temperature: float) -> None:
+        """``ValueError`` unless this step's τ_t is > 0."""
+        if not teacher_temperature > 0:
+            raise ValueError(f"teacher_temperature must be > 0, got {teacher_temperature}.")
 
 
 def teacher_targets(

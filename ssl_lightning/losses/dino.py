@@ -23,7 +23,6 @@ from torch import Tensor
 from ssl_lightning.distributed import all_reduce_mean_no_grad
 from ssl_lightning.losses.centering import (
     CenteredDistillationLoss,
-    Centering,
     teacher_targets,
 )
 from ssl_lightning.losses.numerics import at_least_fp32
@@ -44,18 +43,6 @@ class DINOLoss(CenteredDistillationLoss):
         sinkhorn_iterations: Sinkhorn rounds (3).
     """
 
-
-    def __init__(
-        self,
-        out_dim: int,
-        student_temperature: float = 0.1,
-        center_momentum: float = 0.9,
-        centering: Centering = "center",
-        sinkhorn_iterations: int = 3,
-    ) -> None:
-        super().__init__('DINOLoss', out_dim, student_temperature, center_momentum, centering,
-                         sinkhorn_iterations)
-
     def forward(
         self, student: Sequence[Tensor], teacher: Sequence[Tensor], teacher_temperature: float
     ) -> Tensor:
@@ -70,8 +57,7 @@ class DINOLoss(CenteredDistillationLoss):
         Returns:
             Scalar loss in fp32, or float64 for float64 inputs (half inputs are promoted).
         """
-        if not teacher_temperature > 0:
-            raise ValueError(f"teacher_temperature must be > 0, got {teacher_temperature}.")
+        self.check_teacher_temperature(teacher_temperature)
         if len(teacher) < 1 or len(student) < 2 or len(student) < len(teacher):
             raise ValueError(
                 f"DINOLoss needs >= 1 teacher crop and >= 2 student crops including the teacher's"

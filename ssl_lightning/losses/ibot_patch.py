@@ -22,7 +22,6 @@ from torch import Tensor
 from ssl_lightning.distributed import all_reduce_mean_no_grad, all_reduce_sum_no_grad
 from ssl_lightning.losses.centering import (
     CenteredDistillationLoss,
-    Centering,
     teacher_targets,
 )
 from ssl_lightning.losses.numerics import at_least_fp32
@@ -39,18 +38,6 @@ class IBOTPatchLoss(CenteredDistillationLoss):
         sinkhorn_iterations: Sinkhorn rounds (3).
     """
 
-
-    def __init__(
-        self,
-        out_dim: int,
-        student_temperature: float = 0.1,
-        center_momentum: float = 0.9,
-        centering: Centering = "center",
-        sinkhorn_iterations: int = 3,
-    ) -> None:
-        super().__init__('IBOTPatchLoss', out_dim, student_temperature, center_momentum, centering,
-                         sinkhorn_iterations)
-
     def forward(
         self, student: Tensor, teacher: Tensor, masks: Tensor, teacher_temperature: float
     ) -> Tensor:
@@ -65,8 +52,7 @@ class IBOTPatchLoss(CenteredDistillationLoss):
         Returns:
             Scalar loss in fp32 (float64 for float64 inputs).
         """
-        if not teacher_temperature > 0:
-            raise ValueError(f"teacher_temperature must be > 0, got {teacher_temperature}.")
+        self.check_teacher_temperature(teacher_temperature)
         if student.shape != teacher.shape or masks.shape != student.shape[:-1]:
             raise ValueError(
                 "IBOTPatchLoss needs student and teacher (B, V, N, K) and masks (B, V, N), got "
