@@ -58,8 +58,7 @@ class BarlowTwins(SSLMethod):
         self.criterion = BarlowTwinsLoss(lambda_offdiag)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        if len(views) < 2:
-            raise ValueError(f"BarlowTwins needs 2 views per sample, got {len(views)}.")
+        self.require_views(views)
         features = self.backbone(views[0])
         return {"z1": self.projector(features), "z2": self.projector(self.backbone(views[1])),
                 "features": features}

@@ -258,6 +258,12 @@ class SSLMethod(SeededSteps):
                     f"that divides {queue.size}."
                 )
 
+    def require_views(self, views: Sequence[Tensor], count: int = 2) -> None:
+        """``ValueError`` naming the method when a sample has fewer than ``count`` views."""
+        if len(views) < count:
+            raise ValueError(
+                f"{type(self).__name__} needs {count} views per sample, got {len(views)}.")
+
     def warn_unused_views(self, views: Sequence[Tensor]) -> None:
         """Warn once when the batch has more views than the loss uses (:attr:`views_used`)."""
         if self._views_checked:

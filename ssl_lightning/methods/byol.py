@@ -62,8 +62,7 @@ class BYOL(MomentumMethod):
         return [(self.backbone, self.target_backbone), (self.projector, self.target_projector)]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        if len(views) < 2:
-            raise ValueError(f"BYOL needs 2 views per sample, got {len(views)}.")
+        self.require_views(views)
         features = self.backbone(views[0])
         p1 = self.predictor(self.projector(features))
         p2 = self.predictor(self.projector(self.backbone(views[1])))

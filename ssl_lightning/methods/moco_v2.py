@@ -101,8 +101,7 @@ class MoCoV2(MomentumMethod):
         return keys_all[offset : offset + batch]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        if len(views) < 2:
-            raise ValueError(f"MoCoV2 needs 2 views per sample, got {len(views)}.")
+        self.require_views(views)
         features = self.backbone(views[0])
         outputs = {"key2": self.encode_keys(views[1]), "query1": self.projector(features),
                    "features": features}

@@ -75,8 +75,7 @@ class MoCoV3(MomentumMethod):
         return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        if len(views) < 2:
-            raise ValueError(f"MoCoV3 needs 2 views per sample, got {len(views)}.")
+        self.require_views(views)
         features = self.backbone(views[0])
         q1 = self.predictor(self.projector(features))
         q2 = self.predictor(self.projector(self.backbone(views[1])))

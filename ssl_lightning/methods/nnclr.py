@@ -64,8 +64,7 @@ class NNCLR(SSLMethod):
         self.criterion = NNCLRLoss(temperature, loss_chunk_size)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        if len(views) < 2:
-            raise ValueError(f"NNCLR needs 2 views per sample, got {len(views)}.")
+        self.require_views(views)
         batch = views[0].shape[0]
         features = self.backbone(torch.cat([views[0], views[1]]))
         z = self.projector(features)

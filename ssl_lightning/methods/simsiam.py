@@ -59,8 +59,7 @@ class SimSiam(SSLMethod):
         self.fixed_predictor_lr = fixed_predictor_lr
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        if len(views) < 2:
-            raise ValueError(f"SimSiam needs 2 views per sample, got {len(views)}.")
+        self.require_views(views)
         features = self.backbone(views[0])
         z1, z2 = self.projector(features), self.projector(self.backbone(views[1]))
         return {"p1": self.predictor(z1), "p2": self.predictor(z2), "z1": z1, "z2": z2,

@@ -53,8 +53,7 @@ class SupCon(SSLMethod):
         self.criterion = SupConLoss(temperature, loss_chunk_size)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        if len(views) < 2:
-            raise ValueError(f"SupCon needs 2 views per sample, got {len(views)}.")
+        self.require_views(views)
         batch = views[0].shape[0]
         features = self.backbone(torch.cat([views[0], views[1]]))
         z1, z2 = self.projector(features).chunk(2)

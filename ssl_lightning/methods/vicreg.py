@@ -59,8 +59,7 @@ class VICReg(SSLMethod):
         self.criterion = VICRegLoss(invariance_weight, variance_weight, covariance_weight)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        if len(views) < 2:
-            raise ValueError(f"VICReg needs 2 views per sample, got {len(views)}.")
+        self.require_views(views)
         features = self.backbone(views[0])
         return {"z1": self.expander(features), "z2": self.expander(self.backbone(views[1])),
                 "features": features}
