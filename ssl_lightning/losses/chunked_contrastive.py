@@ -182,6 +182,15 @@ def positive_cross_entropy(
     return F.softplus(negatives - positive_logit)
 
 
+def check_loss_settings(name: str, temperature: float, chunk_size: int | None) -> None:
+    """``ValueError`` naming the loss ``name`` for a temperature <= 0 or a ``chunk_size`` < 1
+    (``None``: dense logits)."""
+    if not temperature > 0:
+        raise ValueError(f"{name} temperature must be > 0, got {temperature}.")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"{name} chunk_size must be >= 1 or None, got {chunk_size}.")
+
+
 def check_rank_offset(rank_offset: int, batch: int, n_global: int, what: str = "samples") -> None:
     """``ValueError`` unless this rank's ``batch`` rows start at ``rank_offset`` inside the
     ``n_global`` gathered rows (``what`` names them in the message)."""

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ssl_lightning.losses.chunked_contrastive import (
+    check_loss_settings,
     check_two_views,
     chunked_logsumexp,
     two_view_pairs,
@@ -44,13 +45,10 @@ class DCLLoss(nn.Module):
         chunk_size: int | None = 1024,
     ) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"DCLLoss temperature must be > 0, got {temperature}.")
+        check_loss_settings("DCLLoss", temperature, chunk_size)
         if weight_sigma is not None and not weight_sigma > 0:
             raise ValueError(f"DCLLoss weight_sigma must be > 0 (or None for DCL), got "
                              f"{weight_sigma}.")
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"DCLLoss chunk_size must be >= 1 or None, got {chunk_size}.")
         self.temperature = temperature
         self.weight_sigma = weight_sigma
         self.chunk_size = chunk_size

@@ -21,7 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import check_rank_offset, positive_cross_entropy
+from ssl_lightning.losses.chunked_contrastive import (
+    check_loss_settings,
+    check_rank_offset,
+    positive_cross_entropy,
+)
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -35,10 +39,7 @@ class NNCLRLoss(nn.Module):
 
     def __init__(self, temperature: float = 0.1, chunk_size: int | None = 1024) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"NNCLRLoss temperature must be > 0, got {temperature}.")
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"NNCLRLoss chunk_size must be >= 1 or None, got {chunk_size}.")
+        check_loss_settings("NNCLRLoss", temperature, chunk_size)
         self.temperature = temperature
         self.chunk_size = chunk_size
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.losses.chunked_contrastive import (
+    check_loss_settings,
     check_two_views,
     chunked_logsumexp,
     positive_cross_entropy,
@@ -64,10 +65,7 @@ class NTXentLoss(nn.Module):
         embedding_dim: int | None = None,
     ) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"NTXentLoss temperature must be > 0, got {temperature}.")
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"NTXentLoss chunk_size must be >= 1 or None, got {chunk_size}.")
+        check_loss_settings("NTXentLoss", temperature, chunk_size)
         if not margin >= 0:
             raise ValueError(f"NTXentLoss margin must be >= 0, got {margin}.")
         if memory_bank_size < 0:
