@@ -41,6 +41,18 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     return dict(state)
 
 
+def state_differences(
+    expected: Mapping[str, Tensor], state: Mapping[str, Tensor]
+) -> tuple[str | None, list[str], list[str]]:
+    """How ``state`` departs from a module's ``expected`` state dict: the first key present in
+    both with another shape (None if none), then the missing keys and the unexpected keys."""
+    reshaped = next((k for k, v in state.items()
+                     if k in expected and expected[k].shape != v.shape), None)
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    return reshaped, missing, unexpected
+
+
 def load_pretrained(target: nn.Module, path: str | os.PathLike) -> None:
     """Load the weights at ``path`` into ``target`` strictly, but ignoring classifier weights.
 
@@ -57,15 +69,13 @@ def load_pretrained(target: nn.Module, path: str | os.PathLike) -> None:
     state = {k: v for k, v in state.items()
              if k in expected or k.split(".", 1)[0] not in CLASSIFIER_NAMES}
     where = f"pretrained_path {os.fspath(path)!r} does not fit {type(target).__name__}"
-    for key, value in state.items():
-        if key in expected and expected[key].shape != value.shape:
-            raise ValueError(
-                f"{where}: {key!r} has shape {tuple(value.shape)} in the file and "
-                f"{tuple(expected[key].shape)} in the model. Build the architecture the file "
-                "was saved from."
-            )
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
+    key, missing, unexpected = state_differences(expected, state)
+    if key is not None:
+        raise ValueError(
+            f"{where}: {key!r} has shape {tuple(state[key].shape)} in the file and "
+            f"{tuple(expected[key].shape)} in the model. Build the architecture the file "
+            "was saved from."
+        )
     if missing or unexpected:
         first = f"first missing key {missing[0]!r}" if missing else ""
         first += (", " if missing and unexpected else "")

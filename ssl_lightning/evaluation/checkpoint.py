@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.pretrained import state_differences
 from ssl_lightning.backbones.spec import build_backbone
 
 DEFAULT_PREFIX = "backbone."
@@ -122,16 +123,14 @@ def check_compatible(module: nn.Module, state: Mapping[str, Tensor], source: str
     The message names the first mismatching key with both shapes, or the missing/unexpected keys.
     """
     expected = module.state_dict()
-    for key, value in state.items():
-        if key in expected and expected[key].shape != value.shape:
-            raise ValueError(
-                f"Backbone shape mismatch for {key!r}: the checkpoint {source} has "
-                f"{tuple(value.shape)}, the configured backbone ({type(module).__name__}) has "
-                f"{tuple(expected[key].shape)}. Configure the backbone the checkpoint was "
-                "trained with."
-            )
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
+    key, missing, unexpected = state_differences(expected, state)
+    if key is not None:
+        raise ValueError(
+            f"Backbone shape mismatch for {key!r}: the checkpoint {source} has "
+            f"{tuple(state[key].shape)}, the configured backbone ({type(module).__name__}) has "
+            f"{tuple(expected[key].shape)}. Configure the backbone the checkpoint was "
+            "trained with."
+        )
     if missing or unexpected:
         raise ValueError(
             f"The checkpoint {source} does not match the configured backbone "
