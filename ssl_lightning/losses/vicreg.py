@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.losses.chunked_contrastive import check_two_views
 from ssl_lightning.losses.numerics import at_least_fp32, off_diagonal
 
 
@@ -69,13 +70,7 @@ class VICRegLoss(nn.Module):
                 when omitted (one process).
             z2_all: View-2 embeddings gathered from all ranks, (N, D); ``z2`` when omitted.
         """
-        if z1.shape != z2.shape or z1.dim() != 2:
-            raise ValueError(
-                f"VICRegLoss expects two (B, D) tensors of equal shape, got {tuple(z1.shape)} "
-                f"and {tuple(z2.shape)}."
-            )
-        z1_all = z1 if z1_all is None else z1_all
-        z2_all = z2 if z2_all is None else z2_all
+        z1_all, z2_all = check_two_views("VICRegLoss", z1, z2, z1_all, z2_all, rank_offset=0)
         if z1_all.shape != z2_all.shape or z1_all.shape[1:] != z1.shape[1:]:
             raise ValueError(
                 f"Gathered embeddings {tuple(z1_all.shape)} and {tuple(z2_all.shape)} do not "
