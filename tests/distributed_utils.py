@@ -52,3 +52,15 @@ def average_gradients_like_ddp(module: torch.nn.Module) -> None:
         if p.grad is not None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad /= dist.get_world_size()
+
+
+def backward_like_ddp(model: torch.nn.Module, loss: torch.Tensor, world_size: int) -> torch.Tensor:
+    """``loss.backward()``; on several processes, then average the gradients as DDP's reducer
+    does and return the loss averaged over ranks (what one process on the global batch reports)."""
+    loss.backward()
+    if world_size > 1:
+        average_gradients_like_ddp(module=model)
+        loss = loss.detach().clone()
+        dist.all_reduce(loss)
+        loss /= world_size
+    return loss

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from distributed_utils import average_gradients_like_ddp, run_in_processes
+from distributed_utils import backward_like_ddp, run_in_processes
 from torch import Tensor
 
 from ssl_lightning.backbones import SmallConvNet
@@ -86,12 +86,7 @@ def _train(name: str, rank: int, world: int) -> dict[str, Any]:
         model.zero_grad()
         model._step_targets = targets[part]  # what training_step sets
         loss, _ = model.training_loss([v[part] for v in step_views])
-        loss.backward()
-        if world > 1:
-            average_gradients_like_ddp(model)
-            loss = loss.detach().clone()
-            torch.distributed.all_reduce(loss)
-            loss /= world
+        loss = backward_like_ddp(model, loss, world)
         losses.append(loss.item())
         grads.append({k: p.grad.clone() for k, p in model.named_parameters()
                       if p.grad is not None})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed_utils import average_gradients_like_ddp, run_in_processes
+from distributed_utils import backward_like_ddp, run_in_processes
 
 import ssl_lightning.losses.ibot_patch as ibot_patch_module
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
@@ -57,12 +57,7 @@ def run_steps(model: IBOT, batches, masks, rank: int = 0, world: int = 1) -> dic
         model.draw_masks = lambda batch, grid, m=step_masks: m.chunk(world)[rank]
         optimizer.zero_grad()
         loss = model.training_loss(local)[0]
-        loss.backward()
-        if world > 1:
-            average_gradients_like_ddp(model)
-            loss = loss.detach().clone()
-            torch.distributed.all_reduce(loss)
-            loss /= world
+        loss = backward_like_ddp(model, loss, world)
         model.adjust_gradients_(epoch=1)
         record["loss"].append(loss.item())
         record["grads"].append({n: p.grad.clone() for n, p in model.named_parameters()

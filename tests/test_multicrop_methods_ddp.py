@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distributed_utils import average_gradients_like_ddp, run_in_processes
+from distributed_utils import backward_like_ddp, run_in_processes
 
 import ssl_lightning.losses.dino as dino_loss_module
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
@@ -53,12 +53,7 @@ def run_steps(model, batches, rank: int = 0, world: int = 1) -> dict:
         local = [v.chunk(world)[rank] for v in views]
         optimizer.zero_grad()
         loss = model.training_loss(local)[0]
-        loss.backward()
-        if world > 1:
-            average_gradients_like_ddp(model)
-            loss = loss.detach().clone()
-            torch.distributed.all_reduce(loss)
-            loss /= world
+        loss = backward_like_ddp(model, loss, world)
         if isinstance(model, DINO):
             model.adjust_gradients_(epoch=1)
         record["loss"].append(loss.item())
