@@ -201,6 +201,18 @@ def check_rank_offset(rank_offset: int, batch: int, n_global: int, what: str = "
         )
 
 
+def check_local_and_gathered(
+    name: str, local: Tensor, gathered: Tensor, rank_offset: int, local_what: str,
+    gathered_what: str,
+) -> None:
+    """``ValueError`` unless ``local`` is (B, D), ``gathered`` is (N, D) and this rank's rows
+    start at ``rank_offset`` inside it (``*_what`` name the tensors in the message)."""
+    if local.dim() != 2 or gathered.shape[1:] != local.shape[1:]:
+        raise ValueError(f"{name} expects (B, D) {local_what} and (N, D) {gathered_what}, got "
+                         f"{tuple(local.shape)} and {tuple(gathered.shape)}.")
+    check_rank_offset(rank_offset, local.shape[0], gathered.shape[0], gathered_what)
+
+
 def check_two_views(
     name: str, z1: Tensor, z2: Tensor, z1_all: Tensor | None, z2_all: Tensor | None,
     rank_offset: int,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import check_rank_offset
+from ssl_lightning.losses.chunked_contrastive import check_local_and_gathered
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -44,11 +44,8 @@ class MoCoV3Loss(nn.Module):
         Returns:
             Scalar loss, computed in fp32 (or float64 for float64 inputs) even under autocast.
         """
-        batch, n_global = query.shape[0], keys_all.shape[0]
-        if query.dim() != 2 or keys_all.shape[1:] != query.shape[1:]:
-            raise ValueError(f"MoCoV3Loss expects (B, D) queries and (N, D) keys, got "
-                             f"{tuple(query.shape)} and {tuple(keys_all.shape)}.")
-        check_rank_offset(rank_offset, batch, n_global, "keys")
+        check_local_and_gathered("MoCoV3Loss", query, keys_all, rank_offset, "queries", "keys")
+        batch = query.shape[0]
         with torch.autocast(device_type=query.device.type, enabled=False):
             q = F.normalize(at_least_fp32(query), dim=1)
             k = F.normalize(at_least_fp32(keys_all.detach()).to(q.dtype), dim=1)

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.losses.chunked_contrastive import (
+    check_local_and_gathered,
     check_loss_settings,
-    check_rank_offset,
     positive_cross_entropy,
 )
 from ssl_lightning.losses.numerics import at_least_fp32
@@ -54,11 +54,9 @@ class NNCLRLoss(nn.Module):
         Returns:
             Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
         """
-        batch, n_global = neighbours.shape[0], predictions_all.shape[0]
-        if neighbours.dim() != 2 or predictions_all.shape[1:] != neighbours.shape[1:]:
-            raise ValueError(f"NNCLRLoss expects (B, D) neighbours and (N, D) predictions, got "
-                             f"{tuple(neighbours.shape)} and {tuple(predictions_all.shape)}.")
-        check_rank_offset(rank_offset, batch, n_global, "predictions")
+        check_local_and_gathered("NNCLRLoss", neighbours, predictions_all, rank_offset,
+                                 "neighbours", "predictions")
+        batch = neighbours.shape[0]
         with torch.autocast(device_type=neighbours.device.type, enabled=False):
             p = F.normalize(at_least_fp32(predictions_all), dim=1)
             nn_ = F.normalize(at_least_fp32(neighbours.detach()), dim=1).to(p.dtype)
