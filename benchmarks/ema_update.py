@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from ssl_lightning.backbones import ResNet
-from ssl_lightning.callbacks.ema import ema_update_
+from ssl_lightning.training.ema import ema_update_
 from ssl_lightning.methods import BYOL
 
 

@@ -20,7 +20,7 @@ import torch
 
 from ssl_lightning.backbones import ResNet
 from ssl_lightning.methods import SimCLR
-from ssl_lightning.methods.grad_cache import grad_cached_loss
+from ssl_lightning.training.grad_cache import grad_cached_loss
 
 
 def peak_rss_mb() -> float:

@@ -17,9 +17,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ssl_lightning.backbones import ResNet, SmallConvNet, ViT
+from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.losses import DINOLoss, SwAVLoss
 from ssl_lightning.methods import DINO, SwAV
-from ssl_lightning.methods.multicrop_forward import forward_by_resolution
 
 
 class FixedViews(Dataset):

@@ -16,7 +16,7 @@ import torch
 
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import DINO
-from ssl_lightning.methods.step_rng import step_seed
+from ssl_lightning.training.step_rng import step_seed
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.callbacks import CollapseMonitor
 from ssl_lightning.evaluation import EmbeddingPlot, LinearEval
 from ssl_lightning.methods import SimCLR
-from ssl_lightning.methods.divergence import TrainingDivergedError
+from ssl_lightning.training.divergence import TrainingDivergedError
 
 pytest.importorskip("matplotlib")
 

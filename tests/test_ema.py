@@ -14,7 +14,8 @@ from torch import nn
 
 from ssl_lightning.callbacks import EMACallback
 from ssl_lightning.callbacks import ema as ema_module
-from ssl_lightning.callbacks.ema import cosine_momentum, ema_update_, momentum_teacher
+from ssl_lightning.optim import cosine_ramp
+from ssl_lightning.training.ema import ema_update_, momentum_teacher
 from ssl_lightning.methods import SSLMethod
 
 
@@ -92,13 +93,13 @@ def test_update_matches_formula_and_buffer_policy(policy: str) -> None:
 
 def test_cosine_schedule_values() -> None:
     total, base = 1000, 0.99
-    assert cosine_momentum(0, total, base) == pytest.approx(base)
-    assert cosine_momentum(total // 2, total, base) == pytest.approx((1 + base) / 2)
-    assert cosine_momentum(total, total, base) == pytest.approx(1.0)
+    assert cosine_ramp(0, total, base) == pytest.approx(base)
+    assert cosine_ramp(total // 2, total, base) == pytest.approx((1 + base) / 2)
+    assert cosine_ramp(total, total, base) == pytest.approx(1.0)
     k = 137
-    assert cosine_momentum(k, total, base) == pytest.approx(
+    assert cosine_ramp(k, total, base) == pytest.approx(
         1 - (1 - base) * (math.cos(math.pi * k / total) + 1) / 2)
-    assert cosine_momentum(2 * total, total, base) == pytest.approx(1.0)
+    assert cosine_ramp(2 * total, total, base) == pytest.approx(1.0)
     cb = EMACallback(momentum_base=0.996, momentum_end=0.999)
     assert cb.momentum(total, total) == pytest.approx(0.999)
     constant = EMACallback(momentum_base=0.99, schedule="constant")
@@ -153,7 +154,7 @@ def test_one_update_per_optimizer_step(tmp_path, recorded_taus: list[float], acc
     steps = trainer.global_step
     assert steps == (8 if accumulate == 1 else 4)
     assert trainer.estimated_stepping_batches == steps
-    assert recorded_taus == [pytest.approx(cosine_momentum(k, steps, 0.9)) for k in range(steps)]
+    assert recorded_taus == [pytest.approx(cosine_ramp(k, steps, 0.9)) for k in range(steps)]
     assert float(trainer.callback_metrics["ema/tau"]) == pytest.approx(recorded_taus[-1])
 
 
@@ -180,11 +181,11 @@ def test_resume_with_fewer_steps_per_epoch_converts_the_momentum_position(
                            filename="{epoch}")
     cpu_trainer(str(tmp_path), 1, callbacks=[ckpt, EMACallback(momentum_base=0.9)]).fit(
         model, views_loader(16, 4))
-    assert recorded_taus == [pytest.approx(cosine_momentum(k, 4, 0.9)) for k in range(4)]
+    assert recorded_taus == [pytest.approx(cosine_ramp(k, 4, 0.9)) for k in range(4)]
     recorded_taus.clear()
     with pytest.warns(UserWarning, match="steps per epoch 4 -> 2"):
         cpu_trainer(str(tmp_path), 2, callbacks=[EMACallback(momentum_base=0.9)],
                     enable_checkpointing=False).fit(TinyTeacherMethod(), views_loader(16, 8),
                                                     ckpt_path=str(tmp_path / "epoch=0.ckpt"))
-    assert recorded_taus == [pytest.approx(cosine_momentum(k, 4, 0.9)) for k in (2, 3)]
+    assert recorded_taus == [pytest.approx(cosine_ramp(k, 4, 0.9)) for k in (2, 3)]
     assert max(recorded_taus) < 1

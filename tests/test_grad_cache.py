@@ -49,7 +49,7 @@ from ssl_lightning.methods import (
     SwAV,
     VICReg,
 )
-from ssl_lightning.methods.grad_cache import grad_cached_loss
+from ssl_lightning.training.grad_cache import grad_cached_loss
 
 OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)
 TWO_VIEWS, MULTI_CROP = (8, 8), (8, 8, 4, 4)

@@ -19,8 +19,8 @@ from distributed_utils import backward_like_ddp, run_in_processes
 import ssl_lightning.losses.ibot_patch as ibot_patch_module
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
-from ssl_lightning.callbacks.ema import ema_update_
-from ssl_lightning.data.block_masking import BlockMaskGenerator
+from ssl_lightning.training.ema import ema_update_
+from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods import IBOT, DINOv2
 
 STEPS, GLOBAL_BATCH, LR = 2, 8, 0.05
@@ -44,7 +44,7 @@ def make_data(seed: int) -> tuple[list, list]:
     batches = [[torch.randn(GLOBAL_BATCH, 3, s, s, generator=g) for s in (16, 16, 8)]
                for _ in range(STEPS)]
     torch.manual_seed(seed)
-    generator = BlockMaskGenerator(ratio=(0.1, 0.5), probability=0.5)
+    generator = BlockMasking(ratio=(0.1, 0.5), probability=0.5)
     masks = [generator(2 * GLOBAL_BATCH, (4, 4)).view(GLOBAL_BATCH, 2, 16) for _ in range(STEPS)]
     return batches, masks
 

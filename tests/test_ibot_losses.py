@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssl_lightning.data.block_masking import BlockMaskGenerator
+from ssl_lightning.masking import BlockMasking
 from ssl_lightning.losses import DINOLoss, IBOTPatchLoss, KoLeoLoss
 
 
@@ -145,7 +145,7 @@ def test_koleo_matches_loop_reference_and_candidates():
 
 
 def test_block_masks_ratio_probability_blocks_and_rng_replay():
-    generator = BlockMaskGenerator(ratio=(0.1, 0.5), probability=0.5)
+    generator = BlockMasking(ratio=(0.1, 0.5), probability=0.5)
     torch.manual_seed(0)
     state = torch.get_rng_state()
     masks = generator(400, (8, 8))
@@ -156,7 +156,7 @@ def test_block_masks_ratio_probability_blocks_and_rng_replay():
     assert 0.4 < (counts > 0).float().mean() < 0.6
     assert counts.max() <= 32 and counts[counts > 0].min() >= 4
     assert 0.25 < counts[counts > 0].float().mean() / 64 < 0.32  # mean of U(0.1, 0.5) = 0.3
-    full = BlockMaskGenerator(ratio=(0.5, 0.5), probability=1.0)(50, (8, 8)).sum(1).float()
+    full = BlockMasking(ratio=(0.5, 0.5), probability=1.0)(50, (8, 8)).sum(1).float()
     assert (full <= 32).all() and full.mean() > 30
     # Blocks: most masked patches have a masked 4-neighbour (random patches would not).
     grid = masks.view(-1, 8, 8)
@@ -171,7 +171,7 @@ def test_block_masks_ratio_probability_blocks_and_rng_replay():
                                     dict(min_block_patches=0), dict(aspect=(0.0, 1.0))])
 def test_block_mask_bad_arguments(kwargs):
     with pytest.raises(ValueError):
-        BlockMaskGenerator(**kwargs)
+        BlockMasking(**kwargs)
 
 
 @pytest.mark.parametrize("make", [lambda: IBOTPatchLoss(0), lambda: IBOTPatchLoss(4, 0.0),

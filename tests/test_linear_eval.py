@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.evaluation import LinearEval, load_backbone
-from ssl_lightning.methods.divergence import TrainingDivergedError
+from ssl_lightning.training.divergence import TrainingDivergedError
 
 NUM_CLASSES = 4
 

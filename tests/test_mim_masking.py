@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from ssl_lightning.data import MAEViews
-from ssl_lightning.methods.masking import MultiBlockMasking, random_masking
+from ssl_lightning.masking import MultiBlockMasking, RandomMasking
 
 
 def test_mae_masking_keeps_the_count_per_sample_and_differs_across_samples() -> None:
     torch.manual_seed(0)
-    keep, masked = random_masking(256, 64, 0.75)
+    keep, masked = RandomMasking(64, 0.75)(256)
     assert keep.shape == (256, 16) and masked.shape == (256, 48)
     both = torch.cat([keep, masked], dim=1).sort(dim=1).values
     assert torch.equal(both, torch.arange(64).expand(256, -1))  # a partition of the grid
@@ -26,22 +26,22 @@ def test_mae_masking_keeps_the_count_per_sample_and_differs_across_samples() -> 
 
 def test_mae_masking_is_reproducible_and_rank_slices_the_global_batch() -> None:
     torch.manual_seed(3)
-    whole = random_masking(8, 64, 0.75)
+    whole = RandomMasking(64, 0.75)(8)
     torch.manual_seed(3)
-    again = random_masking(8, 64, 0.75)
+    again = RandomMasking(64, 0.75)(8)
     assert all(torch.equal(a, b) for a, b in zip(whole, again, strict=True))
     for rank in (0, 1):
         torch.manual_seed(3)
-        local = random_masking(4, 64, 0.75, world_size=2, rank=rank)
+        local = RandomMasking(64, 0.75)(4, world_size=2, rank=rank)
         assert torch.equal(local[0], whole[0][4 * rank:4 * rank + 4])
     torch.manual_seed(4)
-    assert not torch.equal(random_masking(8, 64, 0.75)[0], whole[0])
+    assert not torch.equal(RandomMasking(64, 0.75)(8)[0], whole[0])
 
 
 @pytest.mark.parametrize("ratio", [0.0, 1.0, -0.1, 1.5, 0.999])
 def test_mae_mask_ratio_outside_the_open_interval_is_refused(ratio: float) -> None:
     with pytest.raises(ValueError, match="mask_ratio"):
-        random_masking(2, 64, ratio)
+        RandomMasking(64, ratio)
 
 
 def _rectangle(indices: list[int], grid: int) -> tuple[int, int]:

@@ -8,9 +8,9 @@ from multicrop_utils import CountingModule
 from PIL import Image
 from torch import nn
 
+from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.data import MultiCropViews, MultiViewTransform
 from ssl_lightning.data.multicrop import RECIPES
-from ssl_lightning.methods.multicrop_forward import forward_by_resolution
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from ssl_lightning.backbones import ViT
 from ssl_lightning.data.seeding import sample_seed, view_seed
 from ssl_lightning.evaluation import LinearEval
 from ssl_lightning.methods import DINO, IBOT, MAE
-from ssl_lightning.methods.step_rng import step_seed
+from ssl_lightning.training.step_rng import step_seed
 
 
 class _OnRank:

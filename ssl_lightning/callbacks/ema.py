@@ -1,88 +1,35 @@
-"""Exponential moving average (momentum) teachers: the update rule, its schedule and a callback.
+"""The callback that updates exponential moving average (momentum) teachers.
 
 The momentum encoder of MoCo (He et al., "Momentum Contrast for Unsupervised Visual
 Representation Learning", CVPR 2020, Eq. 2), the BYOL target network (Grill et al., "Bootstrap
 Your Own Latent", NeurIPS 2020, §3.1) and the DINO teacher (Caron et al., ICCV 2021) all follow
 ``teacher = tau·teacher + (1 − tau)·student`` after every optimiser step. BYOL §3.2 introduced
 the cosine schedule ``tau_k = 1 − (1 − tau_base)·(cos(π·k/K) + 1)/2`` that MoCo v3 and DINO
-reuse.
+reuse. The update rule and the teacher copy live in :mod:`ssl_lightning.training.ema`, the
+schedule in :func:`ssl_lightning.optim.cosine_ramp`.
 
 The teacher lives in the method (so it is checkpointed and moved with it); the method names the
 ``(student, teacher)`` pairs in :meth:`SSLMethod.ema_pairs`. The callback is stateless: the step
 ``k`` is ``trainer.global_step`` and ``K`` is ``trainer.estimated_stepping_batches``, so a resumed
 run continues the schedule exactly; after a resume with other steps per epoch, ``k`` is converted
 through epochs as the lr's position is (:func:`ssl_lightning.optim.schedule_position`).
-
-Buffers (BatchNorm running statistics and counters) follow ``buffer_policy``:
-``"copy"`` (default) copies the student's buffers into the teacher after each update, so the
-teacher evaluates with the student's statistics; ``"ema"`` averages floating-point buffers like
-the parameters (integer buffers are copied); ``"none"`` leaves them to the teacher's own forward
-passes (what the MoCo and BYOL reference code do, since they only average parameters).
+Buffers follow ``buffer_policy`` (see :mod:`ssl_lightning.training.ema`).
 """
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import pytorch_lightning as pl
-import torch
 from torch import nn
 
-from ssl_lightning.optim import schedule_position
+from ssl_lightning.optim import cosine_ramp, schedule_position
+from ssl_lightning.training.ema import BufferPolicy, Schedule, ema_update_, momentum_teacher
 
-Schedule = Literal["cosine", "constant"]
-BufferPolicy = Literal["copy", "ema", "none"]
-
-
-def momentum_teacher(student: nn.Module) -> nn.Module:
-    """A deep copy of ``student`` with ``requires_grad=False`` on every parameter."""
-    teacher = copy.deepcopy(student)
-    teacher.requires_grad_(False)
-    return teacher
-
-
-def cosine_momentum(step: int, total_steps: int, base: float, end: float = 1.0) -> float:
-    """``end − (end − base)·(cos(π·step/total_steps) + 1)/2``: ``base`` at step 0, ``end`` at
-    ``total_steps`` (clamped beyond it)."""
-    if total_steps <= 0:
-        return base
-    progress = min(max(step / total_steps, 0.0), 1.0)
-    return end - (end - base) * (math.cos(math.pi * progress) + 1) / 2
-
-
-@torch.no_grad()
-def ema_update_(
-    pairs: Sequence[tuple[nn.Module, nn.Module]], tau: float, buffer_policy: BufferPolicy = "copy"
-) -> None:
-    """In place: ``teacher = tau·teacher + (1 − tau)·student`` for every pair, with fused
-    ``torch._foreach`` ops, then the buffers according to ``buffer_policy`` (see module doc)."""
-    t_params: list[torch.Tensor] = []
-    s_params: list[torch.Tensor] = []
-    t_buffers: list[torch.Tensor] = []
-    s_buffers: list[torch.Tensor] = []
-    for student, teacher in pairs:
-        for (name, s), (_, t) in zip(
-            student.named_parameters(), teacher.named_parameters(), strict=True
-        ):
-            if s.shape != t.shape:
-                raise ValueError(f"EMA pair mismatch at parameter {name!r}: student "
-                                 f"{tuple(s.shape)} vs teacher {tuple(t.shape)}.")
-            t_params.append(t)
-            s_params.append(s.detach())
-        for s_buf, t_buf in zip(student.buffers(), teacher.buffers(), strict=True):
-            if buffer_policy == "ema" and t_buf.is_floating_point():
-                t_buffers.append(t_buf)
-                s_buffers.append(s_buf)
-            elif buffer_policy != "none":
-                t_buf.copy_(s_buf)
-    for teachers, students in ((t_params, s_params), (t_buffers, s_buffers)):
-        if teachers:
-            torch._foreach_mul_(teachers, tau)
-            torch._foreach_add_(teachers, students, alpha=1.0 - tau)
-
+cosine_momentum = cosine_ramp  # the former name of the ramp, kept for existing imports
+__all__ = ["BufferPolicy", "EMACallback", "Schedule", "cosine_momentum", "ema_update_",
+           "momentum_teacher"]
 
 class EMACallback(pl.Callback):
     """Update the method's momentum teachers once per optimiser step.
@@ -96,7 +43,7 @@ class EMACallback(pl.Callback):
         momentum_end: tau reached at the last step of the cosine schedule (1.0 in BYOL).
         schedule: ``"cosine"`` (BYOL §3.2) or ``"constant"`` (``momentum_base`` throughout,
             MoCo v1/v2).
-        buffer_policy: ``"copy"``, ``"ema"`` or ``"none"`` (see the module docstring).
+        buffer_policy: ``"copy"``, ``"ema"`` or ``"none"`` (see :mod:`ssl_lightning.training.ema`).
     """
 
     def __init__(
@@ -126,7 +73,7 @@ class EMACallback(pl.Callback):
         """tau for the update that follows optimiser step ``step`` (0-based) of ``total_steps``."""
         if self.schedule == "constant":
             return self.momentum_base
-        return cosine_momentum(step, total_steps, self.momentum_base, self.momentum_end)
+        return cosine_ramp(step, total_steps, self.momentum_base, self.momentum_end)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pairs = self._pairs(pl_module)
@@ -134,7 +81,7 @@ class EMACallback(pl.Callback):
             if any(p.requires_grad for p in teacher.parameters()):
                 raise ValueError(
                     f"EMA teacher {type(teacher).__name__} has parameters with requires_grad="
-                    "True; build it with ssl_lightning.callbacks.ema.momentum_teacher()."
+                    "True; build it with ssl_lightning.training.ema.momentum_teacher()."
                 )
         if self.schedule == "cosine" and not math.isfinite(trainer.estimated_stepping_batches):
             raise ValueError(

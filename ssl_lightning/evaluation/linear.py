@@ -24,10 +24,15 @@ from ssl_lightning.evaluation.checkpoint import (
     backbone_from_checkpoint,
     resolve_checkpoint,
 )
-from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
-from ssl_lightning.methods.step_rng import SeededSteps
-from ssl_lightning.optim import build_optimizer, run_schedule, scale_lr, split_decay_groups
+from ssl_lightning.optim import (
+    build_optimizer,
+    global_batch_size,
+    run_schedule,
+    scale_lr,
+    split_decay_groups,
+)
+from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
+from ssl_lightning.training.step_rng import SeededSteps
 
 
 def first_view(images: Tensor | Sequence[Tensor]) -> Tensor:
@@ -69,7 +74,7 @@ class LinearEval(SeededSteps):
         image_size: Image side used to infer the feature size when the backbone has no
             ``num_features``.
         rng_seed: Seed of the per-batch reseeding of stochastic depth / dropout when
-            fine-tuning (see :class:`~ssl_lightning.methods.step_rng.SeededSteps`); ``None``:
+            fine-tuning (see :class:`~ssl_lightning.training.step_rng.SeededSteps`); ``None``:
             the run's seed.
     """
 
@@ -192,7 +197,7 @@ class LinearEval(SeededSteps):
         modules = [self.backbone, self.classifier] if self.finetune else [self.classifier]
         if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
             self.trainer.fit_loop.setup_data()
-        global_batch = SSLMethod.global_batch_size(self)  # type: ignore[arg-type]
+        global_batch = global_batch_size(self.trainer, hp.lr_scaling)
         lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
         optimizer = build_optimizer(
             "sgd", split_decay_groups(modules, hp.weight_decay), lr=lr, momentum=hp.momentum

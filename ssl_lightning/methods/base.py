@@ -19,16 +19,14 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
-from ssl_lightning.callbacks.ema import cosine_momentum
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
-from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
-from ssl_lightning.methods.grad_cache import check_micro_batch_size, grad_cached_loss
-from ssl_lightning.methods.step_rng import SeededSteps
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
     build_optimizer,
     check_layer_decay,
+    cosine_ramp,
+    global_batch_size,
     layer_decay_multipliers,
     run_schedule,
     scale_lr,
@@ -36,6 +34,9 @@ from ssl_lightning.optim import (
     split_decay_groups,
 )
 from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
+from ssl_lightning.training.grad_cache import check_micro_batch_size, grad_cached_loss
+from ssl_lightning.training.step_rng import SeededSteps
 
 Batch = tuple[Sequence[Tensor], Tensor]
 
@@ -80,7 +81,7 @@ class SSLMethod(SeededSteps):
             the per-device batch size. ``None``: the whole batch at once.
         rng_seed: Seed of the model-side randomness (stochastic depth, dropout, masks), which
             is reseeded before every training batch from (seed, epoch, batch index, rank)
-            (:class:`~ssl_lightning.methods.step_rng.SeededSteps`, docs/resume.md). ``None``:
+            (:class:`~ssl_lightning.training.step_rng.SeededSteps`, docs/resume.md). ``None``:
             ``seed_everything``'s seed, else torch's initial seed. Saved in checkpoints; the
             saved seed wins on resume.
     """
@@ -349,7 +350,7 @@ class SSLMethod(SeededSteps):
         hp = self.hparams
         if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
             self.trainer.fit_loop.setup_data()
-        global_batch = self.global_batch_size()
+        global_batch = global_batch_size(self.trainer, hp.lr_scaling)
         lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
         groups = self.param_groups()
         optimizer = build_optimizer(
@@ -384,24 +385,11 @@ class SSLMethod(SeededSteps):
         end = self.hparams["weight_decay_end"]
         if end is None:
             return
-        wd = cosine_momentum(*schedule_position(self.trainer, self.trainer.global_step),
+        wd = cosine_ramp(*schedule_position(self.trainer, self.trainer.global_step),
                              self.hparams["weight_decay"], end)
         for group in optimizer.param_groups:
             if group.get("weight_decay_schedule"):
                 group["weight_decay"] = wd
-
-    def global_batch_size(self) -> int:
-        """Per-device batch × world size × gradient-accumulation steps, from the train loader."""
-        loader = self.trainer.train_dataloader
-        batch_size = getattr(loader, "batch_size", None)
-        if not isinstance(batch_size, int):
-            if self.hparams["lr_scaling"] == "none":
-                return 1
-            raise ValueError(
-                "Cannot read the batch size from the train dataloader to apply lr_scaling="
-                f"{self.hparams['lr_scaling']!r}; set lr_scaling: none and give the final lr."
-            )
-        return batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
 
 
 def _inputs_to_channels_last(module: nn.Module, args: tuple) -> tuple:

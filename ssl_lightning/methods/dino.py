@@ -16,12 +16,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.backbones.vit import DropPath
-from ssl_lightning.callbacks.ema import momentum_teacher
 from ssl_lightning.heads import DINOHead
 from ssl_lightning.losses import DINOLoss
 from ssl_lightning.methods.momentum import MomentumMethod
-from ssl_lightning.methods.multicrop_forward import forward_by_resolution
+from ssl_lightning.training.ema import momentum_teacher
 
 ClipMode = Literal["per_parameter", "per_module"]
 

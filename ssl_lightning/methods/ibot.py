@@ -18,14 +18,14 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.callbacks.ema import momentum_teacher
-from ssl_lightning.data.block_masking import BlockMaskGenerator
+from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.heads import DINOHead
 from ssl_lightning.losses import DINOLoss, IBOTPatchLoss
 from ssl_lightning.losses.centering import Centering
+from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.dino import DINO
-from ssl_lightning.methods.multicrop_forward import forward_by_resolution
+from ssl_lightning.training.ema import momentum_teacher
 
 
 class IBOT(DINO):
@@ -101,7 +101,7 @@ class IBOT(DINO):
         if num_local_crops is not None and num_local_crops < 0:
             raise ValueError(f"num_local_crops must be >= 0 or None, got {num_local_crops}.")
         super().__init__(backbone, head_out_dim=head_out_dim, **kwargs)
-        self.masking = BlockMaskGenerator(mask_ratio, mask_probability, mask_min_patches)
+        self.masking = BlockMasking(mask_ratio, mask_probability, mask_min_patches)
         hp = self.hparams
         self.criterion = DINOLoss(head_out_dim, hp["student_temperature"], hp["center_momentum"],
                                   centering, sinkhorn_iterations)

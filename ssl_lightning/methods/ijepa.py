@@ -1,7 +1,7 @@
 """I-JEPA: Assran et al., "Self-Supervised Learning from Images with a Joint-Embedding
 Predictive Architecture", CVPR 2023.
 
-One view per image. Per sample, :class:`~ssl_lightning.methods.masking.MultiBlockMasking`
+One view per image. Per sample, :class:`~ssl_lightning.masking.MultiBlockMasking`
 draws 4 target blocks (scale 0.15-0.2, aspect 0.75-1.5) and a context block (scale 0.85-1.0)
 with the target patches removed (§3). The context encoder (``backbone``) sees the context
 patches only; the target encoder, an EMA of it (momentum 0.996 → 1, cosine, through
@@ -24,20 +24,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.backbones.vit import DropPath
-from ssl_lightning.callbacks.ema import momentum_teacher
-from ssl_lightning.heads import MaskedPredictor
-from ssl_lightning.losses import IJEPALoss
-from ssl_lightning.losses.ijepa import Distance
-from ssl_lightning.methods.masked_modeling import (
+from ssl_lightning.backbones.tokens import (
     as_token_backbone,
     check_views,
     layout,
     token_grid,
 )
-from ssl_lightning.methods.masking import MultiBlockMasking, Range
+from ssl_lightning.backbones.vit import DropPath
+from ssl_lightning.heads import MaskedPredictor
+from ssl_lightning.losses import IJEPALoss
+from ssl_lightning.losses.ijepa import Distance
+from ssl_lightning.masking import MultiBlockMasking, Range
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.optim import OptimizerName
+from ssl_lightning.training.ema import momentum_teacher
 
 
 class IJEPA(MomentumMethod):

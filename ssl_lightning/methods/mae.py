@@ -21,16 +21,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.heads import MaskedPredictor
-from ssl_lightning.losses import MAELoss
-from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.methods.masked_modeling import (
+from ssl_lightning.backbones.tokens import (
     as_token_backbone,
     check_views,
     layout,
     token_grid,
 )
-from ssl_lightning.methods.masking import random_masking
+from ssl_lightning.heads import MaskedPredictor
+from ssl_lightning.losses import MAELoss
+from ssl_lightning.masking import RandomMasking
+from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.optim import OptimizerName
 
 
@@ -85,8 +85,7 @@ class MAE(SSLMethod):
                          betas=betas, warmup_epochs=warmup_epochs, **kwargs)
         self.image_size = int(self.hparams["image_size"])
         self.grid = token_grid(backbone, self.image_size, "MAE")
-        random_masking(1, self.grid ** 2, mask_ratio)  # validates the ratio for this grid
-        self.mask_ratio = mask_ratio
+        self.masking = RandomMasking(self.grid ** 2, mask_ratio)  # validates the ratio
         self.patch_size = as_token_backbone(backbone).patch_size
         self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
         self.decoder = MaskedPredictor(self.feature_dim, self.patch_size ** 2 * 3, self.grid,
@@ -96,7 +95,7 @@ class MAE(SSLMethod):
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
         """``(keep, masked)`` patch indices (B, K), (B, N − K) of this rank's samples."""
         world, rank = layout(self)
-        return random_masking(batch, self.grid ** 2, self.mask_ratio, world, rank)
+        return self.masking(batch, world, rank)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         x = check_views(views, self.image_size, "MAE")

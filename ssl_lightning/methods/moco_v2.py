@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.callbacks.ema import Schedule, momentum_teacher
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import InfoNCELoss
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.training.ema import Schedule, momentum_teacher
 
 
 class MoCoV2(MomentumMethod):

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.callbacks.ema import Schedule, momentum_teacher
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import MoCoV3Loss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.training.ema import Schedule, momentum_teacher
 
 
 class MoCoV3(MomentumMethod):

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.distributed import all_gather_no_grad, rank, world_size
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import SwAVLoss
 from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.methods.multicrop_forward import forward_by_resolution
 
 CROPS_FOR_ASSIGN = (0, 1)
 

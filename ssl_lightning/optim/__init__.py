@@ -9,6 +9,7 @@ from ssl_lightning.optim.param_groups import (
     OptimizerName,
     build_optimizer,
     check_layer_decay,
+    global_batch_size,
     layer_decay_multipliers,
     scale_lr,
     split_decay_groups,
@@ -18,6 +19,7 @@ from ssl_lightning.optim.param_groups import (
 from ssl_lightning.optim.schedules import (
     WarmupCosine,
     WarmupCosineLR,
+    cosine_ramp,
     run_schedule,
     schedule_position,
 )
@@ -31,6 +33,8 @@ __all__ = [
     "WarmupCosineLR",
     "build_optimizer",
     "check_layer_decay",
+    "cosine_ramp",
+    "global_batch_size",
     "layer_decay_multipliers",
     "run_schedule",
     "scale_lr",

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from ssl_lightning.optim.lars import LARS
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 OptimizerName = Literal["lars", "sgd", "adamw"]
 LRScaling = Literal["none", "linear", "sqrt"]
@@ -156,3 +159,21 @@ def scale_lr(base_lr: float, global_batch_size: int, rule: LRScaling) -> float:
     if rule == "none":
         return base_lr
     raise ValueError(f"Unknown lr scaling rule {rule!r}; choose 'none', 'linear' or 'sqrt'.")
+
+
+def global_batch_size(trainer: pl.Trainer, lr_scaling: LRScaling = "linear") -> int:
+    """Per-device batch × world size × gradient-accumulation steps, from the train loader.
+
+    Raises:
+        ValueError: the loader has no integer ``batch_size`` (a sampler that batches itself)
+            and ``lr_scaling`` needs the batch; with ``lr_scaling="none"`` the result is 1.
+    """
+    batch_size = getattr(trainer.train_dataloader, "batch_size", None)
+    if not isinstance(batch_size, int):
+        if lr_scaling == "none":
+            return 1
+        raise ValueError(
+            "Cannot read the batch size from the train dataloader to apply lr_scaling="
+            f"{lr_scaling!r}; set lr_scaling: none and give the final lr."
+        )
+    return batch_size * trainer.world_size * trainer.accumulate_grad_batches

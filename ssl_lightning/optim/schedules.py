@@ -1,6 +1,6 @@
 """Per-step schedules: warm-up + cosine lr (Goyal et al., 2017; Loshchilov & Hutter, 2017) that
-resumes with the schedule of the new run (see docs/cli.md), and the position shared by the other
-per-step schedules (EMA momentum, weight decay).
+resumes with the schedule of the new run (see docs/cli.md), the cosine ramp of the other
+per-step schedules (EMA momentum, weight decay) and the position they share.
 """
 
 from __future__ import annotations
@@ -155,6 +155,16 @@ def run_schedule(trainer: pl.Trainer, optimizer: Optimizer, warmup_epochs: float
         steps_per_epoch=steps_per_epoch, global_batch_size=global_batch_size,
         epoch_based=trainer.max_steps == -1 or total_steps < trainer.max_steps,
     )
+
+
+def cosine_ramp(step: int, total_steps: int, base: float, end: float = 1.0) -> float:
+    """``end − (end − base)·(cos(π·step/total_steps) + 1)/2``: ``base`` at step 0, ``end`` at
+    ``total_steps`` (clamped beyond it). The EMA momentum (BYOL §3.2) and the weight decay
+    (DINO) follow it."""
+    if total_steps <= 0:
+        return base
+    progress = min(max(step / total_steps, 0.0), 1.0)
+    return end - (end - base) * (math.cos(math.pi * progress) + 1) / 2
 
 
 def schedule_position(trainer: pl.Trainer, step: int) -> tuple[int, int]:

@@ -1,0 +1,55 @@
+"""MAE's per-sample uniform masks, drawn on the CPU from torch's RNG.
+
+He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022, §3: a random subset of
+the patches is kept, by argsort of uniform noise. The masks of the *global* batch
+(``world_size × B`` samples) are drawn from the global CPU RNG and this rank's rows returned.
+Ranks share one RNG stream (in training, ``SSLMethod`` reseeds the CPU generator before each
+batch identically on every rank for MAE), so 2 processes × B use exactly the masks of
+1 process × 2B, and a replay of the RNG state (gradient caching) redraws the same masks.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+
+class RandomMasking:
+    """MAE masking of ``num_patches`` patches per sample at ``mask_ratio``.
+
+    ``K = int(N · (1 − mask_ratio))`` patches are kept (the paper's code): the first K of a random
+    permutation. Indices are in random order.
+
+    Args:
+        num_patches: Patches per image N.
+        mask_ratio: Fraction of the patches masked, in (0, 1); at least one patch must be kept
+            and one masked.
+    """
+
+    def __init__(self, num_patches: int, mask_ratio: float) -> None:
+        if not 0 < mask_ratio < 1:
+            raise ValueError(f"mask_ratio must be in (0, 1), got {mask_ratio}.")
+        num_keep = int(num_patches * (1 - mask_ratio))
+        if not 0 < num_keep < num_patches:
+            raise ValueError(f"mask_ratio {mask_ratio} keeps {num_keep} of {num_patches} "
+                             "patches; choose a ratio that keeps at least one patch and masks "
+                             "at least one.")
+        self.num_patches, self.mask_ratio, self.num_keep = num_patches, mask_ratio, num_keep
+
+    def __call__(self, batch: int, world_size: int = 1, rank: int = 0) -> tuple[Tensor, Tensor]:
+        """``(keep, masked)`` patch indices, (B, K) and (B, N − K), of this rank's samples."""
+        noise = torch.rand(world_size * batch, self.num_patches)[rank * batch:(rank + 1) * batch]
+        order = noise.argsort(dim=1)
+        return order[:, :self.num_keep], order[:, self.num_keep:]
+
+
+def random_masking(
+    batch: int, num_patches: int, mask_ratio: float, world_size: int = 1, rank: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Deprecated: ``RandomMasking(num_patches, mask_ratio)(batch, world_size, rank)``."""
+    warnings.warn("random_masking is deprecated; use ssl_lightning.masking.RandomMasking("
+                  "num_patches, mask_ratio)(batch, world_size, rank).", DeprecationWarning,
+                  stacklevel=2)
+    return RandomMasking(num_patches, mask_ratio)(batch, world_size, rank)

@@ -1,0 +1,110 @@
+"""Model-side randomness as a pure function of (seed, epoch, batch index, rank).
+
+Stochastic depth (ViT / timm ``drop_path_rate``), dropout, masks and any ``torch.rand*`` inside
+a method's forward draw from torch's global generators: the CPU one, and the CUDA one for
+tensors on a GPU. Lightning does not checkpoint them, so a resumed run would draw other numbers
+than the uninterrupted run. :class:`~ssl_lightning.methods.SSLMethod` therefore reseeds them
+before every training batch from :func:`step_seed`; a batch's draws then depend only on the
+run's seed and the batch's position, never on what ran before it (earlier steps, validation,
+a restart). The hooks live in :class:`SeededSteps`, the base of ``SSLMethod`` and ``LinearEval``.
+
+The data pipeline is not affected: it seeds and restores the CPU generator around each sample
+(:mod:`ssl_lightning.data.seeding`), and its seeds are derived in another domain, so no model
+seed equals a sample or view seed of the same run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+import pytorch_lightning as pl
+import torch
+
+from ssl_lightning.data.seeding import mix64
+
+_DOMAIN = 0x6D6F64656C726E67  # "modelrng": separates these seeds from the data pipeline's
+_ODD = 0xD6E8FEB86659FD93  # a 64-bit odd multiplier spreading the small integers apart
+_SEED_BITS = (1 << 63) - 1  # keep seeds positive for int64
+RNG_SEED_KEY = "rng_seed"  # checkpoint key of SeededSteps.rng_seed
+
+
+def step_seed(seed: int, epoch: int, batch: int, rank: int) -> int:
+    """Seed of training batch ``batch`` of ``epoch`` on ``rank`` in a run seeded ``seed``.
+
+    A chain of splitmix64 finalisers (bijective 64-bit hashes), so any two different argument
+    tuples give unrelated seeds.
+    """
+    z = mix64(seed ^ _DOMAIN)
+    for part in (epoch, batch, rank):
+        z = mix64(z ^ ((part + 1) * _ODD))
+    return z & _SEED_BITS
+
+
+def default_seed() -> int:
+    """The run's seed: ``seed_everything``'s (``PL_GLOBAL_SEED``), else torch's initial seed
+    (the value of the last ``torch.manual_seed``, or torch's fixed default)."""
+    env = os.environ.get("PL_GLOBAL_SEED")
+    return int(env) if env is not None else torch.initial_seed()
+
+
+def reseed_global_rng(cpu_seed: int, device_seed: int, device: torch.device) -> None:
+    """Seed torch's CPU generator with ``cpu_seed`` and ``device``'s generator (CUDA, MPS) with
+    ``device_seed``.
+
+    ``Generator.manual_seed`` directly: ``torch.manual_seed`` would also queue a re-seed of every
+    CUDA device with a stack trace (~0.5 ms a call, see :mod:`ssl_lightning.data.seeding`).
+    """
+    torch.default_generator.manual_seed(cpu_seed)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(device_seed)
+    elif device.type == "mps":
+        torch.mps.manual_seed(device_seed)
+
+
+class SeededSteps(pl.LightningModule):
+    """A LightningModule whose training batches reseed torch's global generators.
+
+    Before every training batch, the CPU and accelerator generators are seeded from
+    :func:`step_seed` ``(rng_seed, epoch, batch index, rank)``. :attr:`rng_seed` is the
+    ``rng_seed`` hyperparameter, else :func:`default_seed`; it is fixed at its first use, saved in
+    the checkpoint and restored from it. A subclass overriding :meth:`on_train_batch_start`,
+    :meth:`on_save_checkpoint` or :meth:`on_load_checkpoint` must call ``super()``.
+    """
+
+    #: Seed the CPU generator without the rank, so every rank draws the same CPU stream (MAE,
+    #: I-JEPA: each rank takes its rows of the masks drawn for the global batch). The
+    #: accelerator's generator (GPU stochastic depth) is still seeded per rank.
+    rng_shared_across_ranks: ClassVar[bool] = False
+    _rng_seed: int | None = None
+
+    @property
+    def rng_seed(self) -> int:
+        """Seed of the model-side randomness (the ``rng_seed`` argument, else the run's seed)."""
+        if self._rng_seed is None:
+            given = self.hparams.get("rng_seed")
+            self._rng_seed = int(given) if given is not None else default_seed()
+        return self._rng_seed
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Reseed torch's global generators: this batch's model-side randomness is a pure
+        function of (:attr:`rng_seed`, epoch, batch index, rank)."""
+        self.reseed_rng(batch_idx)
+
+    def reseed_rng(self, batch_idx: int) -> None:
+        """Seed the CPU and accelerator generators for training batch ``batch_idx`` of the
+        current epoch (the CPU one without the rank when :attr:`rng_shared_across_ranks`)."""
+        seed, epoch, rank = self.rng_seed, self.current_epoch, self.global_rank
+        device_seed = step_seed(seed, epoch, batch_idx, rank)
+        cpu_seed = step_seed(seed, epoch, batch_idx, 0) if self.rng_shared_across_ranks \
+            else device_seed
+        reseed_global_rng(cpu_seed, device_seed, self.device)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RNG_SEED_KEY] = self.rng_seed
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Continue with the checkpoint's :attr:`rng_seed` (absent before it was saved)."""
+        if RNG_SEED_KEY in checkpoint:
+            self._rng_seed = int(checkpoint[RNG_SEED_KEY])
