@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 
 from ssl_lightning.backbones import ResNet
-from ssl_lightning.training.ema import ema_update_
 from ssl_lightning.methods import BYOL
+from ssl_lightning.training.ema import ema_update_
 
 
 @torch.no_grad()

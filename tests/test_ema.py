@@ -14,9 +14,9 @@ from torch import nn
 
 from ssl_lightning.callbacks import EMACallback
 from ssl_lightning.callbacks import ema as ema_module
+from ssl_lightning.methods import SSLMethod
 from ssl_lightning.optim import cosine_ramp
 from ssl_lightning.training.ema import ema_update_, momentum_teacher
-from ssl_lightning.methods import SSLMethod
 
 
 def _net() -> nn.Module:

@@ -19,9 +19,9 @@ from distributed_utils import backward_like_ddp, run_in_processes
 import ssl_lightning.losses.ibot_patch as ibot_patch_module
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
-from ssl_lightning.training.ema import ema_update_
 from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods import IBOT, DINOv2
+from ssl_lightning.training.ema import ema_update_
 
 STEPS, GLOBAL_BATCH, LR = 2, 8, 0.05
 SMALL = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8, shared_head=False,

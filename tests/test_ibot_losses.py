@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from ssl_lightning.masking import BlockMasking
 from ssl_lightning.losses import DINOLoss, IBOTPatchLoss, KoLeoLoss
+from ssl_lightning.masking import BlockMasking
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

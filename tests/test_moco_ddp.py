@@ -12,8 +12,8 @@ import torch
 from distributed_utils import average_gradients_like_ddp, run_in_processes
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.training.ema import ema_update_
 from ssl_lightning.methods import MoCoV2, MoCoV3
+from ssl_lightning.training.ema import ema_update_
 
 WORLD, GLOBAL_BATCH, STEPS, QUEUE = 2, 4, 3, 8
 

@@ -17,9 +17,9 @@ from distributed_utils import backward_like_ddp, run_in_processes
 import ssl_lightning.losses.dino as dino_loss_module
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.training.ema import ema_update_
 from ssl_lightning.losses import sinkhorn_knopp
 from ssl_lightning.methods import DINO, SwAV
+from ssl_lightning.training.ema import ema_update_
 
 STEPS, GLOBAL_BATCH = 3, 8
 
