@@ -13,12 +13,14 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytorch_lightning as pl
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.cli import LightningArgumentParser
 from torch import nn
+
+from ssl_lightning.cli.help import ModuleHelpFormatter
 
 
 class CLIError(Exception):
@@ -127,6 +129,10 @@ def clean_parser_message(message: str) -> str:
 class ReadableArgumentParser(LightningArgumentParser):
     """Prints ``error: <short message>`` and a pointer to ``--help`` instead of the full usage
     and jsonargparse's nested Union report."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", ModuleHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_mode():

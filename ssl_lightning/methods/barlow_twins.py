@@ -31,6 +31,9 @@ class BarlowTwins(SSLMethod):
             models (exact-DDP tests), since BatchNorm statistics are per rank.
         lambda_offdiag: λ, weight of the redundancy-reduction term (5.1e-3 in the paper);
             ``None`` uses 1/D.
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -48,14 +51,18 @@ class BarlowTwins(SSLMethod):
         projection_layers: int = 3,
         projection_batch_norm: bool = True,
         lambda_offdiag: float | None = 0.0051,
+        projector: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
-        self.projector = build_mlp(
+        self.projector = self.build_head("projector", projector, lambda: build_mlp(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=projection_batch_norm, last_bias=False,
-        )
-        self.criterion = BarlowTwinsLoss(lambda_offdiag)
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        return BarlowTwinsLoss(self.hparams["lambda_offdiag"])
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

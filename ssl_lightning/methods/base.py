@@ -11,7 +11,7 @@ has the schedules' formulas and sources.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, cast
 
 import torch
@@ -39,6 +39,9 @@ from ssl_lightning.training.grad_cache import check_micro_batch_size, grad_cache
 from ssl_lightning.training.step_rng import SeededSteps
 
 Batch = tuple[Sequence[Tensor], Tensor]
+#: Head arguments a method may take as modules (kept out of the saved hyperparameters, like the
+#: backbone; their weights are in the state dict).
+INJECTED_HEADS = ("projector", "predictor")
 
 
 class SSLMethod(SeededSteps):
@@ -151,13 +154,19 @@ class SSLMethod(SeededSteps):
             raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}.")
         if not 0 <= final_lr_ratio <= 1:
             raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}.")
-        self.save_hyperparameters(ignore=["backbone"])
+        self.save_hyperparameters(ignore=["backbone", *INJECTED_HEADS])
         self._step_targets: Tensor | None = None
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
         self._views_checked = False
 
     # ----------------------------------------------------------------- to implement / override
+    def build_criterion(self) -> nn.Module:
+        """The loss module, from the hyperparameters (``self.hparams``, which hold the arguments
+        of every class in the chain). The method's ``__init__`` sets ``self.criterion`` from it
+        after building the heads; a subclass changes the loss by overriding this hook alone."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_criterion().")
+
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """Return ``(loss, features)``: the scalar loss of this rank and the backbone features
         of the first view (used, detached, by the evaluation callbacks).
@@ -193,6 +202,43 @@ class SSLMethod(SeededSteps):
         return [m for m in self.children() if id(m) not in teachers]
 
     # ------------------------------------------------------------------------- shared helpers
+    def build_head(
+        self, name: str, injected: nn.Module | None, default: Callable[[], nn.Module],
+        in_dim: int, out_dim: int, out_argument: str,
+    ) -> nn.Module:
+        """The head ``name``: ``injected`` (a module given as an argument, e.g. a config's
+        ``projector: {class_path: ..., init_args: ...}``) when set, else ``default()``.
+
+        Raises:
+            TypeError: ``injected`` is not an ``nn.Module`` instance.
+            ValueError: ``injected`` does not map (B, ``in_dim``) inputs to (B, ``out_dim``),
+                naming the argument (``out_argument``) that sets the width the method expects.
+        """
+        if injected is None:
+            return default()
+        method = type(self).__name__
+        if not isinstance(injected, nn.Module):
+            raise TypeError(f"{method} {name} must be an nn.Module instance, got "
+                            f"{type(injected).__name__}; in a config, {name}: {{class_path: "
+                            "..., init_args: {...}}.")
+        was_training = injected.training
+        injected.eval()
+        try:
+            with torch.no_grad():
+                shape = tuple(injected(torch.zeros(2, in_dim)).shape)
+        except RuntimeError as error:
+            raise ValueError(f"{method} {name} {type(injected).__name__} does not run on "
+                             f"(batch, {in_dim}) inputs: {error}") from error
+        finally:
+            injected.train(was_training)
+        if shape != (2, out_dim):
+            raise ValueError(
+                f"{method} {name} {type(injected).__name__} maps (batch, {in_dim}) to {shape[1:]}"
+                f", but {method} expects ({out_dim},) ({out_argument}={out_dim}); set "
+                f"{out_argument} to its output size or change the {name}."
+            )
+        return injected
+
     def forward(self, x: Tensor) -> Tensor:
         """Backbone features."""
         return self.backbone(x)

@@ -33,6 +33,11 @@ class BYOL(MomentumMethod):
             Linear-BN-ReLU-Linear). Turn off for BatchNorm-free models (exact-DDP tests).
         momentum_base: Target momentum at step 0 (0.996), raised to ``momentum_end`` by a cosine.
         momentum_schedule: ``"cosine"`` (paper) or ``"constant"``.
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
+        predictor: A prediction head to use instead of the MLP above (any module mapping
+            ``projection_dim`` to ``projection_dim``).
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
@@ -46,17 +51,24 @@ class BYOL(MomentumMethod):
         head_batch_norm: bool = True,
         momentum_base: float = 0.996,
         momentum_schedule: Schedule = "cosine",
+        projector: nn.Module | None = None,
+        predictor: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, momentum_base=momentum_base,
                          momentum_schedule=momentum_schedule, **kwargs)
-        self.projector = ProjectionHead(self.feature_dim, projection_hidden_dim, projection_dim,
-                                        batch_norm=head_batch_norm)
-        self.predictor = PredictionHead(projection_dim, projection_hidden_dim, projection_dim,
-                                        batch_norm=head_batch_norm)
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
+            self.feature_dim, projection_hidden_dim, projection_dim, batch_norm=head_batch_norm,
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
+            projection_dim, projection_hidden_dim, projection_dim, batch_norm=head_batch_norm,
+        ), projection_dim, projection_dim, "projection_dim")
         self.target_backbone = momentum_teacher(self.backbone)
         self.target_projector = momentum_teacher(self.projector)
-        self.criterion = BYOLLoss()
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        return BYOLLoss()
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.target_backbone), (self.projector, self.target_projector)]

@@ -41,4 +41,7 @@ class DCL(SimCLR):
                                  f"{name}={kwargs[name]}; remove it or use SimCLR.")
         super().__init__(backbone, temperature=temperature, loss_chunk_size=loss_chunk_size,
                          **kwargs)
-        self.criterion = DCLLoss(temperature, weight_sigma, loss_chunk_size)
+
+    def build_criterion(self) -> nn.Module:
+        hp = self.hparams
+        return DCLLoss(hp["temperature"], hp["weight_sigma"], hp["loss_chunk_size"])

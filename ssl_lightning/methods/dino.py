@@ -98,7 +98,11 @@ class DINO(MomentumMethod):
             if isinstance(module, DropPath):  # the paper's teacher has no stochastic depth
                 module.drop_prob = 0.0
         self.teacher_head = momentum_teacher(self.head)
-        self.criterion = DINOLoss(head_out_dim, student_temperature, center_momentum)
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        hp = self.hparams
+        return DINOLoss(hp["head_out_dim"], hp["student_temperature"], hp["center_momentum"])
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.head, self.teacher_head)]

@@ -103,8 +103,6 @@ class IBOT(DINO):
         super().__init__(backbone, head_out_dim=head_out_dim, **kwargs)
         self.masking = BlockMasking(mask_ratio, mask_probability, mask_min_patches)
         hp = self.hparams
-        self.criterion = DINOLoss(head_out_dim, hp["student_temperature"], hp["center_momentum"],
-                                  centering, sinkhorn_iterations)
         patch_dim = patch_out_dim or head_out_dim
         self.patch_head: DINOHead | None = None
         self.teacher_patch_head: nn.Module | None = None
@@ -118,6 +116,12 @@ class IBOT(DINO):
                                              sinkhorn_iterations)
 
     training_loss = SSLMethod.training_loss  # the forward_views / loss_from_outputs seam
+
+    def build_criterion(self) -> nn.Module:
+        """DINO's [CLS] loss with this method's ``centering`` (centre or Sinkhorn)."""
+        hp = self.hparams
+        return DINOLoss(hp["head_out_dim"], hp["student_temperature"], hp["center_momentum"],
+                        hp["centering"], hp["sinkhorn_iterations"])
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         pairs = super().ema_pairs()

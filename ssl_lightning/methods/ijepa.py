@@ -108,7 +108,10 @@ class IJEPA(MomentumMethod):
         for module in self.target_backbone.modules():
             if isinstance(module, DropPath):  # the target encoder has no stochastic depth
                 module.drop_prob = 0.0
-        self.criterion = IJEPALoss(distance)
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        return IJEPALoss(self.hparams["distance"])
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.target_backbone)]

@@ -90,7 +90,10 @@ class MAE(SSLMethod):
         self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
         self.decoder = MaskedPredictor(self.feature_dim, self.patch_size ** 2 * 3, self.grid,
                                        decoder_dim, decoder_depth, decoder_heads)
-        self.criterion = MAELoss(norm_pix_loss)
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        return MAELoss(self.hparams["norm_pix_loss"])
 
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
         """``(keep, masked)`` patch indices (B, K), (B, N − K) of this rank's samples."""

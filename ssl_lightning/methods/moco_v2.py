@@ -46,6 +46,9 @@ class MoCoV2(MomentumMethod):
         shuffle_bn: Shuffle the key batch across ranks (see the module docstring).
         momentum_base: Key-encoder momentum (0.999 in MoCo; 0.99 is better for short CIFAR runs).
         momentum_schedule: ``"constant"`` (MoCo) or ``"cosine"`` towards ``momentum_end``.
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
@@ -65,19 +68,25 @@ class MoCoV2(MomentumMethod):
         shuffle_bn: bool = True,
         momentum_base: float = 0.999,
         momentum_schedule: Schedule = "constant",
+        projector: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, momentum_base=momentum_base,
                          momentum_schedule=momentum_schedule, **kwargs)
-        self.projector = ProjectionHead(self.feature_dim, projection_hidden_dim, projection_dim,
-                                        batch_norm=projection_batch_norm)
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
+            self.feature_dim, projection_hidden_dim, projection_dim,
+            batch_norm=projection_batch_norm,
+        ), self.feature_dim, projection_dim, "projection_dim")
         self.key_backbone = momentum_teacher(self.backbone)
         self.key_projector = momentum_teacher(self.projector)
         self.queue = FeatureQueue(queue_size, projection_dim)
-        self.criterion = InfoNCELoss(temperature)
+        self.criterion = self.build_criterion()
         self.symmetric = symmetric
         self.shuffle_bn = shuffle_bn
         self.register_buffer("shuffle_step", torch.zeros((), dtype=torch.long))
+
+    def build_criterion(self) -> nn.Module:
+        return InfoNCELoss(self.hparams["temperature"])
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]

@@ -36,6 +36,11 @@ class MoCoV3(MomentumMethod):
         temperature: Contrastive temperature (1.0 for ResNet, 0.2 for ViT in the paper).
         momentum_base: Momentum at step 0 (0.99), raised to ``momentum_end`` by a cosine.
         momentum_schedule: ``"cosine"`` (paper) or ``"constant"``.
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
+        predictor: A prediction head to use instead of the MLP above (any module mapping
+            ``projection_dim`` to ``projection_dim``).
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
@@ -55,21 +60,26 @@ class MoCoV3(MomentumMethod):
         temperature: float = 1.0,
         momentum_base: float = 0.99,
         momentum_schedule: Schedule = "cosine",
+        projector: nn.Module | None = None,
+        predictor: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, momentum_base=momentum_base,
                          momentum_schedule=momentum_schedule, **kwargs)
-        self.projector = ProjectionHead(
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
-        )
-        self.predictor = PredictionHead(
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
             projection_dim, projection_hidden_dim, projection_dim, 2,
             batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
-        )
+        ), projection_dim, projection_dim, "projection_dim")
         self.key_backbone = momentum_teacher(self.backbone)
         self.key_projector = momentum_teacher(self.projector)
-        self.criterion = MoCoV3Loss(temperature)
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        return MoCoV3Loss(self.hparams["temperature"])
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]

@@ -37,6 +37,11 @@ class NNCLR(SSLMethod):
         support_set_size: Support-set size (98,304 in the paper); a multiple of the global batch.
         temperature: Softmax temperature (0.1 in the paper).
         loss_chunk_size: Anchor rows per block of the chunked loss; ``None`` for dense logits.
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
+        predictor: A prediction head to use instead of the MLP above (any module mapping
+            ``projection_dim`` to ``projection_dim``).
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -51,17 +56,23 @@ class NNCLR(SSLMethod):
         support_set_size: int = 98304,
         temperature: float = 0.1,
         loss_chunk_size: int | None = 1024,
+        projector: nn.Module | None = None,
+        predictor: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
-        self.projector = ProjectionHead(
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
-        )
-        self.predictor = PredictionHead(projection_dim, prediction_hidden_dim, projection_dim,
-                                        batch_norm=head_batch_norm)
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
+            projection_dim, prediction_hidden_dim, projection_dim, batch_norm=head_batch_norm,
+        ), projection_dim, projection_dim, "projection_dim")
         self.support_set = FeatureQueue(support_set_size, projection_dim)
-        self.criterion = NNCLRLoss(temperature, loss_chunk_size)
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        return NNCLRLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

@@ -30,6 +30,9 @@ class SimCLR(SSLMethod):
         memory_bank_size: Negatives from a bank of this many past view-2 embeddings instead of
             the batch (0, SimCLR: none); a multiple of the global batch (see
             :class:`NTXentLoss`).
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -50,15 +53,20 @@ class SimCLR(SSLMethod):
         loss_chunk_size: int | None = 1024,
         margin: float = 0.0,
         memory_bank_size: int = 0,
+        projector: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
-        self.projector = ProjectionHead(
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=projection_batch_norm,
-        )
-        self.criterion: nn.Module = NTXentLoss(
-            temperature, loss_chunk_size, margin, memory_bank_size, embedding_dim=projection_dim)
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        hp = self.hparams
+        return NTXentLoss(hp["temperature"], hp["loss_chunk_size"], hp["margin"],
+                          hp["memory_bank_size"], embedding_dim=hp["projection_dim"])
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

@@ -31,6 +31,11 @@ class SimSiam(SSLMethod):
         batch_norm: BatchNorm in projector and predictor. Turn off for BatchNorm-free models
             (exact-DDP tests), since BatchNorm statistics are per rank.
         fixed_predictor_lr: Exclude the predictor from the lr schedule.
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
+        predictor: A prediction head to use instead of the MLP above (any module mapping
+            ``projection_dim`` to ``projection_dim``).
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -45,18 +50,23 @@ class SimSiam(SSLMethod):
         predictor_hidden_dim: int = 512,
         batch_norm: bool = True,
         fixed_predictor_lr: bool = True,
+        projector: nn.Module | None = None,
+        predictor: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
-        self.projector = ProjectionHead(
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=batch_norm, last_batch_norm=batch_norm,
-        )
-        self.predictor = PredictionHead(
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
             projection_dim, predictor_hidden_dim, projection_dim, 2, batch_norm=batch_norm
-        )
-        self.criterion = NegativeCosineLoss()
+        ), projection_dim, projection_dim, "projection_dim")
+        self.criterion = self.build_criterion()
         self.fixed_predictor_lr = fixed_predictor_lr
+
+    def build_criterion(self) -> nn.Module:
+        return NegativeCosineLoss()
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

@@ -31,6 +31,9 @@ class SupCon(SSLMethod):
         projection_batch_norm: BatchNorm in the projection MLP.
         temperature: SupCon temperature (0.1 in the paper).
         loss_chunk_size: Anchor rows per block of the chunked loss; ``None`` for dense logits.
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -43,14 +46,18 @@ class SupCon(SSLMethod):
         projection_batch_norm: bool = True,
         temperature: float = 0.1,
         loss_chunk_size: int | None = 1024,
+        projector: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
-        self.projector = ProjectionHead(
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=projection_batch_norm,
-        )
-        self.criterion = SupConLoss(temperature, loss_chunk_size)
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> nn.Module:
+        return SupConLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

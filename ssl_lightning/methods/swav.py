@@ -53,6 +53,9 @@ class SwAV(SSLMethod):
             Must be divisible by the number of processes.
         queue_start_epoch: First epoch in which the queue is filled; it joins the Sinkhorn input
             once full.
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``); the ``projection_*`` widths then only
+            set ``projection_dim``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -79,6 +82,7 @@ class SwAV(SSLMethod):
         freeze_prototypes_steps: int = 5005,
         queue_length: int = 0,
         queue_start_epoch: int = 15,
+        projector: nn.Module | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
@@ -87,14 +91,20 @@ class SwAV(SSLMethod):
                             ("queue_start_epoch", queue_start_epoch)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}.")
-        self.projector = ProjectionHead(self.feature_dim, projection_hidden_dim, projection_dim,
-                                        num_layers=2, batch_norm=projection_batch_norm)
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
+            self.feature_dim, projection_hidden_dim, projection_dim, num_layers=2,
+            batch_norm=projection_batch_norm,
+        ), self.feature_dim, projection_dim, "projection_dim")
         self.prototypes = SwAVPrototypes(projection_dim, num_prototypes)
-        self.criterion = SwAVLoss(temperature, sinkhorn_epsilon, sinkhorn_iterations,
-                                  CROPS_FOR_ASSIGN)
+        self.criterion = self.build_criterion()
         self.register_buffer("queue", torch.zeros(len(CROPS_FOR_ASSIGN), queue_length,
                                                   projection_dim))
         self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))
+
+    def build_criterion(self) -> nn.Module:
+        hp = self.hparams
+        return SwAVLoss(hp["temperature"], hp["sinkhorn_epsilon"], hp["sinkhorn_iterations"],
+                        CROPS_FOR_ASSIGN)
 
     def setup(self, stage: str) -> None:
         """Check ``queue_length`` against the process count at start-up, not when the queue

@@ -56,7 +56,12 @@ class VICReg(SSLMethod):
             self.feature_dim, expander_hidden_dim, expander_dim, expander_layers,
             batch_norm=expander_batch_norm, last_bias=False,
         )
-        self.criterion = VICRegLoss(invariance_weight, variance_weight, covariance_weight)
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> VICRegLoss:
+        hp = self.hparams
+        return VICRegLoss(hp["invariance_weight"], hp["variance_weight"],
+                          hp["covariance_weight"])
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)
