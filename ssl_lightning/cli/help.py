@@ -56,7 +56,10 @@ class ModuleHelpFormatter(DefaultHelpFormatter):
             return ", ".join(action.option_strings)
         return super()._format_action_invocation(action)
 
-    def add_usage(self, usage: str | None, actions: Iterable[Action], *args: Any,
-                  **kwargs: Any) -> None:
-        super().add_usage("%(prog)s [options]" if usage is None else usage, actions, *args,
-                          **kwargs)
+    def add_usage(self, usage: str | None, actions: Iterable[Action],
+                  groups: Iterable[Any], prefix: str | None = None) -> None:
+        """``PROG [options]`` in the usage line (``prefix=""``: argparse building a subcommand's
+        prog, left as it is)."""
+        if usage is None and prefix != "":
+            usage = "%(prog)s [options]"
+        super().add_usage(usage, actions, groups, prefix)

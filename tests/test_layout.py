@@ -1,0 +1,200 @@
+"""The package layout: no import circle, `evaluation/` independent of `methods/`, `methods/`
+holding only methods, the re-exports at older import paths, and docs/layout.md matching the
+tree."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import importlib
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from ssl_lightning.masking import BlockMaskGenerator, BlockMasking, RandomMasking, random_masking
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "ssl_lightning"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements that run when the module is imported (also under ``if
+    TYPE_CHECKING:`` and ``try:``), not those inside functions or classes."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo += getattr(node, field, [])
+        elif isinstance(node, ast.ExceptHandler):
+            todo += node.body
+    return found
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> set[str]:
+    """The package modules an import statement of ``module`` names."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in MODULES}
+    base = node.module or ""
+    if node.level:
+        package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    targets = set()
+    for alias in node.names:
+        if f"{base}.{alias.name}" in MODULES:
+            targets.add(f"{base}.{alias.name}")  # a submodule
+        elif base in MODULES:
+            targets.add(base)
+    return targets
+
+
+def _imports(module: str, everywhere: bool = False) -> set[str]:
+    tree = ast.parse(MODULES[module].read_text())
+    nodes = ([n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+             if everywhere else _module_level_imports(tree))
+    return set().union(*(_targets(module, n) for n in nodes)) - {module}
+
+
+def _is_reexport(path: Path) -> bool:
+    """A module made of a docstring and one ``from ssl_lightning... import ...`` of another
+    folder."""
+    body = ast.parse(path.read_text()).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return (len(body) == 1 and isinstance(body[0], ast.ImportFrom)
+            and (body[0].module or "").startswith("ssl_lightning.")
+            and not (body[0].module or "").startswith(_module_name(path).rpartition(".")[0]))
+
+
+def test_no_import_circle_among_the_package_modules() -> None:
+    graph = {module: _imports(module) for module in MODULES}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        pytest.fail(f"import circle: {' -> '.join(error.args[1])}")
+
+
+def test_evaluation_imports_nothing_from_methods() -> None:
+    offenders = {module: sorted(t for t in _imports(module, everywhere=True)
+                                if t.startswith("ssl_lightning.methods"))
+                 for module in MODULES if module.startswith("ssl_lightning.evaluation")}
+    assert not {m: t for m, t in offenders.items() if t}
+
+
+def test_methods_holds_only_base_momentum_and_one_file_per_method() -> None:
+    from ssl_lightning import methods
+
+    exported = {getattr(methods, name) for name in methods.__all__}
+    for path in sorted((PACKAGE / "methods").glob("*.py")):
+        if path.name in ("__init__.py", "base.py", "momentum.py") or _is_reexport(path):
+            continue
+        module = importlib.import_module(_module_name(path))
+        defined = [value for value in vars(module).values()
+                   if isinstance(value, type) and value.__module__ == module.__name__]
+        assert defined and all(cls in exported and issubclass(cls, methods.SSLMethod)
+                               for cls in defined), (
+            f"{path.name} defines {[c.__name__ for c in defined]}, not a method of "
+            "ssl_lightning.methods: machinery belongs in training/, masking/, backbones/ ...")
+
+
+def test_method_files_do_not_import_the_ema_callback() -> None:
+    for module in MODULES:
+        if module.startswith("ssl_lightning.methods.") and not module.endswith(".momentum"):
+            assert not {t for t in _imports(module, everywhere=True)
+                        if t.startswith("ssl_lightning.callbacks")}, module
+
+
+OLD_PATHS = [
+    ("ssl_lightning.methods.grad_cache", "ssl_lightning.training.grad_cache",
+     ["grad_cached_loss", "check_micro_batch_size"]),
+    ("ssl_lightning.methods.step_rng", "ssl_lightning.training.step_rng",
+     ["SeededSteps", "step_seed", "default_seed", "reseed_global_rng", "RNG_SEED_KEY"]),
+    ("ssl_lightning.methods.divergence", "ssl_lightning.training.divergence",
+     ["TrainingDivergedError", "check_finite_loss", "check_finite_weights"]),
+    ("ssl_lightning.methods.masking", "ssl_lightning.masking",
+     ["random_masking", "MultiBlockMasking", "Range"]),
+    ("ssl_lightning.methods.masked_modeling", "ssl_lightning.backbones.tokens",
+     ["TokenBackbone", "as_token_backbone", "token_grid", "check_views", "layout"]),
+    ("ssl_lightning.methods.multicrop_forward", "ssl_lightning.backbones.multicrop",
+     ["forward_by_resolution"]),
+    ("ssl_lightning.data.block_masking", "ssl_lightning.masking.block",
+     ["BlockMaskGenerator", "BlockMasking"]),
+    ("ssl_lightning.callbacks.ema", "ssl_lightning.training.ema",
+     ["momentum_teacher", "ema_update_", "Schedule", "BufferPolicy"]),
+    ("ssl_lightning.callbacks.ema", "ssl_lightning.optim.schedules", [("cosine_momentum",
+                                                                       "cosine_ramp")]),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "names"), OLD_PATHS)
+def test_old_import_paths_give_the_same_objects(old: str, new: str, names: list) -> None:
+    old_module, new_module = importlib.import_module(old), importlib.import_module(new)
+    for name in names:
+        old_name, new_name = name if isinstance(name, tuple) else (name, name)
+        assert getattr(old_module, old_name) is getattr(new_module, new_name), old_name
+
+
+def test_deprecated_mask_names_warn_and_draw_the_same_masks() -> None:
+    torch.manual_seed(0)
+    new = RandomMasking(64, 0.75)(4, world_size=2, rank=1)
+    torch.manual_seed(0)
+    with pytest.warns(DeprecationWarning, match="RandomMasking"):
+        old = random_masking(4, 64, 0.75, world_size=2, rank=1)
+    assert all(torch.equal(a, b) for a, b in zip(new, old, strict=True))
+    with pytest.warns(DeprecationWarning, match="BlockMasking"):
+        generator = BlockMaskGenerator(ratio=(0.5, 0.5), probability=1.0)
+    torch.manual_seed(1)
+    masks = generator(3, (8, 8))
+    torch.manual_seed(1)
+    assert isinstance(generator, BlockMasking)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(BlockMasking(ratio=(0.5, 0.5), probability=1.0)(3, (8, 8)), masks)
+
+
+def _layout_entries() -> dict[str, str]:
+    """``{name: text}`` of the entries directly under ``ssl_lightning/`` in docs/layout.md."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    block = text.split("```")[1].split("\nssl_lightning/\n", 1)[1]
+    entries: dict[str, str] = {}
+    name = ""
+    for line in block.splitlines():
+        if re.match(r"^  \S", line):
+            name, _, rest = line.strip().partition(" ")
+            entries[name] = rest
+        elif re.match(r"^   +\S", line) and name:
+            entries[name] += " " + line.strip()
+        else:
+            break  # the first line back at the top level (configs/, docs/, ...)
+    return entries
+
+
+def test_layout_doc_lists_every_module_of_the_tree() -> None:
+    entries = _layout_entries()
+    top = {p.name + ("/" if p.is_dir() else "") for p in PACKAGE.iterdir()
+           if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert set(entries) == top
+    for name, text in entries.items():
+        if not name.endswith("/"):
+            continue
+        listed = set(re.findall(r"\b\w+\.py\b", text))
+        files = {p.name for p in (PACKAGE / name).glob("*.py")
+                 if p.name != "__init__.py" and not _is_reexport(p)}
+        assert listed == files, f"docs/layout.md {name}: missing {sorted(files - listed)}, " \
+                                f"not in the tree {sorted(listed - files)}"
