@@ -1,7 +1,9 @@
 """SSLMethod: the LightningModule every self-supervised method derives from.
 
 A method owns an injected backbone, its heads and its loss, and the optimiser set-up. Subclasses
-implement :meth:`SSLMethod.forward_views` and :meth:`SSLMethod.loss_from_outputs`; everything
+implement :meth:`SSLMethod.forward_views`, :meth:`SSLMethod.loss_from_outputs` and
+:meth:`SSLMethod.build_criterion` (the loss module), and build their heads with
+:meth:`SSLMethod.build_head` (a head given as a module replaces the default one); everything
 shared (logging, the step output contract used by the evaluation callbacks, gathering across
 ranks, LARS/SGD/AdamW with warm-up + cosine, the batch-size LR scaling rule, the cosine
 weight-decay schedule, layer-wise lr decay for ViTs, micro-batching by gradient caching, the

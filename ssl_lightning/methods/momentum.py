@@ -16,9 +16,10 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.callbacks.ema import BufferPolicy, EMACallback, Schedule
+from ssl_lightning.callbacks.ema import EMACallback
 from ssl_lightning.distributed import all_gather_no_grad, flatten_gathered
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.training.ema import BufferPolicy, Schedule
 
 
 class MomentumMethod(SSLMethod):
@@ -30,7 +31,7 @@ class MomentumMethod(SSLMethod):
         momentum_end: tau at the end of training (cosine schedule only).
         momentum_schedule: ``"cosine"`` (BYOL, MoCo v3) or ``"constant"`` (MoCo v2).
         ema_buffer_policy: How teacher buffers follow the student: ``"copy"``, ``"ema"`` or
-            ``"none"`` (see :mod:`ssl_lightning.callbacks.ema`).
+            ``"none"`` (see :mod:`ssl_lightning.training.ema`).
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
