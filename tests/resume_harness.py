@@ -1,4 +1,4 @@
-"""Exact-resume harness (issue 11): fit every method on a tiny image folder with the real data
+"""Exact-resume harness: fit every method on a tiny image folder with the real data
 modules and random augmentations, in a process of its own.
 
 Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs

@@ -1,4 +1,4 @@
-"""BYOL on 2 gloo processes vs one process with the global batch (issue 3, check 3).
+"""BYOL on 2 gloo processes vs one process with the global batch.
 
 BatchNorm-free backbone and heads, float64, deterministic views; rank r gets samples ``r::2``.
 """

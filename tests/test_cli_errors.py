@@ -1,4 +1,4 @@
-"""Issue 10, items 6 and 7: errors reach the user readably through ``ssl_lightning.cli.main``:
+"""Errors reach the user readably through ``ssl_lightning.cli.main``:
 a constructor's ``ValueError`` as its own message, an unknown ``class_path`` with the closest
 name and the available ones, ``sync_batchnorm`` on CPU processes refused before training, and a
 backbone that is not an ``nn.Module`` instance named."""

@@ -1,4 +1,4 @@
-"""Issue 10, items 3, 4 and 7: ``--ckpt_path`` through the real CLI (``ssl_lightning.cli.main``).
+"""``--ckpt_path`` through the real CLI (``ssl_lightning.cli.main``).
 
 A 1-epoch SimCLR run (tiny image folder: 24 images, batch 4 -> 6 steps) writes the checkpoint
 every test resumes from. The resumed lr is compared with WarmupCosine written out from its

@@ -1,4 +1,4 @@
-"""Issue 15: NNCLR, DCL(W), SupCon and NT-Xent with a memory bank under 2-process DDP (gloo, CPU,
+"""NNCLR, DCL(W), SupCon and NT-Xent with a memory bank under 2-process DDP (gloo, CPU,
 float64) equal one process holding the global batch: per-step loss (mean over ranks), parameter
 gradients (averaged like DDP), the support set / bank, over 2 SGD steps (the support set and the
 bank hold the embeddings of step 1 in step 2). Two known-bad NNCLR variants must differ: a support

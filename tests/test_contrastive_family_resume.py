@@ -1,4 +1,4 @@
-"""Issue 15: exact resume of NNCLR's support set and NT-Xent's memory bank. A 2-epoch run and the
+"""Exact resume of NNCLR's support set and NT-Xent's memory bank. A 2-epoch run and the
 same run stopped after epoch 1 and resumed from its last.ckpt end with identical weights, optimizer
 state and queue contents and pointers (Lightning Trainer, CPU, precomputed views). SupCon trains
 through the same run on the dataset's targets (the path ``training_step`` gives them)."""

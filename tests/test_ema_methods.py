@@ -1,5 +1,5 @@
 """MoCo v2, MoCo v3 and BYOL as Lightning modules: their own EMA callback, exact resume
-(issue 3, check 4) and the method-level errors and options."""
+and the method-level errors and options."""
 
 from __future__ import annotations
 

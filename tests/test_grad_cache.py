@@ -1,4 +1,4 @@
-"""Gradient caching (``micro_batch_size``, issue 12): exact whole-batch training in micro-batches.
+"""Gradient caching (``micro_batch_size``): exact whole-batch training in micro-batches.
 
 - Every method, BatchNorm-free (SmallConvNet with GroupNorm, heads without BN): 3 optimizer steps
   through the Trainer with micro-batches of 2 give the weights, buffers (queues, centres,
@@ -270,7 +270,7 @@ def test_ddp_two_processes_with_micro_batches_equal_one_process() -> None:
                                                        8), max_steps=3, precision="64-true")
     # float64 end to end (Lightning's 64-true converts the model and the batches): the two runs
     # differ only by float64 summation order, 8.5e-16 here. A loss that drops float64 to fp32
-    # (NT-Xent's ``.float()`` before 08d0d97) leaves 2.8e-7-3.8e-7 on both the plain and the
+    # (an earlier NT-Xent ``.float()`` cast) leaves 2.8e-7-3.8e-7 on both the plain and the
     # micro-batched 2-process run, which an fp32-sized tolerance (1e-6) would not see.
     for rank in range(2):
         assert max_relative_difference(ddp[rank]["model"], single[0]["model"]) < 1e-10

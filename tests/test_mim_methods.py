@@ -1,4 +1,4 @@
-"""MAE and I-JEPA as methods (issue 13): what the encoders see, the loss composition against
+"""MAE and I-JEPA as methods: what the encoders see, the loss composition against
 slow references, the target encoder (no gradient, one EMA update per optimiser step), exact
 resume, LinearEval on their checkpoints, and the errors for bad input."""
 

@@ -1,4 +1,4 @@
-"""MoCo v2 and v3 on 2 gloo processes vs one process holding the global batch (issue 3, check 3).
+"""MoCo v2 and v3 on 2 gloo processes vs one process holding the global batch.
 
 BatchNorm-free model (GroupNorm ConvNet, heads without BN), float64, deterministic views. Rank r
 gets samples ``r::2`` of each global batch (DistributedSampler order), so the keys gathered in

@@ -1,4 +1,4 @@
-"""Issue 2, check 5: exact resume. Fitting 2 epochs in one go and fitting the same 2-epoch run
+"""Exact resume. Fitting 2 epochs in one go and fitting the same 2-epoch run
 that is stopped after epoch 1 and resumed from its last.ckpt end in identical weights, LARS
 state, LR-scheduler state and online-probe state (CPU, deterministic precomputed views)."""
 

@@ -1,4 +1,4 @@
-"""Issue 2, check 2: loss-level DDP equivalence of NT-Xent / SimCLR with 2 gloo processes.
+"""Loss-level DDP equivalence of NT-Xent / SimCLR with 2 gloo processes.
 
 Each rank feeds its slice of the global batch through the projector, scores its own anchors
 against the candidates gathered from both ranks, and backpropagates; gradients are then averaged

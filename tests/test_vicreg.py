@@ -1,4 +1,4 @@
-"""Issue 5, checks 1-3 for VICReg: the loss against a loop reference of the paper's formulas,
+"""VICReg: the loss against a loop reference of the paper's formulas,
 its closed-form properties, fp32 under bf16 autocast, exact resume, and a Lightning ddp_spawn
 fit equal to one process with the global batch (through Lightning's all_gather)."""
 

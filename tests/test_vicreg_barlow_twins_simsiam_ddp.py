@@ -1,4 +1,4 @@
-"""Issue 5, check 2: with 2 gloo processes, the mean of the rank losses and the DDP-averaged
+"""With 2 gloo processes, the mean of the rank losses and the DDP-averaged
 parameter gradients of VICReg, Barlow Twins and SimSiam equal one process holding the global
 batch (gradient ratio 1, not 1/2), in float64 to 1e-12.
 
