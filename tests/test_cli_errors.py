@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from torch._utils import ExceptionWrapper
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ssl_lightning import SimCLR, SmallConvNet
 from ssl_lightning.cli import main
 from ssl_lightning.cli.errors import run_error_message
-from ssl_lightning.data.datasets import check_directory
+from ssl_lightning.data.datasets import CorruptImageError, check_directory
 from ssl_lightning.methods.divergence import TrainingDivergedError
 
 CONFIG = """
@@ -186,3 +187,16 @@ def test_a_set_up_error_of_a_spawned_process_is_one_line(tmp_path: Path) -> None
     diverged = _spawned(TrainingDivergedError("Training diverged: the loss is nan."))
     assert run_error_message(diverged) == ("TrainingDivergedError: Training diverged: the loss "
                                            "is nan.")
+
+
+def test_our_error_re_raised_from_a_loader_worker_is_its_own_message() -> None:
+    """torch re-raises a worker's exception with the worker's traceback in its message."""
+    try:
+        raise CorruptImageError("Cannot decode image 'a.jpg': truncated file.")
+    except CorruptImageError:
+        wrapper = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(CorruptImageError) as raised:
+        wrapper.reraise()
+    assert "Original Traceback" in str(raised.value)
+    assert run_error_message(raised.value) == (
+        "CorruptImageError: Cannot decode image 'a.jpg': truncated file.")
