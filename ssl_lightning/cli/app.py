@@ -3,10 +3,9 @@
 On top of LightningCLI it makes errors readable (see :mod:`ssl_lightning.cli.errors`), reads
 an integer ``--trainer.limit_*_batches`` as a number of batches, runs without a logger (a
 config's ``LearningRateMonitor`` is dropped then), and replaces LightningCLI's ``--ckpt_path``
-handling, which loads the checkpoint's hyperparameters
-*over* the config (so ``--model`` and ``--model.*`` overrides were silently dropped), by the
-checks of :mod:`ssl_lightning.cli.resume`: the config and the command line define the run, the
-checkpoint supplies its state.
+handling, which loads the checkpoint's hyperparameters *over* the config (so ``--model`` and
+``--model.*`` overrides were silently dropped), by the checks of :mod:`ssl_lightning.cli.resume`:
+the config and the command line define the run, the checkpoint supplies its state.
 """
 
 from __future__ import annotations
