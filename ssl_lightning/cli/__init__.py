@@ -36,8 +36,9 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
         of ``embed`` / ``export``.
 
     Raises:
-        SystemExit: With code 2 for a command-line / config error, 1 for a value a constructor
-            or a pre-flight check refused; the message is on stderr.
+        SystemExit: With code 2 for a command-line / config error, 1 for a value a constructor,
+            a pre-flight check or a set-up check of the run refused (and for an exception of
+            ssl_lightning's own types); the message is on stderr.
     """
     import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
     from ssl_lightning.commands import EXTRA_COMMANDS, project_description
