@@ -23,6 +23,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -93,6 +94,10 @@ class PreemptionCheckpoint(pl.Callback):
         """From the start of ``fit``, the stop signals only set a flag."""
         if stage != "fit":
             return
+        if threading.current_thread() is not threading.main_thread():
+            rank_zero_warn("PreemptionCheckpoint: fit runs outside the main thread, where signal "
+                           "handlers cannot be set; stop signals are not handled.")
+            return
         self.received, self.saved_path = None, None
         self._previous = {signum: signal.getsignal(signum) for signum in self._signals(trainer)}
         for signum in self._previous:
@@ -104,13 +109,15 @@ class PreemptionCheckpoint(pl.Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give the signals back to the handlers they had before ``fit``."""
-        if stage == "fit":
+        if stage == "fit" and self._previous:
             self._install(trainer, self._previous)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         """Restore the previous handlers, or after a stop signal the default ones (a further
         signal ends the process at once, also while Lightning tears down)."""
+        if not self._previous:
+            return
         if self.received is None:
             self._install(trainer, self._previous)
         else:
