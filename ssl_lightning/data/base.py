@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 from typing import Any, Literal, cast
 
 import pytorch_lightning as pl
@@ -228,6 +229,7 @@ class SSLDataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.persistent_workers and workers,
             prefetch_factor=self.prefetch_factor if workers else None,
+            worker_init_fn=ignore_stop_signals,
             collate_fn=(BatchedViewsCollate(self.device_transform)
                         if self.device_transform is not None and self._views_in_workers()
                         else None),
@@ -263,6 +265,7 @@ class SSLDataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.persistent_workers and workers,
             prefetch_factor=self.prefetch_factor if workers else None,
+            worker_init_fn=ignore_stop_signals,
         )
 
     def _bank_subset(self, bank: Dataset) -> Dataset:
@@ -285,6 +288,15 @@ class SSLDataModule(pl.LightningDataModule):
                 f"images{split} of {dataset}, and drop_last=True would drop every batch. "
                 "Lower batch_size or set drop_last: false."
             )
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers ignore SIGINT and SIGTERM: Ctrl-C and a scheduler's SIGTERM reach the whole
+    process group, and the main process, not a dying worker, decides how the run stops
+    (:class:`~ssl_lightning.callbacks.PreemptionCheckpoint`); it shuts the workers down as it
+    exits (a worker also exits when its parent is gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class BatchedViewsCollate:
