@@ -39,7 +39,7 @@ model:
       init_args: {widths: [8, 16]}
     projection_hidden_dim: 16
     projection_dim: 8
-    projection_batch_norm: false
+    head_batch_norm: false
     optimizer: sgd
     lr: 0.1
     lr_scaling: none

@@ -82,7 +82,7 @@ def test_parser_errors_name_the_option_without_union_noise(fit, capsys) -> None:
 
 
 def test_sync_batchnorm_on_cpu_processes_is_refused_before_training(fit, capsys) -> None:
-    err = _stderr(capsys, fit, "--model.projection_batch_norm", "true", "--trainer.devices", "2",
+    err = _stderr(capsys, fit, "--model.head_batch_norm", "true", "--trainer.devices", "2",
                   "--trainer.strategy", "ddp_spawn", "--trainer.sync_batchnorm", "true", code=1)
     assert "SyncBatchNorm does not run on CPU" in err
     assert "Pass --trainer.sync_batchnorm false" in err

@@ -30,7 +30,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "moco_v3.yaml": ["--model.init_args.projection_hidden_dim", "64"],
     "byol.yaml": ["--model.init_args.projection_hidden_dim", "64"],
     "nnclr.yaml": ["--model.init_args.projection_hidden_dim", "64",
-                   "--model.init_args.prediction_hidden_dim", "64"],
+                   "--model.init_args.predictor_hidden_dim", "64"],
     "moco_v3_vit.yaml": ["--model.init_args.projection_hidden_dim", "64",
                          "--model.init_args.backbone.init_args.depth", "2"],
     "mae.yaml": ["--model.init_args.backbone.init_args.depth", "1",

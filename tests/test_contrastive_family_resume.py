@@ -34,10 +34,10 @@ def _model(name: str) -> pl.LightningModule:
     common = dict(projection_hidden_dim=16, projection_dim=8, optimizer="sgd", lr=0.5,
                   warmup_epochs=0.5)
     if name == "nnclr":  # 2 steps per epoch of 4 -> the queue wraps around in epoch 2
-        return NNCLR(backbone, prediction_hidden_dim=16, support_set_size=12, **common)
+        return NNCLR(backbone, predictor_hidden_dim=16, queue_size=12, **common)
     if name == "supcon":
         return SupCon(backbone, **common)
-    return SimCLR(backbone, memory_bank_size=12, margin=0.1, **common)
+    return SimCLR(backbone, queue_size=12, margin=0.1, **common)
 
 
 def _data() -> TensorDataModule:

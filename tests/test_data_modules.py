@@ -176,7 +176,7 @@ def test_multi_size_views_collate_per_position(tiny_image_folder: Path) -> None:
 
 def _tiny_simclr() -> SimCLR:
     return SimCLR(SmallConvNet((8, 16)), projection_hidden_dim=16, projection_dim=8,
-                  projection_batch_norm=False, optimizer="sgd", lr=0.1, lr_scaling="none",
+                  head_batch_norm=False, optimizer="sgd", lr=0.1, lr_scaling="none",
                   warmup_epochs=0)
 
 

@@ -70,7 +70,7 @@ def _backbone() -> SmallConvNet:
 
 METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
     "simclr": (lambda **kw: SimCLR(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                                   projection_batch_norm=False, **kw), TWO_VIEWS),
+                                   head_batch_norm=False, **kw), TWO_VIEWS),
     "moco_v2": (lambda **kw: MoCoV2(_backbone(), projection_hidden_dim=16, projection_dim=8,
                                     queue_size=16, symmetric=True, momentum_base=0.9, **kw),
                 TWO_VIEWS),
@@ -82,24 +82,25 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                                head_bottleneck_dim=8, clip_grad=0.05, momentum_base=0.9,
                                warmup_teacher_temperature_epochs=0, **kw), MULTI_CROP),
     "swav": (lambda **kw: SwAV(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                               num_prototypes=10, projection_batch_norm=False,
-                               freeze_prototypes_steps=1, queue_length=16, queue_start_epoch=0,
+                               num_prototypes=10, head_batch_norm=False,
+                               freeze_prototypes_steps=1, queue_size=16, queue_start_epoch=0,
                                **kw), MULTI_CROP),
     "vicreg": (lambda **kw: VICReg(_backbone(), expander_hidden_dim=16, expander_dim=16,
-                                   expander_batch_norm=False, **kw), TWO_VIEWS),
+                                   head_batch_norm=False, **kw), TWO_VIEWS),
     "barlow_twins": (lambda **kw: BarlowTwins(_backbone(), projection_hidden_dim=16,
-                                              projection_dim=16, projection_batch_norm=False,
+                                              projection_dim=16, head_batch_norm=False,
                                               **kw), TWO_VIEWS),
     "simsiam": (lambda **kw: SimSiam(_backbone(), projection_hidden_dim=16, projection_dim=16,
-                                     predictor_hidden_dim=8, batch_norm=False, **kw), TWO_VIEWS),
+                                     predictor_hidden_dim=8, head_batch_norm=False, **kw),
+                TWO_VIEWS),
     # methods added after the mechanism, through the same base class
     "nnclr": (lambda **kw: NNCLR(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                                 prediction_hidden_dim=16, head_batch_norm=False,
-                                 support_set_size=16, **kw), TWO_VIEWS),
+                                 predictor_hidden_dim=16, head_batch_norm=False,
+                                 queue_size=16, **kw), TWO_VIEWS),
     "dcl": (lambda **kw: DCL(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                             projection_batch_norm=False, **kw), TWO_VIEWS),
+                             head_batch_norm=False, **kw), TWO_VIEWS),
     "supcon": (lambda **kw: SupCon(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                                   projection_batch_norm=False, **kw), TWO_VIEWS),
+                                   head_batch_norm=False, **kw), TWO_VIEWS),
 }
 
 
@@ -230,7 +231,7 @@ def test_drop_path_is_replayed_exactly() -> None:
     torch.manual_seed(0)
     vit = ViT("tiny", image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2,
               drop_path_rate=0.5)
-    model = SimCLR(vit, projection_hidden_dim=16, projection_dim=8, projection_batch_norm=False)
+    model = SimCLR(vit, projection_hidden_dim=16, projection_dim=8, head_batch_norm=False)
     views = [torch.randn(8, 3, 8, 8) for _ in range(2)]
     reference = copy.deepcopy(model)
 

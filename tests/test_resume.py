@@ -38,7 +38,7 @@ def _model() -> SimCLR:
     # LARS, warm-up that crosses the epoch boundary, a BatchNorm projector (running stats are
     # state too): everything that must come back from the checkpoint.
     return SimCLR(SmallConvNet(widths=(8, 16)), projection_hidden_dim=16, projection_dim=8,
-                  projection_batch_norm=True, optimizer="lars", lr=2.0, weight_decay=1e-4,
+                  head_batch_norm=True, optimizer="lars", lr=2.0, weight_decay=1e-4,
                   warmup_epochs=1.5, final_lr_ratio=0.01)
 
 

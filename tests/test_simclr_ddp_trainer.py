@@ -29,7 +29,7 @@ def _model() -> SimCLR:
     pl.seed_everything(0)
     return SimCLR(
         SmallConvNet(widths=(8, 16), norm="group"), projection_hidden_dim=16, projection_dim=8,
-        projection_batch_norm=False, temperature=0.2, optimizer="sgd", lr=0.5,
+        head_batch_norm=False, temperature=0.2, optimizer="sgd", lr=0.5,
         lr_scaling="linear", weight_decay=1e-4, warmup_epochs=0,
     )
 

@@ -20,6 +20,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
 from ssl_lightning.cli.errors import CLIError
+from ssl_lightning.deprecation import rename_state_keys
 from ssl_lightning.evaluation.checkpoint import load_checkpoint
 
 #: Hyperparameters a resume cannot change (the optimiser state is specific to the optimiser).
@@ -94,7 +95,8 @@ def check_method_and_hyperparameters(checkpoint: Mapping[str, Any], path: str,
 
 def check_architecture(model: nn.Module, checkpoint: Mapping[str, Any], path: str) -> None:
     """Refuse a checkpoint whose weights do not fit ``model`` (missing, extra or reshaped keys)."""
-    saved = checkpoint.get("state_dict") or {}
+    saved = dict(checkpoint.get("state_dict") or {})
+    rename_state_keys(saved, model)  # old teacher names load (the model's load hook renames)
     expected = model.state_dict()
     missing = [k for k in expected if k not in saved]
     unexpected = [k for k in saved if k not in expected]

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones.pretrained import state_differences
 from ssl_lightning.backbones.spec import build_backbone
+from ssl_lightning.deprecation import rename_state_keys, renamed_prefix
 
 DEFAULT_PREFIX = "backbone."
 #: Checkpoint entry with the backbone's ``{"class_path", "init_args"}`` (written by SSLMethod).
@@ -99,14 +100,18 @@ def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 def backbone_state_dict(
     path: str | os.PathLike, prefix: str = DEFAULT_PREFIX
 ) -> dict[str, Tensor]:
-    """The backbone weights of a checkpoint, with ``prefix`` stripped from their names.
+    """The backbone weights of a checkpoint, with ``prefix`` stripped from their names. Teacher
+    prefixes resolve under their old names too (``key_backbone.``, ``target_backbone.``: see
+    :mod:`ssl_lightning.deprecation`), in the request and in the checkpoint.
 
     Raises:
         FileNotFoundError, ValueError: See :func:`load_checkpoint_state_dict`; also a
             ``ValueError`` when no key starts with ``prefix``.
     """
     state = load_checkpoint_state_dict(path)
-    backbone = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    rename_state_keys(state)
+    wanted = renamed_prefix(prefix)
+    backbone = {k[len(wanted):]: v for k, v in state.items() if k.startswith(wanted)}
     if not backbone:
         tops = sorted({k.split(".", 1)[0] + "." for k in state})
         raise ValueError(

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.callbacks.ema import cosine_momentum
+from ssl_lightning.deprecation import rename_hyperparameters
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
 from ssl_lightning.methods.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.methods.grad_cache import check_micro_batch_size, grad_cached_loss
@@ -96,6 +97,9 @@ class SSLMethod(SeededSteps):
     #: The loss couples the samples of a batch (negatives, batch statistics, Sinkhorn, centre),
     #: so ``accumulate_grad_batches`` changes the objective (a warning says so).
     batch_coupled_loss: ClassVar[bool] = True
+    #: Deprecated constructor argument names of this class -> their new names (accepted with a
+    #: warning for one release, see :mod:`ssl_lightning.deprecation`; never saved).
+    renamed_arguments: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,
@@ -151,6 +155,8 @@ class SSLMethod(SeededSteps):
         if not 0 <= final_lr_ratio <= 1:
             raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}.")
         self.save_hyperparameters(ignore=["backbone"])
+        rename_hyperparameters(self.hparams, type(self))
+        rename_hyperparameters(cast(dict, self._hparams_initial), type(self))  # for loggers
         self._step_targets: Tensor | None = None
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
@@ -254,7 +260,7 @@ class SSLMethod(SeededSteps):
                 raise ValueError(
                     f"{type(self).__name__}.{name} holds {queue.size} embeddings, not a multiple "
                     f"of the global batch {global_batch} ({layout}) that it receives every "
-                    f"step. Use a size of {fits} or {fits + global_batch}, or a batch size "
+                    f"step. Use queue_size {fits} or {fits + global_batch}, or a batch size "
                     f"that divides {queue.size}."
                 )
 
