@@ -43,6 +43,10 @@ class Preset:
         std: Per-channel normalisation standard deviation.
         jitter_strength: SimCLR colour-distortion strength ``s``.
         blur_p: Probability of the Gaussian blur.
+        resize_first: Resize every image to a ``crop_size`` square (shorter side, then a centre
+            crop) before the training views, so that images of any size become images of the
+            preset's size (``"cifar"``: 32 px, a no-op on CIFAR images); otherwise the views crop
+            the image as it is (a random resized crop takes any size).
     """
 
     crop_size: int
@@ -51,11 +55,13 @@ class Preset:
     std: Triple
     jitter_strength: float
     blur_p: float
+    resize_first: bool = False
 
 
 PRESETS: dict[str, Preset] = {
     # CIFAR-10 channel statistics; SimCLR B.9: colour strength 0.5, no blur for CIFAR-10.
-    "cifar": Preset(32, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 0.5, 0.0),
+    "cifar": Preset(32, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 0.5, 0.0,
+                    resize_first=True),
     # ImageNet statistics; SimCLR Appendix A: s=1.0, blur with p=0.5; eval resize 256 -> crop 224.
     "imagenet": Preset(224, 256, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 1.0, 0.5),
 }
@@ -66,6 +72,14 @@ def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"Unknown transform preset {name!r}; choose one of {sorted(PRESETS)}.")
     return PRESETS[name]
+
+
+def preset_resize(preset: Preset, size: int) -> list[Callable]:
+    """``[Resize(size), CenterCrop(size)]`` when ``preset.resize_first`` (images of any size in,
+    ``size`` squares out), else ``[]``."""
+    if not preset.resize_first:
+        return []
+    return [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
 
 
 def _check_probability(name: str, value: float) -> None:
@@ -249,8 +263,9 @@ class SimCLRViews(MultiViewTransform):
     ) -> None:
         _check_positive("num_views", num_views)
         p = get_preset(preset)
+        crop = crop_size if crop_size is not None else p.crop_size
         pipeline = simclr_augmentation(
-            crop_size=crop_size if crop_size is not None else p.crop_size,
+            crop_size=crop,
             mean=mean if mean is not None else p.mean,
             std=std if std is not None else p.std,
             crop_scale=crop_scale,
@@ -260,7 +275,8 @@ class SimCLRViews(MultiViewTransform):
             blur_p=blur_p if blur_p is not None else p.blur_p,
             solarize_p=solarize_p,
         )
-        super().__init__([pipeline] * num_views)
+        resize = preset_resize(p, crop)
+        super().__init__([v2.Compose([*resize, pipeline]) if resize else pipeline] * num_views)
 
 
 class EvalTransform:
@@ -331,6 +347,7 @@ class LinearEvalTransform(MultiViewTransform):
         crop_step = (v2.RandomCrop(crop, padding=4) if preset == "cifar"
                      else v2.RandomResizedCrop(crop, antialias=True))
         pipeline = v2.Compose([
+            *preset_resize(p, crop),
             v2.ToImage(),
             crop_step,
             v2.RandomHorizontalFlip(),
