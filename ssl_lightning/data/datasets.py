@@ -313,11 +313,11 @@ class ImageFolderDataset(Dataset):
             policy.append(path)
         bad = {self.samples[i][0] for i in self._unreadable} | (listed & self._paths)
         if len(bad) > policy.max_fraction * len(self.samples):
+            listing = f"; all listed in {policy.record}" if policy.record is not None else ""
             raise CorruptImageError(
                 f"{len(bad)} of the {len(self.samples)} images under {self.root} are "
-                f"unreadable, more than max_corrupt_fraction={policy.max_fraction:g}"
-                f"{f' (list: {policy.record})' if policy.record is not None else ''}: replace "
-                "or delete them, or raise max_corrupt_fraction.")
+                f"unreadable, more than max_corrupt_fraction={policy.max_fraction:g} (the last: "
+                f"{path}{listing}): replace or delete them, or raise max_corrupt_fraction.")
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"
