@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 
 from ssl_lightning.cli.app import SSLLightningCLI
 from ssl_lightning.cli.errors import CLIError, debug_mode
+from ssl_lightning.data.datasets import CorruptImageError
 
 __all__ = ["SSLLightningCLI", "main"]
 
@@ -58,7 +59,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": project_description()},
         )
-    except CLIError as err:
+    except (CLIError, CorruptImageError) as err:  # an unreadable image file, also during fit
         if debug_mode():
             raise
         sys.stderr.write(f"error: {err}\n")
