@@ -154,6 +154,7 @@ HOSTILE_SPECS = {
     "builtins.eval": lambda m: {},
     "torchvision.models.get_model": lambda m: {"name": "resnet18"},  # allowed package, no model
     "ssl_lightning.backbones.spec.build_backbone": lambda m: {"spec": {}},
+    "ssl_lightning.__main__.main": lambda m: {},  # importing it would run the CLI
 }
 
 
@@ -264,3 +265,17 @@ def test_a_damaged_file_is_one_line_naming_file_cause_and_fix(flag, kind, run_co
     assert fix in line
     for raw in ("Traceback", "PytorchStreamReader", "invalid literal", "KeyError", "OSError"):
         assert raw not in err
+
+
+def test_checkpoints_written_by_fit_load_with_weights_only(run_config, tmp_path) -> None:
+    """Every file ``fit`` writes (last, best, the periodic ones; hyperparameters, callback and
+    loader states, the backbone spec) is plain data, so the safe load needs no exceptions."""
+    run_config(ROOT / "configs" / "simclr.yaml", [
+        "--model.backbone", "SmallConvNet", "--model.backbone.widths", "[8, 16]",
+        "--trainer.fast_dev_run", "false", "--trainer.max_steps", "1",
+        "--trainer.limit_val_batches", "1"])
+    written = sorted(tmp_path.glob("runs/**/*.ckpt"))
+    assert written
+    for path in written:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        assert {"state_dict", "backbone_spec", "callbacks", "hyper_parameters"} <= set(checkpoint)

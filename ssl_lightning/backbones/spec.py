@@ -94,7 +94,7 @@ def _is_built_in_model(obj: Any) -> bool:
 def _refused(class_path: str, source: str) -> ValueError:
     return ValueError(
         f"{source} names the backbone class {class_path!r}, which is not on the allow-list, so "
-        "it is neither imported nor called (a file could name any function). Allowed: "
+        "it is not called (a file could name any function). Allowed: "
         "ssl_lightning backbones, torchvision and timm models, the classes of the config. To "
         f"allow it, name it in the config or set {TRUSTED_CLASSES_ENV}={class_path} "
         "(comma-separated; 'package.*' allows a package), or pass the backbone explicitly "
@@ -103,18 +103,21 @@ def _refused(class_path: str, source: str) -> ValueError:
 
 
 def _allowed_class(class_path: str, source: str) -> Any:
-    """Import ``class_path`` if the allow-list admits it (checked by name before the import, and
-    for built-in packages by what the name resolves to)."""
+    """Import ``class_path`` if the allow-list admits it: checked by name before the import
+    (public names of the built-in packages, or trusted by the user), and for the built-in
+    packages by what the name resolves to."""
     by_user = _trusted_by_user(class_path)
-    if not by_user and not class_path.startswith(_BUILT_IN_PACKAGES):
+    private = any(part.startswith("_") for part in class_path.split("."))  # e.g. __main__
+    if not by_user and (private or not class_path.startswith(_BUILT_IN_PACKAGES)):
         raise _refused(class_path, source)
     module_name, _, name = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as err:
         raise ValueError(
-            f"Cannot import the backbone class {class_path!r} of {source} ({err}); install the "
-            "package that defines it, or pass the backbone explicitly (--model.backbone ...)."
+            f"{source} names the backbone class {class_path!r}, which cannot be imported "
+            f"({err}); install the package that defines it, or pass the backbone explicitly "
+            "(--model.backbone ...)."
         ) from err
     if not by_user and not _is_built_in_model(cls):
         raise _refused(class_path, source)
