@@ -125,7 +125,8 @@ def _checkpoint_with_spec(path: str, module: nn.Module, class_path: str, **init_
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-def test_export_of_an_untraceable_backbone_is_a_clear_error(tmp_path, capsys, fmt):
+def test_export_of_an_untraceable_backbone_is_a_clear_error(tmp_path, capsys, fmt, monkeypatch):
+    monkeypatch.setenv("SSL_LIGHTNING_TRUSTED_CLASSES", f"{__name__}.Untraceable")
     ckpt = _checkpoint_with_spec(str(tmp_path / "m.ckpt"), Untraceable(),
                                  f"{__name__}.Untraceable")
     with pytest.raises(SystemExit):
@@ -134,7 +135,9 @@ def test_export_of_an_untraceable_backbone_is_a_clear_error(tmp_path, capsys, fm
     assert "cannot be" in err and "Untraceable" in err and "--format state_dict" in err
 
 
-def test_export_of_a_checkpoint_whose_spec_does_not_fit_is_a_clear_error(tmp_path, capsys):
+def test_export_of_a_checkpoint_whose_spec_does_not_fit_is_a_clear_error(tmp_path, capsys,
+                                                                         monkeypatch):
+    monkeypatch.setenv("SSL_LIGHTNING_TRUSTED_CLASSES", "torch.nn.Linear")
     out = str(tmp_path / "x.onnx")
     ckpt = _checkpoint_with_spec(str(tmp_path / "a.ckpt"), Untraceable(), "torch.nn.Linear")
     with pytest.raises(SystemExit):  # the spec cannot build (missing constructor arguments)

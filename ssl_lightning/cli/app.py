@@ -21,7 +21,12 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
 
-from ssl_lightning.backbones.spec import SPEC_ATTRIBUTE, backbone_spec
+from ssl_lightning.backbones.spec import (
+    SPEC_ATTRIBUTE,
+    backbone_spec,
+    config_class_paths,
+    trust_classes,
+)
 from ssl_lightning.cli.errors import (
     READABLE,
     CLIError,
@@ -89,6 +94,7 @@ class SSLLightningCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Build trainer, model and data; a constructor's error (also the Trainer's own
         ``MisconfigurationException``) is raised as its own message."""
+        trust_classes(config_class_paths(self.config))  # a checkpoint may name them too
         try:
             super().instantiate_classes()
         except Exception as err:

@@ -170,14 +170,15 @@ READABLE = (ValueError, TypeError, OSError, MisconfigurationException)
 
 
 def constructor_error(err: BaseException) -> BaseException:
-    """The exception a constructor raised, unwrapped from jsonargparse's re-raises: the deepest
-    one of the chain that was not raised inside jsonargparse (``err`` itself if none is)."""
+    """The exception a constructor raised, unwrapped from jsonargparse's re-raises: the
+    outermost one of the chain that was not raised inside jsonargparse (``err`` itself if none
+    is), so a constructor's own message wins over the low-level error it was raised from."""
     chain: list[BaseException] = []
     current: BaseException | None = err
     while current is not None and current not in chain:
         chain.append(current)
         current = current.__cause__ or current.__context__
-    for exc in reversed(chain):
+    for exc in chain:
         frames = traceback.extract_tb(exc.__traceback__)
         if frames and "jsonargparse" not in frames[-1].filename:
             return exc

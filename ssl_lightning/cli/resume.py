@@ -32,15 +32,12 @@ _PREVIOUS = ("Resume from the previous checkpoint (e.g. a best-*.ckpt or an earl
 def read_checkpoint(path: str) -> Mapping[str, Any]:
     """The checkpoint at ``path``, or a :class:`CLIError` naming the file and what to do."""
     try:
-        return load_checkpoint(path)
+        return load_checkpoint(path, "--ckpt_path", _PREVIOUS)
     except FileNotFoundError as err:
         raise CLIError(f"--ckpt_path: {err} Check the path (it is relative to the working "
                        f"directory {os.getcwd()!r}).") from err
     except ValueError as err:
-        size = os.path.getsize(path)
-        state = "is empty (0 bytes)" if size == 0 else f"cannot be read ({size} bytes)"
-        raise CLIError(f"--ckpt_path {path!r} {state}: {err} The file is probably truncated (a "
-                       f"run killed while saving, or a copy cut short). {_PREVIOUS}") from err
+        raise CLIError(str(err)) from err
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
