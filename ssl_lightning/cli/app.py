@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytorch_lightning as pl
 from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.cli import LightningCLI
 from torch import nn
@@ -29,6 +30,7 @@ from ssl_lightning.cli.resume import (
     check_method_and_hyperparameters,
     read_checkpoint,
 )
+from ssl_lightning.io import RunDirectoryLock, with_atomic_checkpoint_io
 
 #: ``ckpt_path`` values Lightning resolves itself (no file to check here).
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -41,6 +43,16 @@ class SSLLightningCLI(LightningCLI):
         self._resume: tuple[str, Mapping[str, Any]] | None = None
         kwargs["parser_class"] = ReadableArgumentParser
         super().__init__(*args, **kwargs)
+
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        """LightningCLI's trainer, writing checkpoints atomically (unless the config names its
+        own checkpoint IO) and holding its run directory (see :mod:`ssl_lightning.io`) from
+        before the config is saved into it."""
+        config = self._get(self.config_init, "trainer", default={})
+        kwargs.setdefault("plugins", with_atomic_checkpoint_io(config.get("plugins")))
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.insert(0, RunDirectoryLock())  # type: ignore[attr-defined]
+        return trainer
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` against the config (LightningCLI's version overwrote the
