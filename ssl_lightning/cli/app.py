@@ -15,6 +15,7 @@ from functools import reduce
 from operator import or_
 from typing import Any
 
+import pytorch_lightning as pl
 from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
@@ -41,6 +42,7 @@ from ssl_lightning.cli.resume import (
     check_method_and_hyperparameters,
     read_checkpoint,
 )
+from ssl_lightning.io import RunDirectoryLock, with_atomic_checkpoint_io
 
 #: ``ckpt_path`` values Lightning resolves itself (no file to check here).
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -78,6 +80,16 @@ class SSLLightningCLI(LightningCLI):
                 # jsonargparse's ActionTypeHint (not public) parses with its _typehint
                 action._typehint = reduce(  # type: ignore[attr-defined]
                     or_, [int, *(m for m in members if m is not int)])
+
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        """LightningCLI's trainer, writing checkpoints atomically (unless the config names its
+        own checkpoint IO) and holding its run directory (see :mod:`ssl_lightning.io`) from
+        before the config is saved into it."""
+        config = self._get(self.config_init, "trainer", default={})
+        kwargs.setdefault("plugins", with_atomic_checkpoint_io(config.get("plugins")))
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.insert(0, RunDirectoryLock())  # type: ignore[attr-defined]
+        return trainer
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` against the config (LightningCLI's version overwrote the
