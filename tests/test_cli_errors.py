@@ -197,6 +197,6 @@ def test_our_error_re_raised_from_a_loader_worker_is_its_own_message() -> None:
         wrapper = ExceptionWrapper(where="in DataLoader worker process 0")
     with pytest.raises(CorruptImageError) as raised:
         wrapper.reraise()
-    assert "Original Traceback" in str(raised.value)
+    assert "Original Traceback" not in str(raised.value)  # CorruptImageError drops it itself
     assert run_error_message(raised.value) == (
         "CorruptImageError: Cannot decode image 'a.jpg': truncated file.")
