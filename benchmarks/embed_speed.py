@@ -49,12 +49,12 @@ def draw(npy: str, folder: str, samples: int) -> None:
     import numpy as np
     from PIL import Image
 
+    from ssl_lightning.evaluation.embed_writers import read_sidecar
     from ssl_lightning.evaluation.embedding_plot import plot_embeddings
     from ssl_lightning.evaluation.projection import project_2d
 
     features = torch.from_numpy(np.load(npy))
-    labels = torch.tensor([int(line.split("\t")[1]) for line in
-                           Path(f"{npy}.paths.tsv").read_text().splitlines()])
+    labels = torch.from_numpy(read_sidecar(npy)[1])
     subset = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))[:samples]
     Path(folder).mkdir(parents=True, exist_ok=True)
     for method, title in (("tsne", "t-SNE"), ("umap", "UMAP")):

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, micro_batch_size: int | None) -> dict[str, flo
         train_transform=UInt8Image(), device_transform=DeviceViews(preset="cifar"),
     )
     model = SimCLR(bn_convnet(tuple(args.widths)), projection_hidden_dim=512,
-                   projection_dim=128, projection_batch_norm=True, temperature=0.2,
+                   projection_dim=128, head_batch_norm=True, temperature=0.2,
                    optimizer="lars", lr=1.0, warmup_epochs=0, micro_batch_size=micro_batch_size)
     settings = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                     enable_model_summary=False, enable_progress_bar=False,

@@ -135,7 +135,7 @@ def main() -> None:
 
     sizes_swav = [g, g] + [loc] * 6
     swav = SwAV(cnn(), num_prototypes=3000, freeze_prototypes_steps=2, warmup_epochs=0,
-                lr=0.6, queue_length=batch * 2, queue_start_epoch=0)
+                lr=0.6, queue_size=batch * 2, queue_start_epoch=0)
     loss, step = fit(swav, sizes_swav, batch, steps, precision, accelerator)
     print(f"SwAV {type(swav.backbone).__name__} 2x{g}+6x{loc} batch {batch} {precision}: loss "
           f"{loss:.4f}, {step * 1e3:.1f} ms/step, {batch / step:.0f} img/s, queue filled "

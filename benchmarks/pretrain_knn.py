@@ -65,9 +65,9 @@ def _method(name: str, args: argparse.Namespace) -> SSLMethod:
 
 METHODS = {
     "simclr": lambda b, q, c: SimCLR(b, projection_dim=128, **c),
-    "simclr_bank": lambda b, q, c: SimCLR(b, projection_dim=128, memory_bank_size=q, **c),
-    "nnclr": lambda b, q, c: NNCLR(b, projection_dim=128, prediction_hidden_dim=512,
-                                   support_set_size=q, **c),
+    "simclr_bank": lambda b, q, c: SimCLR(b, projection_dim=128, queue_size=q, **c),
+    "nnclr": lambda b, q, c: NNCLR(b, projection_dim=128, predictor_hidden_dim=512,
+                                   queue_size=q, **c),
     "dcl": lambda b, q, c: DCL(b, projection_dim=128, **c),
     "dclw": lambda b, q, c: DCL(b, projection_dim=128, weight_sigma=0.5, **c),
     "supcon": lambda b, q, c: SupCon(b, projection_dim=128, **c),

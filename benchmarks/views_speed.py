@@ -7,7 +7,7 @@
 - ``DeviceViews (CPU)``: ours, decode per image to uint8 (:class:`UInt8Image`), then the batched
   augmentation of :class:`DeviceViews` on the CPU, ``--batch`` images per call (the same code runs
   on the GPU in ``on_after_batch_transfer``, or in the loader workers' collate on CPU).
-- ``seeded``: the same pipelines as the data modules run them since exact resume (issue 11):
+- ``seeded``: the same pipelines as the data modules run them for exact resume:
   per image through :class:`SeededDataset` (the global RNG seeded per sample and per view, and
   restored); batched through ``SeededDataset(with_seed=True)`` and the loader's
   :class:`BatchedViewsCollate` (counter-based draws from per-sample seeds), i.e. exactly what a

@@ -1,4 +1,5 @@
-"""The commands beside LightningCLI's (``embed``, ``export``) and the top-level help text."""
+"""The commands beside LightningCLI's (``embed``, ``export``, ``list``) and the top-level help
+text."""
 
 from __future__ import annotations
 
@@ -19,8 +20,16 @@ def _export(args: list[str]) -> Any:
     return main(args)
 
 
+def _list(args: list[str]) -> Any:
+    from ssl_lightning.cli.listing import main
+
+    return main(args)
+
+
 #: ``python -m ssl_lightning <name> ...`` commands that are not LightningCLI subcommands.
-EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {"embed": _embed, "export": _export}
+EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
+    "embed": _embed, "export": _export, "list": _list,
+}
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -41,5 +50,6 @@ def project_description() -> str:
         f"Methods: {', '.join(methods)}.",
         f"Configs ({CONFIGS_DIR}): {', '.join(configs) or 'none found (installed package)'}.",
         "Commands: fit/validate/test/predict (LightningCLI, e.g. `fit --config "
-        "configs/simclr.yaml`), embed (`embed --help`), export (`export --help`).",
+        "configs/simclr.yaml`), embed (`embed --help`), export (`export --help`), "
+        "list (`list methods|backbones|configs [--filter TEXT]`).",
     ])

@@ -5,13 +5,31 @@ Methods gather through Lightning (``self.all_gather(x, sync_grads=True)``) and r
 uses :func:`all_gather_with_grad`. Both keep the full gradient: the backward of an all-gather
 sums, over ranks, the gradient that flowed into this rank's slice, so that with DDP's gradient
 averaging every rank ends up with the gradient of the *mean of the rank losses*.
+
+Importing this module registers :func:`destroy_process_group_at_exit` with ``atexit``.
 """
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy the default process group, if one is initialised, before the interpreter exits.
+
+    Lightning does this at exit for NCCL only; a gloo group left to the interpreter's shutdown
+    destroys its threads too late, and a finished 2-process run can then abort at exit
+    ("terminate called without an active exception", SIGABRT).
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+atexit.register(destroy_process_group_at_exit)
 
 
 def is_distributed() -> bool:

@@ -67,6 +67,18 @@ def _resolve_class(class_path: str) -> type:
     return getattr(__import__(module, fromlist=[name]), name)
 
 
+def read_config(config_path: str | Path) -> dict:
+    """A config file as the CLI reads it: ``trainer.callbacks`` given as a path (a shared piece,
+    e.g. ``shared/pretrain_callbacks.yaml``) is loaded relative to the including file."""
+    config_path = Path(config_path)
+    config = yaml.safe_load(config_path.read_text())
+    trainer = config.get("trainer") or {}
+    if isinstance(trainer.get("callbacks"), str):
+        trainer["callbacks"] = yaml.safe_load(
+            (config_path.parent / trainer["callbacks"]).read_text())
+    return config
+
+
 def tiny_data_args(config_path: Path, data_root: Path) -> list[str]:
     """CLI overrides pointing the config's data module at ``data_root`` with tiny loaders."""
     from ssl_lightning.data import SSLDataModule

@@ -1,4 +1,4 @@
-"""Exact-resume harness (issue 11): fit every method on a tiny image folder with the real data
+"""Exact-resume harness: fit every method on a tiny image folder with the real data
 modules and random augmentations, in a process of its own.
 
 Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs
@@ -60,7 +60,7 @@ def _net() -> SmallConvNet:
 
 METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "simclr": lambda: SimCLR(_net(), projection_hidden_dim=8, projection_dim=4,
-                             projection_batch_norm=True, **OPT),
+                             head_batch_norm=True, **OPT),
     "moco_v2": lambda: MoCoV2(_net(), projection_hidden_dim=8, projection_dim=4, queue_size=8,
                               momentum_base=0.9, **OPT),
     "moco_v3": lambda: MoCoV3(_net(), projection_hidden_dim=8, projection_dim=4,
@@ -70,7 +70,7 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "dino": lambda: DINO(_net(), head_out_dim=16, head_hidden_dim=8, head_bottleneck_dim=4,
                          warmup_teacher_temperature_epochs=1, freeze_last_layer_epochs=1, **OPT),
     "swav": lambda: SwAV(_net(), projection_hidden_dim=8, projection_dim=4, num_prototypes=6,
-                         freeze_prototypes_steps=3, queue_length=8, queue_start_epoch=1, **OPT),
+                         freeze_prototypes_steps=3, queue_size=8, queue_start_epoch=1, **OPT),
     "vicreg": lambda: VICReg(_net(), expander_hidden_dim=8, expander_dim=6,
                              **{**OPT, "lr": 0.02}),
     "barlow_twins": lambda: BarlowTwins(_net(), projection_hidden_dim=8, projection_dim=6, **OPT),

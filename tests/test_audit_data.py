@@ -159,7 +159,7 @@ def test_knn_with_limit_val_batches_on_class_sorted_data(tmp_path):
         _noise_folder(tmp_path / split, classes=4, per_class=8)
     dm = CIFAR10DataModule(root=str(tmp_path), num_workers=0, batch_size=8)
     model = SimCLR(SmallConvNet((4, 8)), projection_hidden_dim=8, projection_dim=4,
-                   projection_batch_norm=False)
+                   head_batch_norm=False)
     trainer = pl.Trainer(accelerator="cpu", limit_val_batches=1, logger=False,
                          callbacks=[KNNCallback(k=5)], enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=tmp_path)

@@ -29,15 +29,15 @@ from ssl_lightning.losses import NTXentLoss
 
 SMALL = {"projection_hidden_dim": 8, "projection_dim": 4}
 NEEDS_TWO = {
-    SimCLR: dict(SMALL, projection_batch_norm=False),
+    SimCLR: dict(SMALL, head_batch_norm=False),
     MoCoV3: dict(SMALL, head_batch_norm=False),
-    VICReg: {"expander_hidden_dim": 8, "expander_dim": 4, "expander_batch_norm": False},
-    BarlowTwins: dict(SMALL, projection_batch_norm=False),
-    SwAV: dict(SMALL, projection_batch_norm=False, num_prototypes=5),
+    VICReg: {"expander_hidden_dim": 8, "expander_dim": 4, "head_batch_norm": False},
+    BarlowTwins: dict(SMALL, head_batch_norm=False),
+    SwAV: dict(SMALL, head_batch_norm=False, num_prototypes=5),
 }
 BATCH_OF_ONE_IS_FINE = {
     BYOL: dict(SMALL, head_batch_norm=False),
-    SimSiam: dict(SMALL, batch_norm=False, predictor_hidden_dim=4),
+    SimSiam: dict(SMALL, head_batch_norm=False, predictor_hidden_dim=4),
     MoCoV2: dict(SMALL, queue_size=8),  # negatives come from the queue
     DINO: {"head_out_dim": 8, "head_hidden_dim": 8, "head_bottleneck_dim": 4},
 }
@@ -106,19 +106,19 @@ def test_two_view_method_warns_once_about_ignored_multicrop_views():
     assert _audit_warnings(caught) == []  # multi-crop methods use every view
 
 
-def test_swav_queue_length_is_checked_at_setup():
-    model = SwAV(SmallConvNet((4, 8)), queue_length=100, **NEEDS_TWO[SwAV])
+def test_swav_queue_size_is_checked_at_setup():
+    model = SwAV(SmallConvNet((4, 8)), queue_size=100, **NEEDS_TWO[SwAV])
     _with_trainer(model, 4, 2).setup("fit")
-    model = SwAV(SmallConvNet((4, 8)), queue_length=100, **NEEDS_TWO[SwAV])
-    with pytest.raises(ValueError, match=r"SwAV queue_length=100 is not divisible by the 3 "
-                                         r"processes .* Use queue_length: 102 or 99\."):
+    model = SwAV(SmallConvNet((4, 8)), queue_size=100, **NEEDS_TWO[SwAV])
+    with pytest.raises(ValueError, match=r"SwAV queue_size=100 is not divisible by the 3 "
+                                         r"processes .* Use queue_size: 102 or 99\."):
         _with_trainer(model, 4, 3).setup("fit")
 
 
 @pytest.mark.parametrize(("cls", "kwargs", "queue"), [
     (MoCoV2, dict(SMALL, queue_size=12), "queue"),
-    (NNCLR, dict(SMALL, support_set_size=12, prediction_hidden_dim=8), "support_set"),
-    (SimCLR, dict(SMALL, memory_bank_size=12), "criterion.bank"),
+    (NNCLR, dict(SMALL, queue_size=12, predictor_hidden_dim=8), "support_set"),
+    (SimCLR, dict(SMALL, queue_size=12), "criterion.bank"),
 ])
 def test_a_queue_not_divided_by_the_global_batch_is_refused_when_fit_starts(cls, kwargs, queue):
     """12 = 3 steps of 4 on one process, but not a whole number of steps of 4 x 2 processes
@@ -127,5 +127,5 @@ def test_a_queue_not_divided_by_the_global_batch_is_refused_when_fit_starts(cls,
     model = _with_trainer(cls(SmallConvNet((8,)), **kwargs), batch_size=4, world_size=2)
     with pytest.raises(ValueError, match=(
             rf"{cls.__name__}.{queue} holds 12 embeddings, not a multiple of the global batch 8 "
-            r"\(batch_size=4 x 2 process\(es\)\).*Use a size of 8 or 16")):
+            r"\(batch_size=4 x 2 process\(es\)\).*Use queue_size 8 or 16")):
         model.on_fit_start()

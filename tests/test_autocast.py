@@ -119,7 +119,7 @@ def test_nt_xent_in_bf16_would_fail_the_tolerance():
 def _simclr(**kwargs: bool) -> SimCLR:
     torch.manual_seed(0)
     return SimCLR(SmallConvNet((8, 16)), projection_hidden_dim=16, projection_dim=8,
-                  projection_batch_norm=False, optimizer="sgd", **kwargs)
+                  head_batch_norm=False, optimizer="sgd", **kwargs)
 
 
 def test_channels_last_option_changes_layout_not_results():

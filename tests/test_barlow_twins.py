@@ -1,4 +1,4 @@
-"""Issue 5, checks 1 and 3 for Barlow Twins: the loss against a loop reference of the paper's
+"""Barlow Twins: the loss against a loop reference of the paper's
 formula, invariance to per-feature affine maps, fp32 under bf16 autocast, exact resume."""
 
 import math

@@ -1,4 +1,4 @@
-"""BYOL on 2 gloo processes vs one process with the global batch (issue 3, check 3).
+"""BYOL on 2 gloo processes vs one process with the global batch.
 
 BatchNorm-free backbone and heads, float64, deterministic views; rank r gets samples ``r::2``.
 """
@@ -33,7 +33,7 @@ def test_byol_loss_and_gradients_match_single_process() -> None:
     single = _byol_grads(0, 1)
     torch.testing.assert_close(sum(r["loss"] for r in ranks) / 2, single["loss"], atol=1e-10,
                                rtol=0)
-    assert not any(n.startswith("target_") for n in single["grads"])  # target: no gradient
+    assert not any(n.startswith("teacher_") for n in single["grads"])  # target: no gradient
     assert {n.split(".")[0] for n in single["grads"]} == {"backbone", "projector", "predictor"}
     for name, grad in single["grads"].items():
         for result in ranks:

@@ -1,4 +1,4 @@
-"""The BYOL loss against Eq. (2) of the paper (issue 3, check 2) and under bf16 autocast."""
+"""The BYOL loss against Eq. (2) of the paper and under bf16 autocast."""
 
 from __future__ import annotations
 

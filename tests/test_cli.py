@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from pytorch_lightning.callbacks import LearningRateMonitor
 
 from ssl_lightning import SimCLR, SmallConvNet
 from ssl_lightning.cli import main
@@ -38,7 +39,7 @@ model:
       init_args: {widths: [8, 16]}
     projection_hidden_dim: 16
     projection_dim: 8
-    projection_batch_norm: false
+    head_batch_norm: false
     optimizer: sgd
     lr: 0.1
     lr_scaling: none
@@ -130,3 +131,43 @@ def test_python_dash_m_entry_point() -> None:
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "--model" in result.stdout
+
+
+@pytest.mark.parametrize(("value", "batches"), [("1", 1), ("0.5", 3)])
+@pytest.mark.parametrize("source", ["command line", "yaml"])
+def test_limit_train_batches_int_counts_batches_float_is_a_fraction(
+        tiny_config: Path, tmp_path: Path, value: str, batches: int, source: str) -> None:
+    """24 images in batches of 4: 6 batches an epoch; ``1`` is one batch, ``0.5`` half."""
+    if source == "yaml":
+        extra = tmp_path / "limit.yaml"
+        extra.write_text(f"trainer: {{limit_train_batches: {value}}}\n")
+        args = ["--config", str(extra)]
+    else:
+        args = ["--trainer.limit_train_batches", value]
+    cli = main(["fit", "--config", str(tiny_config), *args, "--trainer.max_steps", "-1",
+                "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0"])
+    assert cli.trainer.num_training_batches == batches
+    assert cli.trainer.global_step == batches
+
+
+def test_every_batch_count_argument_keeps_an_integer_an_int(tiny_config: Path) -> None:
+    from ssl_lightning.cli.app import BATCH_COUNT_ARGUMENTS
+
+    args = [arg for name in BATCH_COUNT_ARGUMENTS for arg in (f"--trainer.{name}", "1")]
+    cli = main(["--config", str(tiny_config), *args], run=False)
+    for name in BATCH_COUNT_ARGUMENTS:
+        assert type(cli.config.trainer[name]) is int, name
+    cli = main(["--config", str(tiny_config), "--trainer.limit_val_batches", "1.0"], run=False)
+    assert type(cli.config.trainer.limit_val_batches) is float
+
+
+def test_fit_without_logger_drops_the_lr_monitor(tiny_config: Path, tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO"):
+        cli = main(["fit", "--config", str(tiny_config), "--trainer.logger", "false",
+                    "--trainer.callbacks+=LearningRateMonitor", "--trainer.max_steps", "1",
+                    "--trainer.limit_val_batches", "0"])
+    assert cli.trainer.global_step == 1
+    assert not any(isinstance(c, LearningRateMonitor) for c in cli.trainer.callbacks)
+    notes = [r.getMessage() for r in caplog.records if "LearningRateMonitor" in r.getMessage()]
+    assert len(notes) == 1 and "dropped" in notes[0]

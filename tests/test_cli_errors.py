@@ -1,18 +1,25 @@
-"""Issue 10, items 6 and 7: errors reach the user readably through ``ssl_lightning.cli.main``:
-a constructor's ``ValueError`` as its own message, an unknown ``class_path`` with the closest
-name and the available ones, ``sync_batchnorm`` on CPU processes refused before training, and a
-backbone that is not an ``nn.Module`` instance named."""
+"""Errors reach the user readably through ``ssl_lightning.cli.main``: a constructor's
+``ValueError`` as its own message, an unknown ``class_path`` with the closest name and the
+available ones, LightningCLI's automatic ``--optimizer`` refused, ``sync_batchnorm`` on CPU
+processes refused before training, a backbone that is not an ``nn.Module`` instance named, and
+a setting refused while the run sets up as one line (a bug keeps its traceback)."""
 
 from __future__ import annotations
 
 import re
+import traceback
 from pathlib import Path
 
 import pytest
 import yaml
+from torch._utils import ExceptionWrapper
+from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ssl_lightning import SimCLR, SmallConvNet
 from ssl_lightning.cli import main
+from ssl_lightning.cli.errors import run_error_message
+from ssl_lightning.data.datasets import CorruptImageError, check_directory
+from ssl_lightning.training.divergence import TrainingDivergedError
 
 CONFIG = """
 trainer: {accelerator: cpu, devices: 1, max_steps: 1, logger: false}
@@ -75,7 +82,7 @@ def test_parser_errors_name_the_option_without_union_noise(fit, capsys) -> None:
 
 
 def test_sync_batchnorm_on_cpu_processes_is_refused_before_training(fit, capsys) -> None:
-    err = _stderr(capsys, fit, "--model.projection_batch_norm", "true", "--trainer.devices", "2",
+    err = _stderr(capsys, fit, "--model.head_batch_norm", "true", "--trainer.devices", "2",
                   "--trainer.strategy", "ddp_spawn", "--trainer.sync_batchnorm", "true", code=1)
     assert "SyncBatchNorm does not run on CPU" in err
     assert "Pass --trainer.sync_batchnorm false" in err
@@ -95,3 +102,101 @@ def test_a_trainer_misconfiguration_is_printed_as_its_own_message(fit, capsys) -
                   "--trainer.enable_progress_bar", "false", code=1)
     assert err.startswith("error: MisconfigurationException: Trainer was configured with "
                           "`enable_progress_bar=False` but found `TQDMProgressBar`"), err
+
+
+@pytest.mark.parametrize("args", [["--optimizer", "torch.optim.Adam"],
+                                  ["--optimizer=Adam", "--optimizer.lr", "0.1"],
+                                  ["--lr_scheduler", "torch.optim.lr_scheduler.StepLR"]])
+def test_lightning_automatic_optimizer_options_are_refused(fit, capsys, args) -> None:
+    err = _stderr(capsys, fit, *args, code=2)
+    option = args[0].partition("=")[0]
+    assert err.startswith(f"error: {option}: there is no --optimizer or --lr_scheduler option")
+    assert "--model.init_args.optimizer (or --model.optimizer) lars|sgd|adamw" in err
+
+
+def test_automatic_optimizer_in_a_config_file_is_refused(fit, capsys, tmp_path: Path) -> None:
+    extra = tmp_path / "adam.yaml"
+    extra.write_text("optimizer: {class_path: torch.optim.Adam, init_args: {lr: 0.1}}\n")
+    err = _stderr(capsys, fit, "--config", str(extra), code=2)
+    assert err.startswith("error: --optimizer: there is no --optimizer")
+    assert "--model.init_args.optimizer" in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--data.init_args.batch_size", "1"],
+     "error: SimCLR needs a global batch (batch_size x processes) of >= 2, got batch_size=1 x 1 "
+     "process(es)"),
+    (["--model.init_args.queue_size", "10"],
+     "error: SimCLR.criterion.bank holds 10 embeddings, not a multiple of the global batch 4"),
+    (["--model", "MoCoV2", "--model.init_args.queue_size", "10"],
+     "error: MoCoV2.queue holds 10 embeddings, not a multiple of the global batch 4"),
+    (["--data.init_args.root", "missing"], "error: FileNotFoundError: "),
+])
+def test_a_setting_refused_at_set_up_is_printed_as_one_line(fit, capsys, args, message) -> None:
+    err = _stderr(capsys, fit, *args, code=1)
+    assert err.startswith(message), err
+
+
+def test_an_error_of_our_own_type_during_training_is_one_line(fit, capsys, monkeypatch) -> None:
+    def diverge(self, *args, **kwargs):
+        raise TrainingDivergedError("Training diverged: the loss is nan at global step 0.")
+
+    monkeypatch.setattr("ssl_lightning.methods.base.check_finite_loss", diverge)
+    err = _stderr(capsys, fit, code=1)
+    assert err == ("error: TrainingDivergedError: Training diverged: the loss is nan at global "
+                   "step 0.\n")
+
+
+def test_a_bug_at_set_up_keeps_its_traceback(fit, monkeypatch) -> None:
+    """Raised outside ssl_lightning's checks (here: by the test), or not a settings error."""
+    def fail(self) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(SimCLR, "on_fit_start", fail)
+    with pytest.raises(ValueError, match="a bug"):
+        fit()
+    monkeypatch.setattr(SimCLR, "on_fit_start", lambda self: [][0])
+    with pytest.raises(IndexError):
+        fit()
+
+
+def test_debug_mode_keeps_the_traceback_of_a_set_up_error(fit, monkeypatch) -> None:
+    monkeypatch.setenv("JSONARGPARSE_DEBUG", "true")
+    with pytest.raises(ValueError, match="SimCLR needs a global batch"):
+        fit("--data.init_args.batch_size", "1")
+
+
+def _spawned(error: Exception) -> ProcessRaisedException:
+    """``error`` as ``ddp_spawn`` re-raises it in the main process: the text of its traceback."""
+    try:
+        raise error
+    except Exception:
+        trace = traceback.format_exc()
+    return ProcessRaisedException(
+        f"\n\n-- Process 1 terminated with the following error:\n{trace}", 1, 0)
+
+
+def test_a_set_up_error_of_a_spawned_process_is_one_line(tmp_path: Path) -> None:
+    try:
+        check_directory(tmp_path / "missing")
+    except FileNotFoundError as err:
+        spawned = _spawned(err)
+    assert run_error_message(spawned) == (
+        f"FileNotFoundError: Data directory {tmp_path / 'missing'} does not exist.")
+    assert run_error_message(_spawned(ValueError("raised outside ssl_lightning"))) is None
+    diverged = _spawned(TrainingDivergedError("Training diverged: the loss is nan."))
+    assert run_error_message(diverged) == ("TrainingDivergedError: Training diverged: the loss "
+                                           "is nan.")
+
+
+def test_our_error_re_raised_from_a_loader_worker_is_its_own_message() -> None:
+    """torch re-raises a worker's exception with the worker's traceback in its message."""
+    try:
+        raise CorruptImageError("Cannot decode image 'a.jpg': truncated file.")
+    except CorruptImageError:
+        wrapper = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(CorruptImageError) as raised:
+        wrapper.reraise()
+    assert "Original Traceback" not in str(raised.value)  # CorruptImageError drops it itself
+    assert run_error_message(raised.value) == (
+        "CorruptImageError: Cannot decode image 'a.jpg': truncated file.")

@@ -1,4 +1,4 @@
-"""Issue 10, items 3, 4 and 7: ``--ckpt_path`` through the real CLI (``ssl_lightning.cli.main``).
+"""``--ckpt_path`` through the real CLI (``ssl_lightning.cli.main``).
 
 A 1-epoch SimCLR run (tiny image folder: 24 images, batch 4 -> 6 steps) writes the checkpoint
 every test resumes from. The resumed lr is compared with WarmupCosine written out from its
@@ -40,7 +40,7 @@ model:
       init_args: {widths: [8, 16]}
     projection_hidden_dim: 16
     projection_dim: 8
-    projection_batch_norm: false
+    head_batch_norm: false
     optimizer: sgd
     lr: 0.1
     lr_scaling: linear
@@ -171,7 +171,7 @@ def _error(capsys, run, *args: str, **kwargs) -> str:
 def test_checkpoint_of_another_method_is_refused(first_run, resume, capsys, tmp_path) -> None:
     byol = yaml.safe_load(first_run[1].read_text())
     byol["model"]["class_path"] = "BYOL"
-    del byol["model"]["init_args"]["projection_batch_norm"]
+    del byol["model"]["init_args"]["head_batch_norm"]
     path = tmp_path / "byol.yaml"
     path.write_text(yaml.safe_dump(byol))
     err = _error(capsys, resume, config_path=path)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -29,7 +30,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "moco_v3.yaml": ["--model.init_args.projection_hidden_dim", "64"],
     "byol.yaml": ["--model.init_args.projection_hidden_dim", "64"],
     "nnclr.yaml": ["--model.init_args.projection_hidden_dim", "64",
-                   "--model.init_args.prediction_hidden_dim", "64"],
+                   "--model.init_args.predictor_hidden_dim", "64"],
     "moco_v3_vit.yaml": ["--model.init_args.projection_hidden_dim", "64",
                          "--model.init_args.backbone.init_args.depth", "2"],
     "mae.yaml": ["--model.init_args.backbone.init_args.depth", "1",
@@ -80,7 +81,7 @@ def test_config_runs_through_the_cli(
     subcommand = SUBCOMMANDS.get(config.name, "fit")
     cli = run_config(config, extra, subcommand=subcommand)
     assert cli.trainer.state.finished
-    declared = yaml.safe_load(config.read_text())
+    declared = read_config(config)
     assert type(cli.model).__name__ == declared["model"]["class_path"].rpartition(".")[2]
     metrics = cli.trainer.callback_metrics
     if subcommand == "fit":
@@ -93,7 +94,7 @@ def test_config_runs_through_the_cli(
 
 
 def test_simclr_config_has_the_documented_defaults() -> None:
-    config = yaml.safe_load((ROOT / "configs" / "simclr.yaml").read_text())
+    config = read_config(ROOT / "configs" / "simclr.yaml")
     trainer, model = config["trainer"], config["model"]["init_args"]
     assert trainer["logger"]["init_args"] == {"save_dir": "runs", "name": "simclr"}
     callbacks = {c["class_path"].rpartition(".")[2]: c.get("init_args", {})
@@ -107,3 +108,12 @@ def test_simclr_config_has_the_documented_defaults() -> None:
     assert model["temperature"] == 0.5 and model["optimizer"] == "lars"
     assert config["data"]["init_args"]["root"] == "data/cifar10"
 
+
+
+def test_pretraining_configs_share_one_callbacks_piece() -> None:
+    """The checkpoint / kNN / probe callbacks are written once, in configs/shared/."""
+    pretraining = [c for c in CONFIGS if c.name not in SUBCOMMANDS and c.name not in PREPARE]
+    assert len(pretraining) >= 16
+    for config in pretraining:
+        callbacks = yaml.safe_load(config.read_text())["trainer"]["callbacks"]
+        assert callbacks == "shared/pretrain_callbacks.yaml", config.name

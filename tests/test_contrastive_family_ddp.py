@@ -1,4 +1,4 @@
-"""Issue 15: NNCLR, DCL(W), SupCon and NT-Xent with a memory bank under 2-process DDP (gloo, CPU,
+"""NNCLR, DCL(W), SupCon and NT-Xent with a memory bank under 2-process DDP (gloo, CPU,
 float64) equal one process holding the global batch: per-step loss (mean over ranks), parameter
 gradients (averaged like DDP), the support set / bank, over 2 SGD steps (the support set and the
 bank hold the embeddings of step 1 in step 2). Two known-bad NNCLR variants must differ: a support
@@ -54,16 +54,16 @@ def _make(name: str) -> Any:
     if name.startswith("nnclr"):
         cls = {"nnclr": NNCLR, "nnclr_local_support": _LocalSupportSetNNCLR,
                "nnclr_local_loss": _LocalLossNNCLR}[name]
-        model = cls(backbone, prediction_hidden_dim=16, head_batch_norm=False,
-                    support_set_size=8, temperature=0.2, **heads)
+        model = cls(backbone, predictor_hidden_dim=16, head_batch_norm=False,
+                    queue_size=8, temperature=0.2, **heads)
     elif name == "dclw":
-        model = DCL(backbone, projection_batch_norm=False, weight_sigma=0.5, temperature=0.2,
+        model = DCL(backbone, head_batch_norm=False, weight_sigma=0.5, temperature=0.2,
                     loss_chunk_size=3, **heads)
     elif name == "supcon":
-        model = SupCon(backbone, projection_batch_norm=False, temperature=0.2,
+        model = SupCon(backbone, head_batch_norm=False, temperature=0.2,
                        loss_chunk_size=3, **heads)
     else:
-        model = SimCLR(backbone, projection_batch_norm=False, memory_bank_size=8, margin=0.1,
+        model = SimCLR(backbone, head_batch_norm=False, queue_size=8, margin=0.1,
                        temperature=0.2, **heads)
     return model.double()
 

@@ -1,4 +1,4 @@
-"""Issue 15 (and issue 10 item 8): DCL/DCLW, SupCon, the NNCLR loss and NT-Xent's memory bank and
+"""DCL/DCLW, SupCon, the NNCLR loss and NT-Xent's memory bank and
 margin against float64 loop references of their papers' equations; properties (DCL's denominator
 has no positive, DCLW's weights, SupCon with one positive is NT-Xent, the margin's closed form);
 chunked = dense; float64 kept, half promoted; fp32 precision at T = 0.07; bad input."""
@@ -261,7 +261,7 @@ def test_float64_stays_float64_and_half_is_promoted(chunk_size: int | None) -> N
 
 
 def test_chunked_nt_xent_fp32_precision_at_low_temperature_on_a_nearly_solved_batch() -> None:
-    """Issue 10 item 8: at T = 0.07 with positives much closer than any negative, the fp32 loss
+    """At T = 0.07 with positives much closer than any negative, the fp32 loss
     (~1e-4) must agree with the float64 one to 1e-5 relative, chunked as well as dense."""
     g = torch.Generator().manual_seed(0)
     z1 = torch.randn(64, 32, generator=g, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Issue 15: exact resume of NNCLR's support set and NT-Xent's memory bank. A 2-epoch run and the
+"""Exact resume of NNCLR's support set and NT-Xent's memory bank. A 2-epoch run and the
 same run stopped after epoch 1 and resumed from its last.ckpt end with identical weights, optimizer
 state and queue contents and pointers (Lightning Trainer, CPU, precomputed views). SupCon trains
 through the same run on the dataset's targets (the path ``training_step`` gives them)."""
@@ -34,10 +34,10 @@ def _model(name: str) -> pl.LightningModule:
     common = dict(projection_hidden_dim=16, projection_dim=8, optimizer="sgd", lr=0.5,
                   warmup_epochs=0.5)
     if name == "nnclr":  # 2 steps per epoch of 4 -> the queue wraps around in epoch 2
-        return NNCLR(backbone, prediction_hidden_dim=16, support_set_size=12, **common)
+        return NNCLR(backbone, predictor_hidden_dim=16, queue_size=12, **common)
     if name == "supcon":
         return SupCon(backbone, **common)
-    return SimCLR(backbone, memory_bank_size=12, margin=0.1, **common)
+    return SimCLR(backbone, queue_size=12, margin=0.1, **common)
 
 
 def _data() -> TensorDataModule:

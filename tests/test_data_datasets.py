@@ -77,3 +77,20 @@ def test_corrupt_image_error_names_the_file(tmp_path: Path, make_image_folder, d
         dataset[1]
     with pytest.raises(CorruptImageError):
         load_image(bad)
+
+
+def test_symlink_loops_and_duplicate_links_list_each_real_file_once(
+    tmp_path: Path, make_image_folder
+) -> None:
+    flat = make_image_folder(tmp_path / "flat", classes=1, per_class=3) / "class_0"
+    (flat / "sub").mkdir()
+    (flat / "sub" / "loop").symlink_to("..", target_is_directory=True)
+    (flat / "again.jpg").symlink_to(flat / "001.jpg")
+    (flat / "same_dir").symlink_to(flat / "sub", target_is_directory=True)
+    dataset = ImageFolderDataset(flat)
+    assert [Path(p).name for p, _ in dataset.samples] == ["000.jpg", "001.jpg", "002.jpg"]
+    labeled = make_image_folder(tmp_path / "labeled", classes=2, per_class=2)
+    (labeled / "class_0" / "up").symlink_to("..", target_is_directory=True)
+    (labeled / "root_link").symlink_to(".", target_is_directory=True)
+    dataset = ImageFolderDataset(labeled)
+    assert dataset.classes == ["class_0", "class_1"] and dataset.targets == [0, 0, 1, 1]

@@ -157,9 +157,9 @@ def test_corrupt_image_surfaces_through_worker_processes(
     root = make_image_folder(tmp_path, classes=1, per_class=4) / "class_0"
     (root / "002.jpg").write_bytes(b"\xff\xd8 broken")
     dm = ImageFolderDataModule(str(root), preset="cifar", batch_size=4, num_workers=1,
-                               persistent_workers=True, prefetch_factor=1)
+                               persistent_workers=True, prefetch_factor=1, on_error="raise")
     dm.setup("fit")
-    with pytest.raises(CorruptImageError, match="002.jpg"):
+    with pytest.raises(CorruptImageError, match=r"^Cannot read image file \S*002.jpg[^\n]*$"):
         next(iter(dm.train_dataloader()))
 
 
@@ -176,7 +176,7 @@ def test_multi_size_views_collate_per_position(tiny_image_folder: Path) -> None:
 
 def _tiny_simclr() -> SimCLR:
     return SimCLR(SmallConvNet((8, 16)), projection_hidden_dim=16, projection_dim=8,
-                  projection_batch_norm=False, optimizer="sgd", lr=0.1, lr_scaling="none",
+                  head_batch_norm=False, optimizer="sgd", lr=0.1, lr_scaling="none",
                   warmup_epochs=0)
 
 

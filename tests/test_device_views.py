@@ -143,7 +143,7 @@ def test_uint8_image_decoding():
     assert full.shape == (3, 40, 50) and full.dtype == torch.uint8
     assert square.shape == (3, 24, 24) and square[:, 5, 5].tolist() == [10, 200, 30]
     assert UInt8Image.for_preset("imagenet").size == 256
-    assert UInt8Image.for_preset("cifar").size is None
+    assert UInt8Image.for_preset("cifar").size == 32
 
 
 def test_data_module_hook_makes_views_only_while_training():

@@ -1,4 +1,4 @@
-"""EMA teacher update, momentum schedule and the callback (issue 3, check 1)."""
+"""EMA teacher update, momentum schedule and the callback."""
 
 from __future__ import annotations
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import csv
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from disk_utils import small_tmpfs
 from evaluation_helpers import simclr_checkpoint
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.cli import main as cli_main
 from ssl_lightning.data import EvalTransform, ImageFolderDataset
+from ssl_lightning.evaluation.embed_writers import read_sidecar
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +41,10 @@ def embedded(tmp_path_factory, make_image_folder):
 
 def _read(path: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
     if path.suffix == ".npy":
-        lines = Path(f"{path}.paths.tsv").read_text().splitlines()
-        return ([line.split("\t")[0] for line in lines],
-                np.array([int(line.split("\t")[1]) for line in lines]), np.load(path))
+        paths, labels = read_sidecar(path)
+        return paths, labels, np.load(path)
     if path.suffix == ".csv":
-        rows = list(csv.reader(path.open()))[1:]
+        rows = list(csv.reader(path.open(newline="", encoding="utf-8")))[1:]
         return ([r[0] for r in rows], np.array([int(r[1]) for r in rows]),
                 np.array([[float(v) for v in r[2:]] for r in rows]))
     if path.suffix == ".parquet":
@@ -94,6 +97,84 @@ def test_embed_bad_input_is_a_clear_error(embedded, tmp_path, capsys):
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "e.npy").exists()  # no partial output left behind
+
+
+def _embed(ckpt: str, images: Path | str, output: Path | str, *args: str) -> None:
+    cli_main(["embed", "--checkpoint", ckpt, "--images", str(images), "--output", str(output),
+              *args])
+
+
+def test_a_refused_output_leaves_an_existing_file_byte_identical(embedded, tmp_path, capsys):
+    ckpt, folder, _, _ = embedded
+    victim = tmp_path / "victim.ckpt"
+    victim.write_bytes(b"a training checkpoint")
+    own = tmp_path / "own.pt"  # the checkpoint itself as a .pt output
+    shutil.copyfile(ckpt, own)
+    for output, message in ((victim, "Unsupported output suffix '.ckpt'"),
+                            (own, "is the checkpoint")):
+        before = output.read_bytes()
+        with pytest.raises(SystemExit) as exit_info:
+            _embed(str(own), folder, output)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+        assert output.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.pt", "victim.ckpt"]
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".csv", ".pt"])
+def test_an_error_mid_run_leaves_a_previous_output_untouched(embedded, tmp_path, suffix, capsys):
+    ckpt, folder, _, _ = embedded
+    out = tmp_path / f"emb{suffix}"
+    _embed(ckpt, folder, out)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(SystemExit):  # stops at broken.jpg, after the readable images
+        _embed(ckpt, folder, out, "--on-error", "raise", "--batch-size", "2")
+    assert "broken.jpg" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a 1 MiB tmpfs with no space left."""
+    with small_tmpfs(tmp_path / "full") as mount_point:
+        with open(mount_point / "filler", "wb", buffering=0) as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError:  # full
+                pass
+        yield mount_point
+
+
+def test_embed_on_a_full_disk_is_a_clear_error_and_leaves_no_output(embedded, full_disk,
+                                                                     capsys):
+    ckpt, folder, _, _ = embedded
+    out = full_disk / "emb.npy"
+    with pytest.raises(SystemExit) as exit_info:
+        _embed(ckpt, folder, out)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "No space left on device" in err and "emb.npy" in err
+    assert [p.name for p in full_disk.iterdir()] == ["filler"]
+
+
+#: File names a tab- or line-separated sidecar cannot hold.
+AWKWARD_NAMES = ["tab\there.jpg", "new\nline.jpg", 'quo"te.jpg', "com,ma.jpg", "ünï çødé.jpg",
+                 "cr\rlf.jpg", "plain.jpg"]
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".csv"])
+def test_paths_with_separators_read_back_as_written(embedded, tmp_path, suffix):
+    ckpt, folder, good, _ = embedded
+    images = tmp_path / "awkward" / "class_0"
+    images.mkdir(parents=True)
+    for name in AWKWARD_NAMES:
+        shutil.copyfile(good[0][0], images / name)
+    out = tmp_path / f"emb{suffix}"
+    _embed(ckpt, images.parent, out)
+    paths, labels, embeddings = _read(out)
+    assert paths == [p for p, _ in ImageFolderDataset(images.parent).samples]
+    assert sorted(Path(p).name for p in paths) == sorted(AWKWARD_NAMES)
+    assert labels.tolist() == [0] * len(AWKWARD_NAMES) and len(embeddings) == len(paths)
 
 
 def test_a_torchvision_backbone_named_in_the_config_is_rebuilt_from_the_checkpoint(run_config):

@@ -1,4 +1,4 @@
-"""EpochSampler and the per-sample seeds (issue 11): order a function of (seed, epoch), the same
+"""EpochSampler and the per-sample seeds: order a function of (seed, epoch), the same
 global order on 1 and W processes, position state, layout checks; seeds and counter draws."""
 
 from __future__ import annotations

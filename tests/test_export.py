@@ -125,7 +125,8 @@ def _checkpoint_with_spec(path: str, module: nn.Module, class_path: str, **init_
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-def test_export_of_an_untraceable_backbone_is_a_clear_error(tmp_path, capsys, fmt):
+def test_export_of_an_untraceable_backbone_is_a_clear_error(tmp_path, capsys, fmt, monkeypatch):
+    monkeypatch.setenv("SSL_LIGHTNING_TRUSTED_CLASSES", f"{__name__}.Untraceable")
     ckpt = _checkpoint_with_spec(str(tmp_path / "m.ckpt"), Untraceable(),
                                  f"{__name__}.Untraceable")
     with pytest.raises(SystemExit):
@@ -134,7 +135,9 @@ def test_export_of_an_untraceable_backbone_is_a_clear_error(tmp_path, capsys, fm
     assert "cannot be" in err and "Untraceable" in err and "--format state_dict" in err
 
 
-def test_export_of_a_checkpoint_whose_spec_does_not_fit_is_a_clear_error(tmp_path, capsys):
+def test_export_of_a_checkpoint_whose_spec_does_not_fit_is_a_clear_error(tmp_path, capsys,
+                                                                         monkeypatch):
+    monkeypatch.setenv("SSL_LIGHTNING_TRUSTED_CLASSES", "torch.nn.Linear")
     out = str(tmp_path / "x.onnx")
     ckpt = _checkpoint_with_spec(str(tmp_path / "a.ckpt"), Untraceable(), "torch.nn.Linear")
     with pytest.raises(SystemExit):  # the spec cannot build (missing constructor arguments)
@@ -145,3 +148,66 @@ def test_export_of_a_checkpoint_whose_spec_does_not_fit_is_a_clear_error(tmp_pat
     with pytest.raises(SystemExit):  # it builds, but the weights do not fit: the key is named
         main(["--checkpoint", ckpt, "--format", "onnx", "--output", out])
     assert "mismatch for 'weight'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["state_dict", "torchscript", "onnx"])
+def test_an_output_that_is_the_checkpoint_is_refused(small_checkpoint, tmp_path, capsys, fmt):
+    pytest.importorskip("onnxruntime")
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(open(small_checkpoint[0], "rb").read())
+    (tmp_path / "link.ckpt").symlink_to(ckpt)
+    (tmp_path / "sub").mkdir()
+    before = ckpt.read_bytes()
+    for output in (ckpt, tmp_path / "link.ckpt", tmp_path / "sub" / ".." / "last.ckpt"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--checkpoint", str(ckpt), "--format", fmt, "--output", str(output)])
+        assert exit_info.value.code == 2
+        assert "is the checkpoint" in capsys.readouterr().err
+        assert ckpt.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "link.ckpt", "sub"]
+
+
+def test_timm_format_refuses_backbones_that_are_not_timm_models(small_checkpoint, tmp_path,
+                                                                capsys):
+    resnet = _checkpoint_with_spec(str(tmp_path / "r.ckpt"), ResNet(18),
+                                   "ssl_lightning.backbones.resnet.ResNet", depth=18)
+    cases = [(small_checkpoint[0], "SmallConvNet", "state_dict, onnx, torchscript"),
+             (resnet, "ResNet", "torchvision, state_dict, onnx, torchscript")]
+    for ckpt, name, formats in cases:
+        with pytest.raises(SystemExit):
+            main(["--checkpoint", ckpt, "--format", "timm", "--output", str(tmp_path / "t.pt")])
+        err = capsys.readouterr().err
+        assert "needs a TimmBackbone" in err and name in err and f"fit: {formats}." in err
+    assert not (tmp_path / "t.pt").exists()
+
+
+def test_timm_export_loads_into_timm_with_the_printed_lines(tmp_path, capsys):
+    pytest.importorskip("timm")
+    from ssl_lightning.backbones import TimmBackbone
+
+    backbone = TimmBackbone("resnet18").eval()
+    ckpt = _checkpoint_with_spec(str(tmp_path / "m.ckpt"), backbone,
+                                 "ssl_lightning.backbones.timm_models.TimmBackbone",
+                                 name="resnet18", pretrained_path=None, model_kwargs=None)
+    out = str(tmp_path / "timm.pt")
+    main(["--checkpoint", ckpt, "--format", "timm", "--output", out])
+    recipe = capsys.readouterr().out.split("Load it with:\n")[1]
+    scope: dict = {}
+    exec(recipe, scope)  # builds the timm model and loads the file strictly
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(scope["model"].eval()(x), backbone(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_a_failed_export_leaves_an_existing_output_as_it_was(tmp_path, capsys, fmt):
+    pytest.importorskip("onnxruntime")
+    ckpt = _checkpoint_with_spec(str(tmp_path / "m.ckpt"), Untraceable(),
+                                 f"{__name__}.Untraceable")
+    out = tmp_path / "previous.bin"
+    out.write_bytes(b"an earlier export")
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", ckpt, "--format", fmt, "--output", str(out)])
+    assert "cannot be" in capsys.readouterr().err
+    assert out.read_bytes() == b"an earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.ckpt", "previous.bin"]

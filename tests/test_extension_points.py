@@ -12,7 +12,7 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from ssl_lightning import BYOL, DCL, IBOT, SimCLR, SmallConvNet, ViT
+from ssl_lightning import BYOL, DCL, IBOT, SimCLR, SmallConvNet, VICReg, ViT
 from ssl_lightning.cli import main
 from ssl_lightning.losses import DCLLoss, DINOLoss
 from ssl_lightning.methods import SSLMethod
@@ -69,9 +69,19 @@ def test_injected_heads_are_used_and_copied_for_the_teacher() -> None:
     model = BYOL(SmallConvNet(widths=WIDTHS), projection_dim=4, projector=projector,
                  predictor=predictor)
     assert model.projector is projector and model.predictor is predictor
-    assert isinstance(model.target_projector, nn.Linear)
-    assert torch.equal(model.target_projector.weight, projector.weight)
+    assert isinstance(model.teacher_projector, nn.Linear)
+    assert torch.equal(model.teacher_projector.weight, projector.weight)
     assert "projector" not in model.hparams and "predictor" not in model.hparams
+
+
+def test_vicreg_takes_an_injected_expander() -> None:
+    expander = nn.Linear(16, 4)
+    model = VICReg(SmallConvNet(widths=WIDTHS), expander_dim=4, expander=expander)
+    assert model.expander is expander and "expander" not in model.hparams
+    loss, _ = model.training_loss([torch.randn(4, 3, 32, 32), torch.randn(4, 3, 32, 32)])
+    assert loss.isfinite()
+    with pytest.raises(ValueError, match=r"expander Linear maps .*expander_dim=2048"):
+        VICReg(SmallConvNet(widths=WIDTHS), expander=expander)
 
 
 def test_an_injected_head_of_another_width_is_refused_naming_the_argument() -> None:

@@ -1,4 +1,4 @@
-"""Gradient caching (``micro_batch_size``, issue 12): exact whole-batch training in micro-batches.
+"""Gradient caching (``micro_batch_size``): exact whole-batch training in micro-batches.
 
 - Every method, BatchNorm-free (SmallConvNet with GroupNorm, heads without BN): 3 optimizer steps
   through the Trainer with micro-batches of 2 give the weights, buffers (queues, centres,
@@ -70,7 +70,7 @@ def _backbone() -> SmallConvNet:
 
 METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
     "simclr": (lambda **kw: SimCLR(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                                   projection_batch_norm=False, **kw), TWO_VIEWS),
+                                   head_batch_norm=False, **kw), TWO_VIEWS),
     "moco_v2": (lambda **kw: MoCoV2(_backbone(), projection_hidden_dim=16, projection_dim=8,
                                     queue_size=16, symmetric=True, momentum_base=0.9, **kw),
                 TWO_VIEWS),
@@ -82,24 +82,25 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                                head_bottleneck_dim=8, clip_grad=0.05, momentum_base=0.9,
                                warmup_teacher_temperature_epochs=0, **kw), MULTI_CROP),
     "swav": (lambda **kw: SwAV(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                               num_prototypes=10, projection_batch_norm=False,
-                               freeze_prototypes_steps=1, queue_length=16, queue_start_epoch=0,
+                               num_prototypes=10, head_batch_norm=False,
+                               freeze_prototypes_steps=1, queue_size=16, queue_start_epoch=0,
                                **kw), MULTI_CROP),
     "vicreg": (lambda **kw: VICReg(_backbone(), expander_hidden_dim=16, expander_dim=16,
-                                   expander_batch_norm=False, **kw), TWO_VIEWS),
+                                   head_batch_norm=False, **kw), TWO_VIEWS),
     "barlow_twins": (lambda **kw: BarlowTwins(_backbone(), projection_hidden_dim=16,
-                                              projection_dim=16, projection_batch_norm=False,
+                                              projection_dim=16, head_batch_norm=False,
                                               **kw), TWO_VIEWS),
     "simsiam": (lambda **kw: SimSiam(_backbone(), projection_hidden_dim=16, projection_dim=16,
-                                     predictor_hidden_dim=8, batch_norm=False, **kw), TWO_VIEWS),
+                                     predictor_hidden_dim=8, head_batch_norm=False, **kw),
+                TWO_VIEWS),
     # methods added after the mechanism, through the same base class
     "nnclr": (lambda **kw: NNCLR(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                                 prediction_hidden_dim=16, head_batch_norm=False,
-                                 support_set_size=16, **kw), TWO_VIEWS),
+                                 predictor_hidden_dim=16, head_batch_norm=False,
+                                 queue_size=16, **kw), TWO_VIEWS),
     "dcl": (lambda **kw: DCL(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                             projection_batch_norm=False, **kw), TWO_VIEWS),
+                             head_batch_norm=False, **kw), TWO_VIEWS),
     "supcon": (lambda **kw: SupCon(_backbone(), projection_hidden_dim=16, projection_dim=8,
-                                   projection_batch_norm=False, **kw), TWO_VIEWS),
+                                   head_batch_norm=False, **kw), TWO_VIEWS),
 }
 
 
@@ -230,7 +231,7 @@ def test_drop_path_is_replayed_exactly() -> None:
     torch.manual_seed(0)
     vit = ViT("tiny", image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2,
               drop_path_rate=0.5)
-    model = SimCLR(vit, projection_hidden_dim=16, projection_dim=8, projection_batch_norm=False)
+    model = SimCLR(vit, projection_hidden_dim=16, projection_dim=8, head_batch_norm=False)
     views = [torch.randn(8, 3, 8, 8) for _ in range(2)]
     reference = copy.deepcopy(model)
 
@@ -270,7 +271,7 @@ def test_ddp_two_processes_with_micro_batches_equal_one_process() -> None:
                                                        8), max_steps=3, precision="64-true")
     # float64 end to end (Lightning's 64-true converts the model and the batches): the two runs
     # differ only by float64 summation order, 8.5e-16 here. A loss that drops float64 to fp32
-    # (NT-Xent's ``.float()`` before 08d0d97) leaves 2.8e-7-3.8e-7 on both the plain and the
+    # (an earlier NT-Xent ``.float()`` cast) leaves 2.8e-7-3.8e-7 on both the plain and the
     # micro-batched 2-process run, which an fp32-sized tolerance (1e-6) would not see.
     for rank in range(2):
         assert max_relative_difference(ddp[rank]["model"], single[0]["model"]) < 1e-10

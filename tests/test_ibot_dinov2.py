@@ -102,7 +102,7 @@ def test_frozen_last_layers_of_both_heads():
     [(lambda: IBOT(SmallConvNet((8, 16)), **SMALL), "ViT backbone"),
      (lambda: IBOT(ViT(image_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2),
                    **SMALL), "mask_token=True"),
-     (lambda: IBOT(tiny_vit(), **SMALL, mask_ratio=(0.2, 1.5)), "mask ratio"),
+     (lambda: IBOT(tiny_vit(), **SMALL, mask_ratio=(0.2, 1.5)), "mask_ratio must satisfy"),
      (lambda: IBOT(tiny_vit(), **SMALL, mask_probability=-0.1), "probability"),
      (lambda: IBOT(tiny_vit(), **SMALL, patch_out_dim=64), "patch_out_dim"),
      (lambda: IBOT(tiny_vit(), **SMALL, head_batch_norm=True), "head_batch_norm"),

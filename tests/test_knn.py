@@ -1,4 +1,4 @@
-"""Issue 2, check 4: weighted kNN (Wu et al., 2018) against a brute-force reference, and the
+"""Weighted kNN (Wu et al., 2018) against a brute-force reference, and the
 KNNCallback's bookkeeping (unlabeled samples, DistributedSampler padding, logged values)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MAE and I-JEPA under DDP (issue 13): 2 gloo processes with B/2 samples each give the loss
+"""MAE and I-JEPA under DDP: 2 gloo processes with B/2 samples each give the loss
 (mean over ranks) and the DDP-averaged gradients of 1 process with the global batch B. Ranks
 share the RNG stream and take their rows of the global batch's masks, so the masks match too."""
 

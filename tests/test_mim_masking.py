@@ -1,4 +1,4 @@
-"""Masks of MAE and I-JEPA (issue 13): counts, per-sample randomness, reproducibility, the
+"""Masks of MAE and I-JEPA: counts, per-sample randomness, reproducibility, the
 global-batch layout under DDP, and I-JEPA's block constraints."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MAE and I-JEPA as methods (issue 13): what the encoders see, the loss composition against
+"""MAE and I-JEPA as methods: what the encoders see, the loss composition against
 slow references, the target encoder (no gradient, one EMA update per optimiser step), exact
 resume, LinearEval on their checkpoints, and the errors for bad input."""
 
@@ -55,11 +55,11 @@ def test_ijepa_predicts_each_target_block_from_its_own_context_and_target_gets_n
     torch.manual_seed(0)
     model = tiny_ijepa()
     with torch.no_grad():  # a target encoder that differs from the context encoder
-        for p in model.target_backbone.parameters():
+        for p in model.teacher_backbone.parameters():
             p.add_(0.05 * torch.randn_like(p))
     x = torch.randn(3, 3, SIZE, SIZE)
     context_seen = _count_tokens(model.backbone.blocks[0])
-    target_seen = _count_tokens(model.target_backbone.blocks[0])
+    target_seen = _count_tokens(model.teacher_backbone.blocks[0])
     torch.manual_seed(5)
     out = model.forward_views([x])
     torch.manual_seed(5)
@@ -68,14 +68,14 @@ def test_ijepa_predicts_each_target_block_from_its_own_context_and_target_gets_n
     with torch.no_grad():
         for b in range(3):
             ctx = model.backbone.forward_tokens(x[b:b + 1], keep=context[b:b + 1])[:, 1:]
-            full = model.target_backbone.forward_tokens(x[b:b + 1])[0, 1:]
+            full = model.teacher_backbone.forward_tokens(x[b:b + 1])[0, 1:]
             for m in range(targets.shape[1]):
                 pred = model.predictor(ctx, context[b:b + 1], targets[b:b + 1, m])[0]
                 torch.testing.assert_close(out["predictions"][b, m], pred, atol=1e-5, rtol=0)
                 torch.testing.assert_close(out["targets"][b, m], full[targets[b, m]])
-        torch.testing.assert_close(out["features"], model.target_backbone(x))
+        torch.testing.assert_close(out["features"], model.teacher_backbone(x))
     model.loss_from_outputs(out).backward()
-    assert all(p.grad is None and not p.requires_grad for p in model.target_backbone.parameters())
+    assert all(p.grad is None and not p.requires_grad for p in model.teacher_backbone.parameters())
     assert all(p.grad is not None for p in model.predictor.parameters())
     assert model.backbone.patch_embed.weight.grad is not None
 
@@ -103,7 +103,7 @@ def test_ijepa_updates_the_target_once_per_optimizer_step(monkeypatch) -> None:
     callback = model.ema_callback
     assert calls == [callback.momentum(0, 2), callback.momentum(1, 2)] and calls[0] == 0.9
     optimised = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
-    assert not optimised & {id(p) for p in model.target_backbone.parameters()}
+    assert not optimised & {id(p) for p in model.teacher_backbone.parameters()}
 
 
 @pytest.mark.parametrize("factory", [tiny_mae, tiny_ijepa], ids=["mae", "ijepa"])
@@ -124,7 +124,7 @@ def test_linear_eval_reads_their_checkpoints(tmp_path, name: str) -> None:
     trainer.fit(model, views_loader(8, 4, num_views=1, size=SIZE))
     path = str(tmp_path / "pretrain.ckpt")
     trainer.save_checkpoint(path)
-    prefix = "backbone." if name == "mae" else "target_backbone."
+    prefix = "backbone." if name == "mae" else "teacher_backbone."
     linear = LinearEval(tiny_vit(pool="cls" if name == "mae" else "mean"), num_classes=4,
                         checkpoint=path, checkpoint_prefix=prefix, lr=0.1, lr_scaling="none")
     x = torch.randn(8, 3, SIZE, SIZE)

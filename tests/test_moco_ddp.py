@@ -1,4 +1,4 @@
-"""MoCo v2 and v3 on 2 gloo processes vs one process holding the global batch (issue 3, check 3).
+"""MoCo v2 and v3 on 2 gloo processes vs one process holding the global batch.
 
 BatchNorm-free model (GroupNorm ConvNet, heads without BN), float64, deterministic views. Rank r
 gets samples ``r::2`` of each global batch (DistributedSampler order), so the keys gathered in
@@ -46,7 +46,7 @@ def _train_moco_v2(rank: int, world: int, shuffle_bn: bool) -> dict:
         losses.append(loss.detach())
     return {"losses": torch.stack(losses), "queue": model.queue.queue.clone(),
             "ptr": int(model.queue.queue_ptr),
-            "key_encoder": torch.cat([p.flatten() for p in model.key_backbone.parameters()])}
+            "key_encoder": torch.cat([p.flatten() for p in model.teacher_backbone.parameters()])}
 
 
 def _both(rank: int, world: int) -> dict:
@@ -94,8 +94,8 @@ def _moco_v3_grads(rank: int, world: int) -> dict:
     with torch.no_grad():
         q1 = model.predictor(model.projector(model.backbone(views[0])))
         q2 = model.predictor(model.projector(model.backbone(views[1])))
-        k1 = model.gather_no_grad(model.key_projector(model.key_backbone(views[0])))
-        k2 = model.gather_no_grad(model.key_projector(model.key_backbone(views[1])))
+        k1 = model.gather_no_grad(model.teacher_projector(model.teacher_backbone(views[0])))
+        k2 = model.gather_no_grad(model.teacher_projector(model.teacher_backbone(views[1])))
         no_offset = model.criterion(q1, k2, 0) + model.criterion(q2, k1, 0)
     return {"loss": loss.detach(), "no_offset": no_offset,
             "grads": {n: p.grad.clone() for n, p in model.named_parameters()
@@ -108,7 +108,7 @@ def test_moco_v3_loss_and_gradients_match_single_process(runs) -> None:  # type:
     torch.testing.assert_close(mean_loss, single["loss"], atol=1e-10, rtol=0)
     assert not torch.allclose(sum(r["no_offset"] for r in ranks) / WORLD, single["loss"])
     assert set(single["grads"]) == set(ranks[0]["grads"])
-    assert not any(n.startswith("key_") for n in single["grads"])  # momentum encoder: no grad
+    assert not any(n.startswith("teacher_") for n in single["grads"])  # momentum encoder: no grad
     for name, grad in single["grads"].items():
         for result in ranks:
             torch.testing.assert_close(result["grads"][name], grad, atol=1e-10, rtol=0, msg=name)

@@ -35,8 +35,8 @@ def test_two_process_moco_v2_equals_single_process() -> None:
                           max_steps=STEPS)[0]
     initial = _model().state_dict()
     assert int(single["model"]["queue.queue_ptr"]) == (STEPS * 2 * BATCH) % 16
-    key_moved = (single["model"]["key_projector.mlp.0.weight"]
-                 - initial["key_projector.mlp.0.weight"]).abs().max()
+    key_moved = (single["model"]["teacher_projector.mlp.0.weight"]
+                 - initial["teacher_projector.mlp.0.weight"]).abs().max()
     assert key_moved > 1e-4  # the EMA callback ran, so key-encoder equality is not vacuous
     for rank_state in ddp:
         model = dict(rank_state["model"])

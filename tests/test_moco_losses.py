@@ -1,5 +1,5 @@
 """InfoNCE (MoCo v1/v2), the MoCo v3 loss and the key queue against the papers' formulas
-(issue 3, check 2) and under bfloat16 autocast (issue 7)."""
+and under bfloat16 autocast."""
 
 from __future__ import annotations
 

@@ -41,8 +41,8 @@ def make_dino() -> DINO:
 def make_swav() -> SwAV:
     torch.manual_seed(0)
     return SwAV(SmallConvNet((8, 16), norm="none"), projection_hidden_dim=16, projection_dim=8,
-                projection_batch_norm=False, num_prototypes=10, freeze_prototypes_steps=0,
-                queue_length=8, queue_start_epoch=0)
+                head_batch_norm=False, num_prototypes=10, freeze_prototypes_steps=0,
+                queue_size=8, queue_start_epoch=0)
 
 
 def run_steps(model, batches, rank: int = 0, world: int = 1) -> dict:

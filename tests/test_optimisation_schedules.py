@@ -84,7 +84,7 @@ def tiny_dinov2(**kwargs) -> DINOv2:  # type: ignore[no-untyped-def]
 
 def tiny_swav() -> SwAV:
     return SwAV(SmallConvNet((8, 16), norm="group"), projection_hidden_dim=16, projection_dim=8,
-                num_prototypes=10, freeze_prototypes_steps=3, queue_length=8, lr=0.5,
+                num_prototypes=10, freeze_prototypes_steps=3, queue_size=8, lr=0.5,
                 lr_scaling="none", warmup_epochs=0, weight_decay=WD, weight_decay_end=WD_END)
 
 

@@ -1,4 +1,4 @@
-"""Issue 2, check 5: exact resume. Fitting 2 epochs in one go and fitting the same 2-epoch run
+"""Exact resume. Fitting 2 epochs in one go and fitting the same 2-epoch run
 that is stopped after epoch 1 and resumed from its last.ckpt end in identical weights, LARS
 state, LR-scheduler state and online-probe state (CPU, deterministic precomputed views)."""
 
@@ -38,7 +38,7 @@ def _model() -> SimCLR:
     # LARS, warm-up that crosses the epoch boundary, a BatchNorm projector (running stats are
     # state too): everything that must come back from the checkpoint.
     return SimCLR(SmallConvNet(widths=(8, 16)), projection_hidden_dim=16, projection_dim=8,
-                  projection_batch_norm=True, optimizer="lars", lr=2.0, weight_decay=1e-4,
+                  head_batch_norm=True, optimizer="lars", lr=2.0, weight_decay=1e-4,
                   warmup_epochs=1.5, final_lr_ratio=0.01)
 
 

@@ -1,4 +1,4 @@
-"""Issue 11: a run stopped at any optimizer step and resumed ends bit-identical to the run that
+"""A run stopped at any optimizer step and resumed ends bit-identical to the run that
 was never stopped, with the real data modules, random augmentations and any number of workers.
 
 One shared set of runs (``tests/resume_harness.py``, three fresh processes):

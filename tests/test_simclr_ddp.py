@@ -1,4 +1,4 @@
-"""Issue 2, check 2: loss-level DDP equivalence of NT-Xent / SimCLR with 2 gloo processes.
+"""Loss-level DDP equivalence of NT-Xent / SimCLR with 2 gloo processes.
 
 Each rank feeds its slice of the global batch through the projector, scores its own anchors
 against the candidates gathered from both ranks, and backpropagates; gradients are then averaged
@@ -57,7 +57,7 @@ def _head(state: dict) -> ProjectionHead:
 def _simclr() -> SimCLR:
     torch.manual_seed(1)
     return SimCLR(SmallConvNet(widths=(4, 8)), projection_hidden_dim=16, projection_dim=8,
-                  projection_batch_norm=False, temperature=0.5)
+                  head_batch_norm=False, temperature=0.5)
 
 
 def _projector_step(head: ProjectionHead, x1: Tensor, x2: Tensor, gather, offset: int):

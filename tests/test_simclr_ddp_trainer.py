@@ -1,4 +1,4 @@
-"""Issue 2, check 3: SimCLR trained by Lightning with 2 CPU processes (ddp_spawn, gloo) ends with
+"""SimCLR trained by Lightning with 2 CPU processes (ddp_spawn, gloo) ends with
 the same parameters as one process trained on the doubled batch.
 
 The same run checks the evaluation callbacks under DDP: the online probe (trained on gathered
@@ -29,7 +29,7 @@ def _model() -> SimCLR:
     pl.seed_everything(0)
     return SimCLR(
         SmallConvNet(widths=(8, 16), norm="group"), projection_hidden_dim=16, projection_dim=8,
-        projection_batch_norm=False, temperature=0.2, optimizer="sgd", lr=0.5,
+        head_batch_norm=False, temperature=0.2, optimizer="sgd", lr=0.5,
         lr_scaling="linear", weight_decay=1e-4, warmup_epochs=0,
     )
 

@@ -1,4 +1,4 @@
-"""Issue 5, checks 1 and 3 for SimSiam: the symmetrised negative cosine against a loop
+"""SimSiam: the symmetrised negative cosine against a loop
 reference, the stop-gradient, fp32 under bf16 autocast, the predictor's fixed learning rate and
 exact resume."""
 

@@ -1,4 +1,4 @@
-"""SSLMethod's per-batch reseeding of the model-side randomness (issue 11, item 5): the seed
+"""SSLMethod's per-batch reseeding of the model-side randomness: the seed
 function, per-rank streams (different stochastic depth on each rank, one shared CPU stream for
 MAE / I-JEPA's global-batch masks), fine-tuning ``LinearEval``, the seed's resolution and its
 round trip through a checkpoint. The exact resume with stochastic depth is in

@@ -18,7 +18,7 @@ from ssl_lightning.methods import SwAV
 def make_swav(**kwargs) -> SwAV:
     args = dict(projection_hidden_dim=16, projection_dim=8, num_prototypes=10,
                 freeze_prototypes_steps=3, optimizer="lars", lr=0.5, lr_scaling="none",
-                warmup_epochs=0, queue_length=8, queue_start_epoch=1)
+                warmup_epochs=0, queue_size=8, queue_start_epoch=1)
     args.update(kwargs)
     return SwAV(SmallConvNet((8, 16), norm="group"), **args)
 
@@ -82,8 +82,8 @@ def test_prototypes_frozen_then_trained_and_queue_starts_at_its_epoch(tmp_path):
 
 def test_queue_changes_the_loss_once_full():
     torch.manual_seed(0)
-    with_queue = make_swav(queue_start_epoch=0, projection_batch_norm=False)
-    without = make_swav(queue_length=0, projection_batch_norm=False)
+    with_queue = make_swav(queue_start_epoch=0, head_batch_norm=False)
+    without = make_swav(queue_size=0, head_batch_norm=False)
     weights = {k: v for k, v in with_queue.state_dict().items() if not k.startswith("queue")}
     without.load_state_dict(weights, strict=False)
     batches = [views for views, _ in multicrop_loader()]
@@ -105,14 +105,14 @@ def test_exact_resume_queue_prototypes_and_schedules(tmp_path):
     assert int(full["queue_filled"]) == 8 and full["queue"].abs().sum() > 0
 
 
-def test_queue_length_must_divide_over_processes():
-    model = make_swav(queue_length=8)
+def test_queue_size_must_divide_over_processes():
+    model = make_swav(queue_size=8)
     assert model.queue_share().shape == (2, 8, 8)
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(freeze_prototypes_steps=-1), dict(queue_length=-8), dict(queue_start_epoch=-1),
+    [dict(freeze_prototypes_steps=-1), dict(queue_size=-8), dict(queue_start_epoch=-1),
      dict(temperature=0.0), dict(sinkhorn_epsilon=0.0), dict(sinkhorn_iterations=0),
      dict(num_prototypes=0)],
 )

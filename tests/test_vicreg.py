@@ -1,4 +1,4 @@
-"""Issue 5, checks 1-3 for VICReg: the loss against a loop reference of the paper's formulas,
+"""VICReg: the loss against a loop reference of the paper's formulas,
 its closed-form properties, fp32 under bf16 autocast, exact resume, and a Lightning ddp_spawn
 fit equal to one process with the global batch (through Lightning's all_gather)."""
 
@@ -146,7 +146,7 @@ def test_fit_logs_the_three_terms():
 def _bn_free_model() -> VICReg:
     torch.manual_seed(0)
     return VICReg(SmallConvNet(widths=(8, 16), norm="group"), expander_hidden_dim=16,
-                  expander_dim=16, expander_batch_norm=False, optimizer="sgd", lr=0.5,
+                  expander_dim=16, head_batch_norm=False, optimizer="sgd", lr=0.5,
                   weight_decay=1e-4, warmup_epochs=0)
 
 

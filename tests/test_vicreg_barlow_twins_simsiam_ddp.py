@@ -1,4 +1,4 @@
-"""Issue 5, check 2: with 2 gloo processes, the mean of the rank losses and the DDP-averaged
+"""With 2 gloo processes, the mean of the rank losses and the DDP-averaged
 parameter gradients of VICReg, Barlow Twins and SimSiam equal one process holding the global
 batch (gradient ratio 1, not 1/2), in float64 to 1e-12.
 
@@ -72,12 +72,12 @@ def _all_cases(rank: int, world: int) -> dict:
     backbone = lambda: SmallConvNet(widths=(4, 8), norm="none")  # noqa: E731  (BatchNorm-free)
     methods = {
         "vicreg": _seeded(lambda: VICReg(backbone(), expander_hidden_dim=8, expander_dim=6,
-                                         expander_batch_norm=False)),
+                                         head_batch_norm=False)),
         "barlow": _seeded(lambda: BarlowTwins(backbone(), projection_hidden_dim=8,
-                                              projection_dim=6, projection_batch_norm=False,
+                                              projection_dim=6, head_batch_norm=False,
                                               lambda_offdiag=0.1)),
         "simsiam": _seeded(lambda: SimSiam(backbone(), projection_hidden_dim=8, projection_dim=6,
-                                           predictor_hidden_dim=4, batch_norm=False)),
+                                           predictor_hidden_dim=4, head_batch_norm=False)),
     }
     vicreg, barlow = VICRegLoss(), BarlowTwinsLoss(0.1)
     loss_fns = {

@@ -2,14 +2,21 @@
 
 Accepted files: a torchvision or timm model's ``state_dict()`` (classifier weights are ignored),
 a file written by ``python -m ssl_lightning export`` (formats ``state_dict``, ``torchvision``,
-``timm``), or any ``{"state_dict": {...}}`` wrapper of those. Nothing is downloaded.
+``timm``), or any ``{"state_dict": {...}}`` wrapper of those, saved with ``torch.save`` or as
+``.safetensors``. Nothing is downloaded, and no file runs code: torch files are read with
+``torch.load(weights_only=True)`` (:func:`load_torch_data`).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 from collections.abc import Mapping
+from typing import Any
 
+import safetensors
+import safetensors.torch
 import torch
 from torch import Tensor, nn
 
@@ -20,19 +27,67 @@ CLASSIFIER_NAMES = ("fc", "classifier", "head", "heads")
 WRAPPER_PREFIXES = ("net.", "backbone.", "module.")
 
 
+#: The fix named when a ``pretrained_path`` cannot be read.
+_PRETRAINED_FIX = ("Pass a state-dict file saved with torch.save (.pt, .pth) or as .safetensors, "
+                   "e.g. one written by `python -m ssl_lightning export`.")
+
+
+def load_torch_data(path: str, what: str, fix: str) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU, or a one-line ``ValueError`` naming
+    ``what`` and ``path``, the cause (empty, truncated, not a torch file, pickled Python objects
+    that could run code) and ``fix``.
+
+    Args:
+        path: An existing file.
+        what: What the file is, for the message (``"Checkpoint"``, ``"pretrained_path"``).
+        fix: The sentence telling the user what to do.
+    """
+    size = os.path.getsize(path)
+    cut_short = ("The file is probably truncated (a run killed while saving, or a copy cut "
+                 "short).")
+    if size == 0:
+        raise ValueError(f"{what} {path!r} is empty (0 bytes): nothing was saved. {cut_short} "
+                         f"{fix}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL (\S+)", str(err))  # the object weights_only refused
+        if found is None:  # not a pickle torch wrote (a text file, another format)
+            raise ValueError(_unreadable(path, size, what, fix, cut_short)) from err
+        raise ValueError(
+            f"{what} {path!r} is refused: it pickles the Python object {found.group(1)} besides "
+            "tensors and plain data, and loading it could run code (files are read with "
+            f"torch.load(weights_only=True)). {fix}"
+        ) from err
+    except Exception as err:  # truncated, text or foreign files all fail differently
+        raise ValueError(_unreadable(path, size, what, fix, cut_short)) from err
+
+
+def _unreadable(path: str, size: int, what: str, fix: str, cut_short: str) -> str:
+    with open(path, "rb") as file:
+        is_zip = file.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+    cause = (f"the archive is incomplete or corrupt. {cut_short}" if is_zip
+             else "it is not a file written by torch.save (a text file, or another format).")
+    return f"{what} {path!r} cannot be read ({size} bytes): {cause} {fix}"
+
+
 def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
-    """The tensors of a state-dict file (``weights_only`` loading), unwrapped from
-    ``{"state_dict": ...}`` / ``{"model": ...}`` containers."""
+    """The tensors of a state-dict file (``torch.save`` with ``weights_only`` loading, or
+    ``.safetensors``), unwrapped from ``{"state_dict": ...}`` / ``{"model": ...}`` containers."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"pretrained_path {path!r} does not exist.")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise ValueError(
-            f"pretrained_path {path!r} is not a readable state-dict file "
-            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})."
-        ) from err
+    state: Any
+    if path.endswith(".safetensors"):
+        try:
+            state = safetensors.torch.load_file(path, device="cpu")
+        except safetensors.SafetensorError as err:
+            raise ValueError(
+                f"pretrained_path {path!r} cannot be read ({os.path.getsize(path)} bytes): not "
+                f"a complete safetensors file ({err}). {_PRETRAINED_FIX}"
+            ) from err
+    else:
+        state = load_torch_data(path, "pretrained_path", _PRETRAINED_FIX)
     for key in ("state_dict", "model"):
         if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
             state = state[key]

@@ -4,18 +4,32 @@ Every ssl_lightning backbone records its own arguments at construction
 (:func:`remember_init_args`); for any other module the CLI records the ``class_path`` /
 ``init_args`` of the config. :func:`build_backbone` turns such a spec back into a module, so
 evaluation, ``embed`` and ``export`` need only the checkpoint.
+
+A checkpoint is data, so the class it names is imported and called only when it is on the
+allow-list: the backbones of :mod:`ssl_lightning.backbones`, torchvision model classes and the
+builders of ``torchvision.models.list_models()``, timm model classes and the builders of
+``timm.list_models()``, every ``class_path`` of the config the CLI runs (:func:`trust_classes`),
+and the entries of the :data:`TRUSTED_CLASSES_ENV` environment variable.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import os
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch import nn
 
 #: Attribute of a backbone module holding its ``{"class_path": ..., "init_args": {...}}``.
 SPEC_ATTRIBUTE = "backbone_spec"
+#: Environment variable with more classes a checkpoint may name: comma-separated import paths
+#: (``mypkg.nets.MyNet``) or whole packages (``mypkg.*``).
+TRUSTED_CLASSES_ENV = "SSL_LIGHTNING_TRUSTED_CLASSES"
+#: Packages whose model classes and builders a checkpoint may name (checked after import).
+_BUILT_IN_PACKAGES = ("ssl_lightning.", "torchvision.models.", "timm.")
+_trusted: set[str] = set()
 
 
 def remember_init_args(module: nn.Module, arguments: Mapping[str, Any]) -> None:
@@ -34,26 +48,99 @@ def backbone_spec(module: nn.Module) -> dict[str, Any] | None:
     return dict(spec) if isinstance(spec, Mapping) else None
 
 
-def build_backbone(spec: Mapping[str, Any], load_pretrained: bool = False) -> nn.Module:
-    """Instantiate the backbone a spec describes.
+def trust_classes(class_paths: Iterable[str]) -> None:
+    """Let checkpoints name these classes too (import paths, or ``package.*`` for a package);
+    the CLI passes every ``class_path`` of its config."""
+    _trusted.update(path for path in class_paths if path)
 
-    Args:
-        spec: ``{"class_path": "package.module.Class", "init_args": {...}}``.
-        load_pretrained: Keep a recorded ``pretrained_path``; by default it is dropped, because
-            the checkpoint's own weights replace it (and the file may not exist any more).
 
-    Raises:
-        ValueError: The class cannot be imported or does not build an ``nn.Module``.
-    """
-    class_path = str(spec.get("class_path", ""))
+def config_class_paths(config: Any) -> list[str]:
+    """Every ``class_path`` value in a (nested) config: mappings, lists, jsonargparse
+    namespaces."""
+    if hasattr(config, "as_dict"):
+        config = config.as_dict()
+    if isinstance(config, Mapping):
+        found = [config["class_path"]] if isinstance(config.get("class_path"), str) else []
+        return found + [p for value in config.values() for p in config_class_paths(value)]
+    if isinstance(config, (list, tuple)):
+        return [p for value in config for p in config_class_paths(value)]
+    return []
+
+
+def _trusted_by_user(class_path: str) -> bool:
+    entries = _trusted | set(re.split(r"[,\s]+", os.environ.get(TRUSTED_CLASSES_ENV, "")))
+    return any(class_path == entry or (entry.endswith(".*") and class_path.startswith(entry[:-1]))
+               for entry in entries if entry)
+
+
+def _is_built_in_model(obj: Any) -> bool:
+    """An ssl_lightning backbone class, or a torchvision / timm model class or builder."""
+    module = str(getattr(obj, "__module__", ""))
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        return module.startswith(("ssl_lightning.backbones.", "torchvision.models.", "timm."))
+    name = getattr(obj, "__name__", "")
+    if module.startswith("torchvision.models."):
+        import torchvision
+
+        return any(obj is torchvision.models.get_model_builder(n)
+                   for n in torchvision.models.list_models())
+    if module.startswith("timm."):
+        import timm
+
+        return bool(timm.is_model(name)) and timm.models.model_entrypoint(name) is obj
+    return False
+
+
+def _refused(class_path: str, source: str) -> ValueError:
+    return ValueError(
+        f"{source} names the backbone class {class_path!r}, which is not on the allow-list, so "
+        "it is not called (a file could name any function). Allowed: "
+        "ssl_lightning backbones, torchvision and timm models, the classes of the config. To "
+        f"allow it, name it in the config or set {TRUSTED_CLASSES_ENV}={class_path} "
+        "(comma-separated; 'package.*' allows a package), or pass the backbone explicitly "
+        "(--model.backbone ...)."
+    )
+
+
+def _allowed_class(class_path: str, source: str) -> Any:
+    """Import ``class_path`` if the allow-list admits it: checked by name before the import
+    (public names of the built-in packages, or trusted by the user), and for the built-in
+    packages by what the name resolves to."""
+    by_user = _trusted_by_user(class_path)
+    private = any(part.startswith("_") for part in class_path.split("."))  # e.g. __main__
+    if not by_user and (private or not class_path.startswith(_BUILT_IN_PACKAGES)):
+        raise _refused(class_path, source)
     module_name, _, name = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as err:
         raise ValueError(
-            f"Cannot import the checkpoint's backbone class {class_path!r} ({err}); install the "
-            "package that defines it, or pass the backbone explicitly (--model.backbone ...)."
+            f"{source} names the backbone class {class_path!r}, which cannot be imported "
+            f"({err}); install the package that defines it, or pass the backbone explicitly "
+            "(--model.backbone ...)."
         ) from err
+    if not by_user and not _is_built_in_model(cls):
+        raise _refused(class_path, source)
+    return cls
+
+
+def build_backbone(spec: Mapping[str, Any], load_pretrained: bool = False,
+                   source: str = "The backbone spec") -> nn.Module:
+    """Instantiate the backbone a spec describes, if its class is on the allow-list (see the
+    module docstring).
+
+    Args:
+        spec: ``{"class_path": "package.module.Class", "init_args": {...}}``.
+        load_pretrained: Keep a recorded ``pretrained_path``; by default it is dropped, because
+            the checkpoint's own weights replace it (and the file may not exist any more).
+        source: Where the spec comes from, for the messages (e.g. ``"Checkpoint 'x.ckpt'"``).
+
+    Raises:
+        ValueError: The class is not allowed, cannot be imported or does not build an
+            ``nn.Module``.
+    """
+    class_path = str(spec.get("class_path", ""))
+    cls = _allowed_class(class_path, source)
     init_args = dict(spec.get("init_args") or {})
     if not load_pretrained:
         init_args.pop("pretrained_path", None)

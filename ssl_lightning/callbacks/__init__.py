@@ -1,12 +1,14 @@
-"""Training callbacks: EMA teacher updates and evaluation (kNN, online linear probe)."""
+"""Training callbacks: EMA teacher updates, evaluation (kNN, online linear probe), checkpoints
+on preemption and the console summary of a run."""
 
 from ssl_lightning.callbacks.collapse import CollapseMonitor
 from ssl_lightning.callbacks.ema import EMACallback
 from ssl_lightning.callbacks.knn import KNNCallback, knn_predict
 from ssl_lightning.callbacks.online_probe import OnlineProbe
 from ssl_lightning.callbacks.preemption import PreemptionCheckpoint
+from ssl_lightning.callbacks.run_summary import RunSummary
 
 __all__: list[str] = [
     "CollapseMonitor", "EMACallback", "KNNCallback", "OnlineProbe", "knn_predict",
-    "PreemptionCheckpoint",
+    "PreemptionCheckpoint", "RunSummary",
 ]

@@ -1,21 +1,30 @@
-"""Save a resumable checkpoint when the scheduler asks the job to stop (SIGTERM / SLURM's
-requeue signal), then exit with a status that tells a pre-empted run from a finished one.
+"""Save a resumable checkpoint when the run is asked to stop (SIGTERM from a scheduler, Ctrl-C,
+SLURM's requeue signal), then exit with a status that tells a stopped run from a finished one.
 
-Lightning's own SIGTERM handling stops the run at the end of the current batch without a
-checkpoint and exits with status 0, so a pre-empted job looks finished. With
-:class:`PreemptionCheckpoint` the run instead stops at the end of the current *optimizer* step
-(never inside a gradient-accumulation cycle), writes ``last.ckpt`` (the state that
-``--ckpt_path`` resumes bit-exactly, see ``docs/resume.md``) and exits with status 143 (128 +
-SIGTERM), or 0 after it requeued itself on SLURM (``scontrol requeue``, as Lightning's
-``SLURMEnvironment(auto_requeue=True)`` does, but at a step boundary instead of inside the
-signal handler, whose checkpoint can be taken in the middle of an optimizer step).
+Lightning alone stops at the end of the batch on SIGTERM without a checkpoint (status 0, so a
+pre-empted job looks finished), turns Ctrl-C into ``KeyboardInterrupt`` (status 1, no
+checkpoint), and under DDP broadcasts from inside its SIGTERM handler (a rank that gets the signal
+outside the training loop, e.g. in the sanity check, then waits forever for the others). With
+:class:`PreemptionCheckpoint` the signal only sets a flag, from the start of ``fit``; at the end
+of the next *optimizer* step (never inside a gradient-accumulation cycle) the ranks agree on it
+(one reduction of the flag, at the same point on every rank), write ``last.ckpt`` (the state
+that ``--ckpt_path`` resumes bit-exactly, see ``docs/resume.md``), print the command that resumes
+and exit with status 130 (128 + SIGINT) or 143 (128 + SIGTERM), or 0 after it requeued itself on
+SLURM (``scontrol requeue``, as Lightning's ``SLURMEnvironment(auto_requeue=True)`` does, but at
+a step boundary instead of inside the signal handler). A signal during the sanity check stops the
+run at its end, before training, without a checkpoint. The same signal a second time ends the
+process at once (by that signal).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
+import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,12 +36,17 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-#: Exit status of a run stopped by a signal and not requeued (the shell's 128 + SIGTERM).
+#: Exit status of a run stopped by SIGTERM (or the requeue signal) and not requeued.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+#: Exit status of a run stopped by Ctrl-C (SIGINT).
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 class PreemptionCheckpoint(pl.Callback):
-    """On SIGTERM (and SLURM's requeue signal) checkpoint at the next optimizer step and exit.
+    """On SIGTERM, SIGINT (and SLURM's requeue signal) checkpoint at the next optimizer step and
+    exit.
 
     Args:
         dirpath: Folder of the checkpoint; None uses the first ``ModelCheckpoint``'s folder (so
@@ -48,14 +62,23 @@ class PreemptionCheckpoint(pl.Callback):
         if not filename:
             raise ValueError("PreemptionCheckpoint filename must not be empty.")
         self.dirpath, self.filename, self.requeue = dirpath, filename, requeue
-        self.received: int | None = None  # the signal number, once one arrived
+        self.received: int | None = None  # the signal number, once one arrived in this process
         self.saved_path: str | None = None
+        self._previous: dict[int, _Handler] = {}
 
     def _handler(self, signum: int, _: FrameType | None) -> None:
+        if self.received == signum:  # asked twice: stop now (a checkpoint write is atomic)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.received = signum
+        name = signal.Signals(signum).name
+        # os.write: a print here could re-enter a print the signal interrupted.
+        os.write(2, f"\n{name} received: stopping after the current optimizer step and saving a "
+                    f"checkpoint; {name} again stops at once.\n".encode())
 
     def _signals(self, trainer: pl.Trainer) -> list[int]:
-        signals: list[int] = [signal.SIGTERM]
+        signals: list[int] = [signal.SIGTERM, signal.SIGINT]
         env = trainer._accelerator_connector.cluster_environment
         if isinstance(env, SLURMEnvironment) and env.auto_requeue and env.requeue_signal:
             signals.append(env.requeue_signal)
@@ -67,11 +90,44 @@ class PreemptionCheckpoint(pl.Callback):
         env = trainer._accelerator_connector.cluster_environment
         return isinstance(env, SLURMEnvironment) and env.auto_requeue
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # After Lightning registered its handlers (which stop without a checkpoint): replace
-        # them; Lightning restores the previous handlers when the run ends.
-        for signum in self._signals(trainer):
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """From the start of ``fit``, the stop signals only set a flag."""
+        if stage != "fit":
+            return
+        if threading.current_thread() is not threading.main_thread():
+            rank_zero_warn("PreemptionCheckpoint: fit runs outside the main thread, where signal "
+                           "handlers cannot be set; stop signals are not handled.")
+            return
+        self.received, self.saved_path = None, None
+        self._previous = {signum: signal.getsignal(signum) for signum in self._signals(trainer)}
+        for signum in self._previous:
             signal.signal(signum, self._handler)
+        # Lightning registers its SIGTERM handler later (after on_fit_start), composed with the
+        # one in place (ours). Its own part would broadcast inside the handler and stop the run
+        # at the end of the batch without a checkpoint: make that part a no-op.
+        trainer._signal_connector._sigterm_notifier_fn = _ignore_signal  # type: ignore[method-assign,assignment]
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Give the signals back to the handlers they had before ``fit``."""
+        if stage == "fit" and self._previous:
+            self._install(trainer, self._previous)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        """Restore the previous handlers, or after a stop signal the default ones (a further
+        signal ends the process at once, also while Lightning tears down)."""
+        if not self._previous:
+            return
+        if self.received is None:
+            self._install(trainer, self._previous)
+        else:
+            self._install(trainer, dict.fromkeys(self._previous, signal.SIG_DFL))
+
+    def _install(self, trainer: pl.Trainer, handlers: dict[int, _Handler]) -> None:
+        """Set ``handlers``, also as the ones Lightning restores when its run ends."""
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        trainer._signal_connector._original_handlers.update(handlers)
 
     def checkpoint_path(self, trainer: pl.Trainer) -> str:
         """Where the checkpoint goes (see ``dirpath``)."""
@@ -84,23 +140,68 @@ class PreemptionCheckpoint(pl.Callback):
             dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
         return str(Path(dirpath) / f"{self.filename}.ckpt")
 
+    def _agreed_signal(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+        """The stop signal any rank received (0 if none): one reduction, called on every rank."""
+        received = self.received or 0
+        if trainer.world_size > 1:
+            flag = torch.tensor(float(received), device=pl_module.device)
+            received = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        return received
+
+    def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        signum = self._agreed_signal(trainer, pl_module)
+        if not signum:
+            return
+        checkpoint = trainer.ckpt_path  # nothing trained yet: the run's own start is the resume
+        rank_zero_info(f"Stopped by {signal.Signals(signum).name} before the first training step; "
+                       "no checkpoint written. Continue with: "
+                       + resume_command(str(checkpoint) if checkpoint else None))
+        raise SIGTERMException(_exit_code(signum))
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.fit_loop._should_accumulate():
             return  # an optimizer step is under way: stop after it
-        received = self.received is not None
-        if trainer.world_size > 1:  # every rank stops at the same step, if any rank got it
-            flag = torch.tensor(float(received), device=pl_module.device)
-            received = bool(trainer.strategy.reduce(flag, reduce_op="max").item())
-        if not received:
+        signum = self._agreed_signal(trainer, pl_module)
+        if not signum:
             return
         path = self.checkpoint_path(trainer)
         trainer.save_checkpoint(path)
         self.saved_path = path
         requeued = self._should_requeue(trainer) and _requeue_slurm_job(trainer)
-        rank_zero_info(f"Stopped by signal {self.received} at step {trainer.global_step}; "
-                       f"resumable checkpoint: {path}" + ("; job requeued" if requeued else ""))
-        raise SIGTERMException(0 if requeued else PREEMPTED_EXIT_CODE)
+        how = "job requeued" if requeued else f"Resume with: {resume_command(path)}"
+        rank_zero_info(f"Stopped by {signal.Signals(signum).name} at step {trainer.global_step}; "
+                       f"resumable checkpoint: {path}. {how}")
+        raise SIGTERMException(0 if requeued else _exit_code(signum))
+
+
+def _ignore_signal(signum: int, frame: FrameType | None) -> None:
+    """Stands in for Lightning's own SIGTERM notifier while :class:`PreemptionCheckpoint` runs."""
+
+
+def _exit_code(signum: int) -> int:
+    return INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else PREEMPTED_EXIT_CODE
+
+
+def resume_command(checkpoint: str | None) -> str:
+    """This process's command line with ``--ckpt_path checkpoint`` (none when ``checkpoint`` is
+    None) when it runs the ``ssl_lightning`` CLI, else the ``trainer.fit`` argument."""
+    script = Path(sys.argv[0])
+    if script.name == "__main__.py" and script.parent.name == "ssl_lightning":
+        program = ["python", "-m", "ssl_lightning"]
+    elif script.name == "ssl-lightning":
+        program = [sys.argv[0]]
+    else:
+        return f"trainer.fit(..., ckpt_path={checkpoint!r})"
+    args, rest = [], iter(sys.argv[1:])
+    for arg in rest:
+        if arg == "--ckpt_path":
+            next(rest, None)
+        elif not arg.startswith("--ckpt_path="):
+            args.append(arg)
+    if checkpoint is not None:
+        args += ["--ckpt_path", checkpoint]
+    return shlex.join(program + args)
 
 
 def _requeue_slurm_job(trainer: pl.Trainer) -> bool:

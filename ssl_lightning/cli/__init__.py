@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 
 from ssl_lightning.cli.app import SSLLightningCLI
 from ssl_lightning.cli.errors import CLIError, debug_mode
+from ssl_lightning.data.datasets import CorruptImageError
 
 __all__ = ["SSLLightningCLI", "main"]
 
@@ -36,8 +37,9 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
         of ``embed`` / ``export``.
 
     Raises:
-        SystemExit: With code 2 for a command-line / config error, 1 for a value a constructor
-            or a pre-flight check refused; the message is on stderr.
+        SystemExit: With code 2 for a command-line / config error, 1 for a value a constructor,
+            a pre-flight check or a set-up check of the run refused (and for an exception of
+            ssl_lightning's own types); the message is on stderr.
     """
     import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
     from ssl_lightning.commands import EXTRA_COMMANDS, project_description
@@ -57,7 +59,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": project_description()},
         )
-    except CLIError as err:
+    except (CLIError, CorruptImageError) as err:  # an unreadable image file, also during fit
         if debug_mode():
             raise
         sys.stderr.write(f"error: {err}\n")

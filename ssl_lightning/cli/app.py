@@ -1,46 +1,95 @@
 """The LightningCLI subclass behind :func:`ssl_lightning.cli.main`.
 
-On top of LightningCLI it makes errors readable (see :mod:`ssl_lightning.cli.errors`) and
-replaces LightningCLI's ``--ckpt_path`` handling, which loads the checkpoint's hyperparameters
-*over* the config (so ``--model`` and ``--model.*`` overrides were silently dropped), by the
-checks of :mod:`ssl_lightning.cli.resume`: the config and the command line define the run, the
-checkpoint supplies its state.
+On top of LightningCLI it makes errors readable (see :mod:`ssl_lightning.cli.errors`), reads
+an integer ``--trainer.limit_*_batches`` as a number of batches, runs without a logger (a
+config's ``LearningRateMonitor`` is dropped then), and replaces LightningCLI's ``--ckpt_path``
+handling, which loads the checkpoint's hyperparameters *over* the config (so ``--model`` and
+``--model.*`` overrides were silently dropped), by the checks of :mod:`ssl_lightning.cli.resume`:
+the config and the command line define the run, the checkpoint supplies its state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import reduce
+from operator import or_
 from typing import Any
 
+import pytorch_lightning as pl
 from pytorch_lightning.accelerators import CPUAccelerator
-from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.callbacks import LearningRateMonitor
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
+from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
 
-from ssl_lightning.backbones.spec import SPEC_ATTRIBUTE, backbone_spec
+from ssl_lightning.backbones.spec import (
+    SPEC_ATTRIBUTE,
+    backbone_spec,
+    config_class_paths,
+    trust_classes,
+)
 from ssl_lightning.cli.errors import (
     READABLE,
     CLIError,
     ReadableArgumentParser,
     constructor_error,
     debug_mode,
+    one_line,
+    run_error_message,
 )
 from ssl_lightning.cli.resume import (
     check_architecture,
     check_method_and_hyperparameters,
     read_checkpoint,
 )
+from ssl_lightning.io import RunDirectoryLock, with_atomic_checkpoint_io
 
 #: ``ckpt_path`` values Lightning resolves itself (no file to check here).
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 
+#: Trainer arguments where an int counts batches and a float is a fraction (or an interval).
+BATCH_COUNT_ARGUMENTS = ("limit_train_batches", "limit_val_batches", "limit_test_batches",
+                         "limit_predict_batches", "val_check_interval", "overfit_batches")
+
 
 class SSLLightningCLI(LightningCLI):
-    """LightningCLI with readable errors and a resume that keeps the config's model."""
+    """LightningCLI with readable errors and a resume that keeps the config's model; without
+    LightningCLI's automatic ``--optimizer`` / ``--lr_scheduler`` (each method configures its
+    own optimiser and schedule)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._resume: tuple[str, Mapping[str, Any]] | None = None
         kwargs["parser_class"] = ReadableArgumentParser
+        # no --optimizer / --lr_scheduler: they would replace the method's optimiser and schedule
+        kwargs["auto_configure_optimizers"] = False
         super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Parse an integer of :data:`BATCH_COUNT_ARGUMENTS` as an int (a number of batches).
+
+        Their type is ``int | float``, but ``typing`` caches unions regardless of the order of
+        their members, so the Trainer's annotation can come out as ``float | int`` (an earlier
+        import built that one first), and jsonargparse, which tries the members in order, then
+        reads ``1`` as ``1.0`` (all batches). ``types.UnionType`` is not cached: the members are
+        rebuilt with ``int`` first.
+        """
+        for action in parser._actions:
+            members = getattr(getattr(action, "_typehint", None), "__args__", ())
+            if (action.dest.removeprefix("trainer.") in BATCH_COUNT_ARGUMENTS
+                    and int in members and float in members):
+                # jsonargparse's ActionTypeHint (not public) parses with its _typehint
+                action._typehint = reduce(  # type: ignore[attr-defined]
+                    or_, [int, *(m for m in members if m is not int)])
+
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        """LightningCLI's trainer, writing checkpoints atomically (unless the config names its
+        own checkpoint IO) and holding its run directory (see :mod:`ssl_lightning.io`) from
+        before the config is saved into it."""
+        config = self._get(self.config_init, "trainer", default={})
+        kwargs.setdefault("plugins", with_atomic_checkpoint_io(config.get("plugins")))
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.insert(0, RunDirectoryLock())  # type: ignore[attr-defined]
+        return trainer
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` against the config (LightningCLI's version overwrote the
@@ -57,6 +106,7 @@ class SSLLightningCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Build trainer, model and data; a constructor's error (also the Trainer's own
         ``MisconfigurationException``) is raised as its own message."""
+        trust_classes(config_class_paths(self.config))  # a checkpoint may name them too
         try:
             super().instantiate_classes()
         except Exception as err:
@@ -67,8 +117,7 @@ class SSLLightningCLI(LightningCLI):
                 if cause is err:
                     raise
                 raise cause from None
-            name = "" if isinstance(cause, ValueError) else f"{type(cause).__name__}: "
-            raise CLIError(f"{name}{cause}") from err
+            raise CLIError(one_line(cause)) from err
 
     def after_instantiate_classes(self) -> None:
         """Pre-flight checks that would otherwise fail after processes were spawned."""
@@ -78,7 +127,32 @@ class SSLLightningCLI(LightningCLI):
             self._resume = None  # the checkpoint's tensors are no longer needed here
         if self.subcommand == "fit":
             self._check_sync_batchnorm()
+        self._drop_lr_monitor_without_logger()
         self._record_backbone_spec()
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run ``subcommand``; a setting refused while the run sets up, and an error of
+        ssl_lightning's own types, are raised as their one-line message
+        (:func:`~ssl_lightning.cli.errors.run_error_message`)."""
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as err:
+            message = None if debug_mode() else run_error_message(err)
+            if message is None:
+                raise
+            raise CLIError(message) from err
+
+    def _drop_lr_monitor_without_logger(self) -> None:
+        """Without a logger (``--trainer.logger false``), Lightning refuses a
+        ``LearningRateMonitor``: the config's is dropped, with a note."""
+        if self.trainer.loggers:
+            return
+        callbacks = self.trainer.callbacks  # type: ignore[attr-defined]
+        kept = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+        if len(kept) < len(callbacks):
+            rank_zero_info("No logger (--trainer.logger false): the LearningRateMonitor of the "
+                           "config is dropped (it only writes to a logger).")
+            self.trainer.callbacks = kept  # type: ignore[attr-defined]
 
     def _record_backbone_spec(self) -> None:
         """Give a backbone that does not record its own arguments (a torchvision or user class

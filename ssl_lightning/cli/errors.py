@@ -1,24 +1,29 @@
 """Readable command-line errors: parser messages without jsonargparse's Union boilerplate, the
-closest names for an unknown ``class_path``, and a constructor's own exception instead of the
-traceback of the parser that called it.
+closest names for an unknown ``class_path``, a constructor's own exception instead of the
+traceback of the parser that called it, and the message of a setting refused while a subcommand
+sets up (see :func:`run_error_message`).
 
-Set ``JSONARGPARSE_DEBUG=1`` to get the full tracebacks back.
+Set ``JSONARGPARSE_DEBUG=true`` to get the full tracebacks back.
 """
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import os
 import re
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytorch_lightning as pl
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.cli import LightningArgumentParser
+from pytorch_lightning.loops import training_epoch_loop
 from torch import nn
+from torch.multiprocessing.spawn import ProcessRaisedException
 
 from ssl_lightning.cli.help import ModuleHelpFormatter
 
@@ -102,6 +107,23 @@ def _unknown_class(message: str) -> str | None:
     return None
 
 
+# ------------------------------------------------------- LightningCLI's automatic options
+#: ``--optimizer`` / ``--lr_scheduler`` (or a config's top-level ``optimizer:``) in a parser
+#: message: LightningCLI's automatic options, which this CLI does not add.
+_AUTOMATIC_OPTION = re.compile(r"(?:unrecognized arguments:(?:.*\s)?|does not accept option ')"
+                               r"(?:--)?(optimizer|lr_scheduler)\b")
+
+
+def automatic_option_message(option: str) -> str:
+    """Why ``--optimizer`` / ``--lr_scheduler`` do not exist and what sets the optimiser."""
+    return (f"--{option}: there is no --optimizer or --lr_scheduler option (LightningCLI's "
+            "automatic one would replace the method's own optimiser and schedule: LARS / SGD / "
+            "AdamW, linear warm-up + cosine decay, lr scaled to the global batch). Choose the "
+            "optimiser with --model.init_args.optimizer (or --model.optimizer) lars|sgd|adamw "
+            "and the schedule with --model.lr, --model.weight_decay, --model.warmup_epochs and "
+            "--model.final_lr_ratio.")
+
+
 # ------------------------------------------------------------------------ parser messages
 _BOILERPLATE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:",
                 "Given value type:", "Expected a <class 'NoneType'>", "Expected a path but",
@@ -113,6 +135,9 @@ def clean_parser_message(message: str) -> str:
     unknown = _unknown_class(message)
     if unknown is not None:
         return unknown
+    automatic = _AUTOMATIC_OPTION.search(message)
+    if automatic is not None:
+        return automatic_option_message(automatic.group(1))
     lines: list[str] = []
     for line in message.splitlines():
         text = line.strip().removeprefix("- ")
@@ -151,15 +176,84 @@ READABLE = (ValueError, TypeError, OSError, MisconfigurationException)
 
 
 def constructor_error(err: BaseException) -> BaseException:
-    """The exception a constructor raised, unwrapped from jsonargparse's re-raises: the deepest
-    one of the chain that was not raised inside jsonargparse (``err`` itself if none is)."""
+    """The exception a constructor raised, unwrapped from jsonargparse's re-raises: the
+    outermost one of the chain that was not raised inside jsonargparse (``err`` itself if none
+    is), so a constructor's own message wins over the low-level error it was raised from."""
     chain: list[BaseException] = []
     current: BaseException | None = err
     while current is not None and current not in chain:
         chain.append(current)
         current = current.__cause__ or current.__context__
-    for exc in reversed(chain):
+    for exc in chain:
         frames = traceback.extract_tb(exc.__traceback__)
         if frames and "jsonargparse" not in frames[-1].filename:
             return exc
     return err
+
+
+def _one_line(name: str, value_error: bool, message: str) -> str:
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    return text if value_error else f"{name}: {text}"
+
+
+def one_line(err: BaseException) -> str:
+    """``err``'s message on one line, after ``<Type>: `` unless it is a ValueError."""
+    return _one_line(type(err).__name__, isinstance(err, ValueError), str(err))
+
+
+# ------------------------------------------------------------------ errors of a subcommand
+_PACKAGE = Path(__file__).resolve().parents[1]
+_TRAINING_LOOP = Path(training_epoch_loop.__file__).resolve()
+#: Raised by ssl_lightning's own checks while a run sets up: shown as their message.
+_SETUP_ERRORS = (ValueError, TypeError, OSError)
+#: In a traceback's text: a frame's file, and the exception line (``Type: message``).
+_TRACEBACK_FILE = re.compile(r'^  File "([^"]+)", line \d+', re.MULTILINE)
+_TRACEBACK_RAISED = re.compile(r"^([A-Za-z_][\w.]*): (.*)", re.MULTILINE | re.DOTALL)
+
+
+def _worker_message(err: BaseException) -> str:
+    """The original message of an exception a DataLoader worker re-raised (torch prefixes it
+    with the worker's traceback), else ``err``'s own."""
+    message, name = str(err), f"{type(err).__name__}: "
+    if "\nOriginal Traceback" in message and name in message:
+        return message.rpartition(name)[2]
+    return message
+
+
+def _origin(err: BaseException) -> tuple[str, type | None, str, list[Path]]:
+    """Qualified type name, type (None when not a builtin one), message and traceback files of
+    the exception that failed the run: ``err``, or the exception of a process started by
+    ``ddp_spawn``, which torch re-raises as the text of its traceback."""
+    if isinstance(err, ProcessRaisedException):
+        _, found, trace = str(err).rpartition("Traceback (most recent call last):\n")
+        raised = _TRACEBACK_RAISED.search(trace)
+        if found and raised:
+            name, message = raised.groups()
+            kind = getattr(builtins, name, None)
+            files = _TRACEBACK_FILE.findall(trace[: raised.start()])
+            return (name, kind if isinstance(kind, type) else None, message,
+                    [Path(file).resolve() for file in files])
+    files = [frame.filename for frame in traceback.extract_tb(err.__traceback__)]
+    return (f"{type(err).__module__}.{type(err).__qualname__}", type(err), _worker_message(err),
+            [Path(file).resolve() for file in files])
+
+
+def run_error_message(err: BaseException) -> str | None:
+    """The one-line message for an exception raised while a subcommand runs, or None to keep
+    its traceback.
+
+    One line: an exception of ssl_lightning's own types (``TrainingDivergedError``,
+    ``CorruptImageError``, ...) at any time, and a ``ValueError`` / ``TypeError`` / ``OSError``
+    raised by ssl_lightning code before the training loop starts (the checks of ``setup``,
+    ``configure_model``, ``on_fit_start`` / ``on_train_start``, the data module's
+    ``prepare_data`` / ``setup``, the sanity check), also in a process of ``ddp_spawn``.
+    Anything else is a bug, or an error of another library, and keeps its traceback.
+    """
+    name, kind, message, files = _origin(err)
+    short = name.rpartition(".")[2]
+    if name.startswith(f"{_PACKAGE.name}."):
+        return _one_line(short, False, message)
+    if (kind is not None and issubclass(kind, _SETUP_ERRORS) and files
+            and files[-1].is_relative_to(_PACKAGE) and _TRAINING_LOOP not in files):
+        return _one_line(short, issubclass(kind, ValueError), message)
+    return None

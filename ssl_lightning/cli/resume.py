@@ -20,6 +20,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
 from ssl_lightning.cli.errors import CLIError
+from ssl_lightning.deprecation import rename_state_keys
 from ssl_lightning.evaluation.checkpoint import load_checkpoint
 
 #: Hyperparameters a resume cannot change (the optimiser state is specific to the optimiser).
@@ -31,15 +32,12 @@ _PREVIOUS = ("Resume from the previous checkpoint (e.g. a best-*.ckpt or an earl
 def read_checkpoint(path: str) -> Mapping[str, Any]:
     """The checkpoint at ``path``, or a :class:`CLIError` naming the file and what to do."""
     try:
-        return load_checkpoint(path)
+        return load_checkpoint(path, "--ckpt_path", _PREVIOUS)
     except FileNotFoundError as err:
         raise CLIError(f"--ckpt_path: {err} Check the path (it is relative to the working "
                        f"directory {os.getcwd()!r}).") from err
     except ValueError as err:
-        size = os.path.getsize(path)
-        state = "is empty (0 bytes)" if size == 0 else f"cannot be read ({size} bytes)"
-        raise CLIError(f"--ckpt_path {path!r} {state}: {err} The file is probably truncated (a "
-                       f"run killed while saving, or a copy cut short). {_PREVIOUS}") from err
+        raise CLIError(str(err)) from err
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -94,7 +92,8 @@ def check_method_and_hyperparameters(checkpoint: Mapping[str, Any], path: str,
 
 def check_architecture(model: nn.Module, checkpoint: Mapping[str, Any], path: str) -> None:
     """Refuse a checkpoint whose weights do not fit ``model`` (missing, extra or reshaped keys)."""
-    saved = checkpoint.get("state_dict") or {}
+    saved = dict(checkpoint.get("state_dict") or {})
+    rename_state_keys(saved, model)  # old teacher names load (the model's load hook renames)
     expected = model.state_dict()
     missing = [k for k in expected if k not in saved]
     unexpected = [k for k in saved if k not in expected]

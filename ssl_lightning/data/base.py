@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+from pathlib import Path
 from typing import Any, Literal, cast
 
 import pytorch_lightning as pl
@@ -18,7 +20,14 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ssl_lightning.data.checks import balanced_order, check_eval_classes, check_view_sizes
+from ssl_lightning.data.checks import (
+    balanced_order,
+    check_eval_classes,
+    check_image_sizes,
+    check_view_sizes,
+    train_view_size,
+)
+from ssl_lightning.data.datasets import SKIPPED_IMAGES, OnError, UnreadableImages
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.seeding import EpochSampler, SeededDataset
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
@@ -63,6 +72,12 @@ class SSLDataModule(pl.LightningDataModule):
         seed: Seed of the training order and augmentations (both pure functions of seed, epoch,
             sample index and view; see ``docs/resume.md``); None takes ``seed_everything``'s
             seed (``PL_GLOBAL_SEED``), else 0. Saved in checkpoints and restored on resume.
+        on_error: What an image file that cannot be decoded does: ``"skip"`` warns, lists it
+            in ``skipped_images.txt`` in the run's log directory and uses another image of the
+            dataset, chosen from the sample's seed (so resume stays exact); ``"raise"`` stops
+            with an error naming the file (:class:`~ssl_lightning.data.datasets.UnreadableImages`).
+        max_corrupt_fraction: With ``on_error: skip``, stop once more than this fraction of a
+            dataset's images are unreadable.
     """
 
     #: Number of classes of the labeled splits (None when unknown or unlabeled).
@@ -84,6 +99,8 @@ class SSLDataModule(pl.LightningDataModule):
         device_transform: DeviceViews | None = None,
         batched_views_on: Literal["auto", "device", "workers"] = "auto",
         seed: int | None = None,
+        on_error: OnError = "skip",
+        max_corrupt_fraction: float = 0.01,
     ) -> None:
         super().__init__()
         for name, value in [("batch_size", batch_size), ("prefetch_factor", prefetch_factor),
@@ -118,6 +135,7 @@ class SSLDataModule(pl.LightningDataModule):
         self.eval_transform = eval_transform or EvalTransform(preset)
         self.knn_train_subset = knn_train_subset
         self.seed = seed
+        self.unreadable = UnreadableImages(on_error, max_corrupt_fraction)
         self._restored_seed: int | None = None
         self._restored_loader: dict[str, Any] | None = None
         self._restored = False
@@ -136,10 +154,15 @@ class SSLDataModule(pl.LightningDataModule):
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str | None = None) -> None:
+        if isinstance(self.trainer, pl.Trainer):  # every rank reads it (a collective under DDP)
+            log_dir = self.trainer.log_dir or self.trainer.default_root_dir
+            self.unreadable.record = Path(log_dir) / SKIPPED_IMAGES
         new_train = stage in ("fit", None) and self.train_dataset is None
         if new_train:
             self.train_dataset = self.build_train(self.train_transform)
             self._check_batch_size(self.train_dataset)
+            check_image_sizes(self.train_dataset, train_view_size(
+                self.train_transform, getattr(self.device_transform, "crop_size", None)))
         if stage in ("fit", "validate", None) and self.eval_datasets is None:
             splits = self.build_eval(self.eval_transform)
             if splits is not None:
@@ -228,6 +251,7 @@ class SSLDataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.persistent_workers and workers,
             prefetch_factor=self.prefetch_factor if workers else None,
+            worker_init_fn=ignore_stop_signals,
             collate_fn=(BatchedViewsCollate(self.device_transform)
                         if self.device_transform is not None and self._views_in_workers()
                         else None),
@@ -263,6 +287,7 @@ class SSLDataModule(pl.LightningDataModule):
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.persistent_workers and workers,
             prefetch_factor=self.prefetch_factor if workers else None,
+            worker_init_fn=ignore_stop_signals,
         )
 
     def _bank_subset(self, bank: Dataset) -> Dataset:
@@ -285,6 +310,15 @@ class SSLDataModule(pl.LightningDataModule):
                 f"images{split} of {dataset}, and drop_last=True would drop every batch. "
                 "Lower batch_size or set drop_last: false."
             )
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers ignore SIGINT and SIGTERM: Ctrl-C and a scheduler's SIGTERM reach the whole
+    process group, and the main process, not a dying worker, decides how the run stops
+    (:class:`~ssl_lightning.callbacks.PreemptionCheckpoint`); it shuts the workers down as it
+    exits (a worker also exits when its parent is gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class BatchedViewsCollate:

@@ -12,6 +12,7 @@ holds all classes in proportion.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -130,18 +131,31 @@ def _view_size(transform: Callable[[Any], Any], image: Image.Image) -> tuple[int
     return tuple(first.shape[-2:])
 
 
+def _grey_image() -> Image.Image:
+    return Image.new("RGB", (256, 256), (128, 128, 128))
+
+
+def train_view_size(train_transform: Callable[[Any], Any],
+                    device_crop: int | None = None) -> tuple[int, ...]:
+    """(height, width) of the first (global) training view: ``device_crop`` (the crop of a
+    ``DeviceViews``, whose train transform only decodes), else ``train_transform`` applied to a
+    grey 256 px image, with the random state restored afterwards."""
+    if device_crop:
+        return device_crop, device_crop
+    with torch.random.fork_rng(devices=[]):
+        return _view_size(train_transform, _grey_image())
+
+
 def check_view_sizes(train_transform: Callable[[Any], Any], eval_transform: Callable[[Any], Any],
                      device_crop: int | None = None) -> None:
     """Warn when the (first, global) training view and the evaluation image differ in size.
 
-    Both transforms are applied once to a grey 256 px image, with the random state restored
-    afterwards. ``device_crop`` is the training crop of a ``DeviceViews`` (the train transform
-    then only decodes).
+    The evaluation transform is applied once to a grey 256 px image, with the random state
+    restored afterwards; the training view size is :func:`train_view_size`.
     """
-    image = Image.new("RGB", (256, 256), (128, 128, 128))
+    train = train_view_size(train_transform, device_crop)
     with torch.random.fork_rng(devices=[]):
-        train = (device_crop, device_crop) if device_crop else _view_size(train_transform, image)
-        evaluation = _view_size(eval_transform, image)
+        evaluation = _view_size(eval_transform, _grey_image())
     if train != evaluation:
         rank_zero_warn(
             f"Training views are {train[0]}x{train[1]} px but the evaluation transform gives "
@@ -149,3 +163,42 @@ def check_view_sizes(train_transform: Callable[[Any], Any], eval_transform: Call
             "resolution than the one trained on (e.g. a 'cifar' train transform with the "
             "'imagenet' eval preset). Give both the same preset / crop_size."
         )
+
+
+#: Files whose header :func:`check_image_sizes` reads.
+SIZE_SAMPLE = 64
+
+
+def check_image_sizes(dataset: Dataset, view_size: tuple[int, ...]) -> None:
+    """Warn when the images are far larger (median shorter side > 4x) or far smaller (< 0.5x)
+    than the training views, which suggests the preset of other images.
+
+    Reads the headers (PIL, no decoding) of up to :data:`SIZE_SAMPLE` files spread evenly over
+    a dataset with ``samples`` (an :class:`~ssl_lightning.data.ImageFolderDataset`); other
+    datasets are not checked.
+    """
+    samples = getattr(_base(dataset), "samples", None)
+    if not samples:
+        return
+    step = max(1, len(samples) // SIZE_SAMPLE)
+    sides = []
+    for path, _ in samples[::step][:SIZE_SAMPLE]:
+        try:
+            with Image.open(path) as image:
+                sides.append(min(image.size))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+            continue  # reported when the file is loaded
+    if not sides:
+        return
+    median, crop = statistics.median(sides), min(view_size)
+    found = (f"The training images under {_where(dataset)} have a median shorter side of "
+             f"{median:g} px ({len(sides)} files read), but the training views are {crop} px")
+    if median > 4 * crop:
+        rank_zero_warn(
+            f"{found}: each view shows a small part of a much larger picture, or (the 'cifar' "
+            "preset) a picture shrunk to the crop size. For photos use preset: imagenet, or set "
+            "the crop_size of the train transform.")
+    elif median < crop / 2:
+        rank_zero_warn(
+            f"{found}: every view is an upsampled, blurred image. For small images use preset: "
+            "cifar, or set the crop_size of the train transform.")

@@ -69,7 +69,7 @@ class CIFAR10DataModule(SSLDataModule):
         if self.layout() == "folder":
             folder = self.root / ("train" if train else "test")
             return ImageFolderDataset(folder, labeled=True, transform=transform,
-                                      hint=self.data_hint)
+                                      hint=self.data_hint, unreadable=self.unreadable)
         return self.torchvision_dataset(str(self.root), train=train, transform=transform)
 
     def build_train(self, transform: MultiViewTransform) -> Dataset:

@@ -2,19 +2,27 @@
 
 Labeled layout: ``root/<class>/<image>`` (classes sorted by name, as torchvision's ImageFolder).
 Unlabeled: every image under ``root`` (a flat folder, or class folders whose names are ignored),
-with target -1.
+with target -1. Symbolic links are followed, each real directory and each real file once (a link
+back to a parent folder adds nothing). An image that cannot be decoded either stops the run or is
+replaced by another image of the dataset (:class:`UnreadableImages`).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+import torch
 from PIL import Image
 from torch.utils.data import Dataset
+
+from ssl_lightning.data.seeding import active_sample_seed, mix64
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 UNLABELED = -1
@@ -24,8 +32,23 @@ UNLABELED = -1
 HIGH_DEPTH_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 
 
+OnError = Literal["skip", "raise"]
+#: The list of the unreadable images a run skipped, in its log directory.
+SKIPPED_IMAGES = "skipped_images.txt"
+
+
 class CorruptImageError(RuntimeError):
-    """An image file exists but cannot be decoded (or its values cannot be scaled to 8 bit)."""
+    """An image file exists but cannot be decoded (or its values cannot be scaled to 8 bit).
+
+    Its message is one line: re-raised from a DataLoader worker (whose message is the worker's
+    whole traceback) it keeps only the original message.
+    """
+
+    def __init__(self, message: str) -> None:
+        if message.startswith(f"Caught {type(self).__name__}"):
+            last = message.rstrip().rsplit("\n", 1)[-1]
+            message = last.split(f"{type(self).__name__}: ", 1)[-1]
+        super().__init__(message)
 
 
 def load_image(path: str | Path) -> Image.Image:
@@ -86,23 +109,110 @@ def check_directory(path: str | Path, hint: str = "") -> Path:
     return path
 
 
+def _directory_key(path: str | Path) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
+
+
+def _parent_keys(root: str | Path) -> set[tuple[int, int]]:
+    """The (device, inode) keys of ``root`` and of every folder above it."""
+    real = Path(os.path.realpath(root))
+    return {_directory_key(folder) for folder in (real, *real.parents)}
+
+
 def find_images(root: Path) -> list[str]:
-    """All image files under ``root`` (recursive, hidden entries skipped), sorted."""
-    found = []
+    """All image files under ``root`` (recursive, hidden entries skipped), sorted.
+
+    Symbolic links are followed, but every real directory is walked once (a link to a folder
+    above or already walked is skipped, so a link loop adds nothing) and every real file is
+    listed once, under the first path the sorted, top-down walk reaches it by.
+    """
+    visited = _parent_keys(root)
+    by_real_path: dict[str, str] = {}
     for directory, subdirs, files in os.walk(root, followlinks=True):
-        subdirs[:] = [d for d in subdirs if not d.startswith(".")]
-        found += [os.path.join(directory, f) for f in files
-                  if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS)]
-    return sorted(found)
+        kept = []
+        for name in sorted(subdirs):
+            if name.startswith("."):
+                continue
+            try:
+                key = _directory_key(os.path.join(directory, name))
+            except OSError:  # a broken link
+                continue
+            if key not in visited:
+                visited.add(key)
+                kept.append(name)
+        subdirs[:] = kept
+        for name in sorted(files):
+            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
+                path = os.path.join(directory, name)
+                by_real_path.setdefault(os.path.realpath(path), path)
+    return sorted(by_real_path.values())
+
+
+def class_folders(root: str | Path) -> list[str]:
+    """The sorted names of ``root``'s sub-folders (hidden ones and links to ``root`` or a
+    folder above it skipped): the classes of the labeled layout."""
+    root = Path(root)
+    above = _parent_keys(root)
+    return sorted(e.name for e in root.iterdir() if not e.name.startswith(".") and e.is_dir()
+                  and _directory_key(e) not in above)
 
 
 def has_class_folders(root: str | Path) -> bool:
     """True if ``root`` holds sub-folders and no loose images (the labeled layout)."""
     root = Path(root)
-    entries = [e for e in root.iterdir() if not e.name.startswith(".")]
-    subdirs = any(e.is_dir() for e in entries)
-    loose = any(e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS) for e in entries)
-    return subdirs and not loose
+    loose = any(e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)
+                for e in root.iterdir() if not e.name.startswith("."))
+    return bool(class_folders(root)) and not loose
+
+
+@dataclass
+class UnreadableImages:
+    """What a dataset does with an image file that cannot be decoded.
+
+    Attributes:
+        on_error: ``"raise"``: stop with :class:`CorruptImageError` naming the file.
+            ``"skip"``: warn once per file, append its path to ``record`` and return another
+            image of the dataset in its place: the first readable one of a sequence of indices
+            drawn from the sample's seed (see :mod:`ssl_lightning.data.seeding`; from its index
+            outside a seeded loader), so the replacement is the same for any number of loader
+            workers or processes, and on resume.
+        max_fraction: With ``"skip"``, stop with :class:`CorruptImageError` once more than this
+            fraction of the dataset's files are known to be unreadable (those found by this
+            process and those listed in ``record`` by the others).
+        record: File the unreadable paths are appended to, one per line (appends by any
+            number of workers and processes are safe), or None.
+
+    Raises:
+        ValueError: an unknown ``on_error`` or a ``max_fraction`` outside [0, 1].
+    """
+
+    on_error: OnError = "raise"
+    max_fraction: float = 0.01
+    record: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("skip", "raise"):
+            raise ValueError(f"on_error must be 'skip' or 'raise', got {self.on_error!r}.")
+        if not 0.0 <= self.max_fraction <= 1.0:
+            raise ValueError(f"max_corrupt_fraction must be in [0, 1], got {self.max_fraction}.")
+
+    def listed(self) -> set[str]:
+        """The paths in ``record`` (empty when there is none yet)."""
+        if self.record is None or not self.record.is_file():
+            return set()
+        return set(self.record.read_text(encoding="utf-8").splitlines())
+
+    def append(self, path: str) -> None:
+        """Add ``path`` to ``record`` (one ``O_APPEND`` write, so concurrent lines never mix)."""
+        if self.record is None:
+            return
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(self.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(handle, f"{path}\n".encode())
+        finally:
+            os.close(handle)
 
 
 class ImageFolderDataset(Dataset):
@@ -115,6 +225,8 @@ class ImageFolderDataset(Dataset):
             holds only sub-folders (no loose images).
         transform: Applied to the PIL image (e.g. a :class:`MultiViewTransform`).
         hint: Appended to the missing/empty-directory errors (how to get the data).
+        unreadable: What an image that cannot be decoded does; None raises
+            :class:`CorruptImageError` (``UnreadableImages()``).
 
     Raises:
         FileNotFoundError: ``root`` is missing or holds no images.
@@ -126,13 +238,15 @@ class ImageFolderDataset(Dataset):
         labeled: bool | None = None,
         transform: Callable[[Image.Image], Any] | None = None,
         hint: str = "",
+        unreadable: UnreadableImages | None = None,
     ) -> None:
         self.root = check_directory(root, hint)
         self.labeled = has_class_folders(self.root) if labeled is None else labeled
         self.transform = transform
+        self.unreadable = unreadable if unreadable is not None else UnreadableImages()
+        self._unreadable: set[int] = set()  # indices found unreadable by this process
         if self.labeled:
-            self.classes = sorted(d.name for d in self.root.iterdir()
-                                  if d.is_dir() and not d.name.startswith("."))
+            self.classes = class_folders(self.root)
             self.samples = [(path, index) for index, name in enumerate(self.classes)
                             for path in find_images(self.root / name)]
         else:
@@ -155,8 +269,55 @@ class ImageFolderDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, target = self.samples[index]
-        image = load_image(path)
+        try:
+            image = load_image(path)
+        except CorruptImageError as err:
+            if self.unreadable.on_error == "raise":
+                raise
+            self._note_unreadable(index, err)
+            index, image = self._replacement(index)
+            target = self.samples[index][1]
         return (self.transform(image) if self.transform is not None else image), target
+
+    @cached_property
+    def _paths(self) -> set[str]:
+        return {path for path, _ in self.samples}
+
+    def _replacement(self, index: int) -> tuple[int, Image.Image]:
+        """The index and image standing in for the unreadable sample ``index``."""
+        seed = active_sample_seed()
+        generator = torch.Generator().manual_seed(mix64(index if seed is None else seed))
+        for _ in range(len(self.samples)):
+            candidate = int(torch.randint(len(self.samples), (1,), generator=generator))
+            if candidate == index or candidate in self._unreadable:
+                continue  # the same draws whether or not this process knew it was unreadable
+            try:
+                return candidate, load_image(self.samples[candidate][0])
+            except CorruptImageError as err:
+                self._note_unreadable(candidate, err)
+        raise CorruptImageError(
+            f"No readable replacement found for {self.samples[index][0]} under {self.root} "
+            f"after {len(self.samples)} draws; replace or delete the unreadable files.")
+
+    def _note_unreadable(self, index: int, err: CorruptImageError) -> None:
+        """Warn about and record a newly found unreadable file; stop past ``max_fraction``."""
+        if index in self._unreadable:
+            return
+        self._unreadable.add(index)
+        path, policy = self.samples[index][0], self.unreadable
+        listed = policy.listed()
+        if path not in listed:
+            where = f" (listed in {policy.record})" if policy.record is not None else ""
+            warnings.warn(f"Skipping an unreadable image{where}, another image of the dataset "
+                          f"takes its place: {err}", stacklevel=3)
+            policy.append(path)
+        bad = {self.samples[i][0] for i in self._unreadable} | (listed & self._paths)
+        if len(bad) > policy.max_fraction * len(self.samples):
+            listing = f"; all listed in {policy.record}" if policy.record is not None else ""
+            raise CorruptImageError(
+                f"{len(bad)} of the {len(self.samples)} images under {self.root} are "
+                f"unreadable, more than max_corrupt_fraction={policy.max_fraction:g} (the last: "
+                f"{path}{listing}): replace or delete them, or raise max_corrupt_fraction.")
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"

@@ -57,11 +57,14 @@ class UInt8Image(MultiViewTransform):
 
     @classmethod
     def for_preset(cls, preset: str) -> UInt8Image:
-        """CIFAR images as they are; other presets resized to the preset's evaluation size."""
-        return cls(None if preset == "cifar" else get_preset(preset).resize_size)
+        """Images of any size as squares of the preset's crop size when it resizes first
+        (``"cifar"``: 32 px, CIFAR images unchanged), else of its evaluation size (``"imagenet"``:
+        256 px)."""
+        p = get_preset(preset)
+        return cls(p.crop_size if p.resize_first else p.resize_size)
 
     def _decode(self, image: Image.Image) -> Tensor:
-        if self.size is not None:
+        if self.size is not None and image.size != (self.size, self.size):
             w, h = image.size
             scale = self.size / min(w, h)
             crop_w, crop_h = self.size / scale, self.size / scale

@@ -8,7 +8,12 @@ from typing import Any
 from torch.utils.data import Dataset, Subset
 
 from ssl_lightning.data.base import SSLDataModule
-from ssl_lightning.data.datasets import ImageFolderDataset, check_directory, has_class_folders
+from ssl_lightning.data.datasets import (
+    ImageFolderDataset,
+    check_directory,
+    class_folders,
+    has_class_folders,
+)
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName
 
 
@@ -54,14 +59,13 @@ class ImageFolderDataModule(SSLDataModule):
         folder = self.val_dir if self.val_dir is not None else self.train_dir
         if folder is self.train_dir and not self._train_is_labeled():
             return None
-        check_directory(folder)
-        return sum(1 for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+        return len(class_folders(check_directory(folder)))
 
     def _train_is_labeled(self) -> bool:
         folder = check_directory(self.train_dir)
         if self.train_labeled is False:
             return False
-        classes = sum(1 for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+        classes = len(class_folders(folder))
         if self.train_labeled is None:
             return has_class_folders(folder) and classes > 1
         if classes < 2:
@@ -74,12 +78,14 @@ class ImageFolderDataModule(SSLDataModule):
 
     def build_train(self, transform: MultiViewTransform) -> Dataset:
         return ImageFolderDataset(self.train_dir, labeled=self._train_is_labeled(),
-                                  transform=transform)
+                                  transform=transform, unreadable=self.unreadable)
 
     def build_eval(self, transform: EvalTransform) -> tuple[Dataset, Dataset] | None:
         if self.val_dir is None:
             return None
-        val = ImageFolderDataset(self.val_dir, labeled=True, transform=transform)
+        val = ImageFolderDataset(self.val_dir, labeled=True, transform=transform,
+                                 unreadable=self.unreadable)
         if self._train_is_labeled():
-            return ImageFolderDataset(self.train_dir, labeled=True, transform=transform), val
+            return ImageFolderDataset(self.train_dir, labeled=True, transform=transform,
+                                      unreadable=self.unreadable), val
         return Subset(val, range(0, len(val), 2)), Subset(val, range(1, len(val), 2))

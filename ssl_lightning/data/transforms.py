@@ -7,8 +7,9 @@
 - :class:`SimCLRViews`: the SimCLR augmentation (Chen et al., "A Simple Framework for Contrastive
   Learning of Visual Representations", ICML 2020, Appendix A): random resized crop, horizontal
   flip, colour jitter (p=0.8, strength s), grayscale (p=0.2), Gaussian blur (ImageNet only) and
-  normalisation, with ``"cifar"`` (32 px, s=0.5, no blur; Appendix B.9) and ``"imagenet"``
-  (224 px, s=1.0, blur p=0.5) presets. :func:`simclr_augmentation` builds one such pipeline and is
+  normalisation, with ``"cifar"`` (32 px, s=0.5, no blur; Appendix B.9; images of any size are
+  first resized to 32 px squares) and ``"imagenet"`` (224 px, s=1.0, blur p=0.5; crops of the
+  image as it is) presets. :func:`simclr_augmentation` builds one such pipeline and is
   meant to be reused by other view recipes.
 - :class:`EvalTransform`: single deterministic view for kNN / probe evaluation.
 - :class:`LinearEvalTransform`: the supervised training augmentation for linear evaluation
@@ -43,6 +44,10 @@ class Preset:
         std: Per-channel normalisation standard deviation.
         jitter_strength: SimCLR colour-distortion strength ``s``.
         blur_p: Probability of the Gaussian blur.
+        resize_first: Resize every image to a ``crop_size`` square (shorter side, then a centre
+            crop) before the training views, so that images of any size become images of the
+            preset's size (``"cifar"``: 32 px, a no-op on CIFAR images); otherwise the views crop
+            the image as it is (a random resized crop takes any size).
     """
 
     crop_size: int
@@ -51,11 +56,13 @@ class Preset:
     std: Triple
     jitter_strength: float
     blur_p: float
+    resize_first: bool = False
 
 
 PRESETS: dict[str, Preset] = {
     # CIFAR-10 channel statistics; SimCLR B.9: colour strength 0.5, no blur for CIFAR-10.
-    "cifar": Preset(32, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 0.5, 0.0),
+    "cifar": Preset(32, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 0.5, 0.0,
+                    resize_first=True),
     # ImageNet statistics; SimCLR Appendix A: s=1.0, blur with p=0.5; eval resize 256 -> crop 224.
     "imagenet": Preset(224, 256, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 1.0, 0.5),
 }
@@ -66,6 +73,15 @@ def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"Unknown transform preset {name!r}; choose one of {sorted(PRESETS)}.")
     return PRESETS[name]
+
+
+def square_resize(size: int | None) -> list[Callable]:
+    """``[Resize(size), CenterCrop(size)]`` (shorter side to ``size``, then the centre square:
+    images of any size in, ``size`` squares out); ``[]`` for None."""
+    if size is None:
+        return []
+    _check_positive("resize", size)
+    return [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
 
 
 def _check_probability(name: str, value: float) -> None:
@@ -116,6 +132,7 @@ def simclr_augmentation(
     flip_p: float = 0.5,
     jitter: tuple[float, float, float, float] | None = None,
     interpolation: Literal["bilinear", "bicubic"] = "bilinear",
+    resize: int | None = None,
 ) -> v2.Compose:
     """One SimCLR-style augmentation pipeline: PIL image or tensor -> normalised float tensor.
 
@@ -139,6 +156,8 @@ def simclr_augmentation(
         jitter: Explicit (brightness, contrast, saturation, hue) of the colour jitter, replacing
             the ``jitter_strength`` rule (BYOL: (0.4, 0.4, 0.2, 0.1)).
         interpolation: Resampling of the random resized crop (DINO: ``"bicubic"``).
+        resize: First resize every image to a square of this side (:func:`square_resize`);
+            None crops the image as it is.
 
     Returns:
         The composed pipeline.
@@ -156,6 +175,7 @@ def simclr_augmentation(
     if min(brightness, contrast, saturation, hue) < 0 or hue > 0.5:
         raise ValueError(f"jitter needs values >= 0 and hue <= 0.5, got {jitter}.")
     steps: list[Callable] = [
+        *square_resize(resize),
         v2.RandomResizedCrop(crop_size, scale=crop_scale, antialias=True,
                              interpolation=v2.InterpolationMode(interpolation)),
         v2.RandomHorizontalFlip(p=flip_p),
@@ -220,7 +240,8 @@ class SimCLRViews(MultiViewTransform):
     Arguments left as ``None`` take the preset's value (see :data:`PRESETS`).
 
     Args:
-        preset: ``"cifar"`` (32 px, s=0.5, no blur) or ``"imagenet"`` (224 px, s=1.0, blur 0.5).
+        preset: ``"cifar"`` (any image resized to 32 px first, 32 px crops, s=0.5, no blur) or
+            ``"imagenet"`` (224 px crops of the image as it is, s=1.0, blur 0.5).
         num_views: Number of views per image.
         crop_size: Crop side; preset default if None.
         crop_scale: Area range of the random resized crop.
@@ -249,8 +270,9 @@ class SimCLRViews(MultiViewTransform):
     ) -> None:
         _check_positive("num_views", num_views)
         p = get_preset(preset)
+        crop = crop_size if crop_size is not None else p.crop_size
         pipeline = simclr_augmentation(
-            crop_size=crop_size if crop_size is not None else p.crop_size,
+            crop_size=crop,
             mean=mean if mean is not None else p.mean,
             std=std if std is not None else p.std,
             crop_scale=crop_scale,
@@ -259,6 +281,7 @@ class SimCLRViews(MultiViewTransform):
             grayscale_p=grayscale_p,
             blur_p=blur_p if blur_p is not None else p.blur_p,
             solarize_p=solarize_p,
+            resize=crop if p.resize_first else None,
         )
         super().__init__([pipeline] * num_views)
 
@@ -307,7 +330,8 @@ class EvalTransform:
 class LinearEvalTransform(MultiViewTransform):
     """Supervised training augmentation for linear evaluation, as one view.
 
-    CIFAR: random 32 px crop with 4 px zero padding + flip; ImageNet: random resized crop 224 +
+    CIFAR: resize to a 32 px square (a no-op on CIFAR images), random 32 px crop with 4 px zero
+    padding + flip; ImageNet: random resized crop 224 +
     flip (the standard linear-evaluation protocol, e.g. SimCLR Appendix B.5). It returns a
     one-element list so that training batches keep the ``(views, targets)`` shape.
 
@@ -331,6 +355,7 @@ class LinearEvalTransform(MultiViewTransform):
         crop_step = (v2.RandomCrop(crop, padding=4) if preset == "cifar"
                      else v2.RandomResizedCrop(crop, antialias=True))
         pipeline = v2.Compose([
+            *square_resize(crop if p.resize_first else None),
             v2.ToImage(),
             crop_step,
             v2.RandomHorizontalFlip(),

@@ -11,21 +11,23 @@ evaluate the teacher instead.
 from __future__ import annotations
 
 import os
-import pickle
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from ssl_lightning.backbones.pretrained import state_differences
+from ssl_lightning.backbones.pretrained import load_torch_data, state_differences
 from ssl_lightning.backbones.spec import build_backbone
+from ssl_lightning.deprecation import rename_state_keys, renamed_prefix
 
 DEFAULT_PREFIX = "backbone."
 #: Checkpoint entry with the backbone's ``{"class_path", "init_args"}`` (written by SSLMethod).
 SPEC_KEY = "backbone_spec"
 #: The ``checkpoint`` value that asks an evaluation module to keep the backbone as constructed.
 RANDOM_INIT = "random"
+#: What to do about a checkpoint that cannot be read.
+CHECKPOINT_FIX = ("Pass a .ckpt written by `python -m ssl_lightning fit` (e.g. runs/<name>/"
+                  "version_N/checkpoints/last.ckpt, or a best-*.ckpt beside it).")
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike | None, owner: str) -> str | None:
@@ -49,38 +51,23 @@ def resolve_checkpoint(checkpoint: str | os.PathLike | None, owner: str) -> str 
     return None if path == RANDOM_INIT else path
 
 
-def _torch_load(path: str) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        if "Weights only load failed" not in str(err):
-            raise
-    return torch.load(path, map_location="cpu", weights_only=False)
+def load_checkpoint(path: str | os.PathLike, what: str = "Checkpoint",
+                    fix: str = CHECKPOINT_FIX) -> Mapping[str, Any]:
+    """A Lightning checkpoint file (the whole dict), on the CPU; ``what`` (the file's role) and
+    ``fix`` (what to do) go into the message of an unreadable file.
 
-
-def load_checkpoint(path: str | os.PathLike) -> Mapping[str, Any]:
-    """A Lightning checkpoint file (the whole dict), on the CPU.
-
-    The file is read with ``torch.load(weights_only=True)`` (tensors and plain containers, no
-    arbitrary code); a checkpoint that also pickles other Python objects (e.g. hyperparameters
-    of custom types) is then read like Lightning reads its own checkpoints
-    (``weights_only=False``): only load checkpoints you trust.
+    The file is read with ``torch.load(weights_only=True)``: tensors and plain containers
+    only, so a file that pickles other Python objects (which could run code) is refused.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: The file is not a torch file (empty, truncated, foreign), or not a
-            Lightning checkpoint (no ``state_dict``).
+        ValueError: The file is not a torch file (empty, truncated, foreign), pickles Python
+            objects, or is not a Lightning checkpoint (no ``state_dict``).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Checkpoint file not found: {path!r}.")
-    try:
-        checkpoint: Any = _torch_load(path)
-    except Exception as err:  # corrupt, truncated, text or foreign files all fail differently
-        raise ValueError(
-            f"{path!r} is not a readable PyTorch Lightning checkpoint ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''})."
-        ) from err
+    checkpoint: Any = load_torch_data(path, what, fix)
     if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
         found = sorted(checkpoint)[:8] if isinstance(checkpoint, Mapping) else type(checkpoint)
         raise ValueError(
@@ -99,14 +86,18 @@ def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 def backbone_state_dict(
     path: str | os.PathLike, prefix: str = DEFAULT_PREFIX
 ) -> dict[str, Tensor]:
-    """The backbone weights of a checkpoint, with ``prefix`` stripped from their names.
+    """The backbone weights of a checkpoint, with ``prefix`` stripped from their names. Teacher
+    prefixes resolve under their old names too (``key_backbone.``, ``target_backbone.``: see
+    :mod:`ssl_lightning.deprecation`), in the request and in the checkpoint.
 
     Raises:
         FileNotFoundError, ValueError: See :func:`load_checkpoint_state_dict`; also a
             ``ValueError`` when no key starts with ``prefix``.
     """
     state = load_checkpoint_state_dict(path)
-    backbone = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    rename_state_keys(state)
+    wanted = renamed_prefix(prefix)
+    backbone = {k[len(wanted):]: v for k, v in state.items() if k.startswith(wanted)}
     if not backbone:
         tops = sorted({k.split(".", 1)[0] + "." for k in state})
         raise ValueError(
@@ -181,5 +172,5 @@ def backbone_from_checkpoint(
                 f"The checkpoint's spec describes its backbone, not the module under "
                 f"{prefix!r}; give that module explicitly."
             )
-        backbone = build_backbone(spec)
+        backbone = build_backbone(spec, source=f"Checkpoint {os.fspath(path)!r}")
     return load_backbone(backbone, path, prefix)

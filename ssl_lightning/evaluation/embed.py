@@ -9,7 +9,11 @@ file list into N contiguous shards (one process each: no sampler padding, order 
 shard streams its rows to a part file, and the parts are then written, in order, to the output
 format of the suffix (see :mod:`ssl_lightning.evaluation.embed_writers`). Unreadable images are
 skipped and listed in ``<output>.skipped.txt`` (``--on-error raise`` stops at the first one,
-naming it, and removes the partial output).
+naming it).
+
+Every argument, the checkpoint and the image folder are checked before any file is written; the
+outputs are written to temporary names beside them and renamed when complete, so an error, a
+full disk or an interrupt leaves no partial output and an existing output as it was.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset, l
 from ssl_lightning.data.transforms import EvalTransform
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_from_checkpoint
 from ssl_lightning.evaluation.embed_writers import EmbeddingWriter, check_output_suffix
+from ssl_lightning.io import atomic_open, same_file
 
 
 class _Readable(Dataset):
@@ -118,6 +123,10 @@ def embed_folder(
         ``{"rows", "dim", "skipped": [paths], "output"}``.
     """
     check_output_suffix(output)
+    if os.path.isdir(output):
+        raise ValueError(f"--output {output!r} is a directory; name a file in it.")
+    if same_file(output, checkpoint):
+        raise ValueError(f"--output {output!r} is the checkpoint; name another file.")
     if devices < 1 or batch_size < 1:
         raise ValueError(f"devices ({devices}) and batch_size ({batch_size}) must be >= 1.")
     if on_error not in ("skip", "raise"):
@@ -144,17 +153,17 @@ def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str
              for r in range(parts)]
     skipped = [folder.samples[int(i)][0] for r in range(parts)
                for i in (tmp / f"{r}.skipped").read_text().split()]
-    writer = EmbeddingWriter(output, sum(len(m) for m in metas), dim)
-    for r, meta in enumerate(metas):
-        rows = np.memmap(tmp / f"{r}.f32", dtype=np.float32, mode="r", shape=(len(meta), dim)) \
-            if len(meta) else np.zeros((0, dim), np.float32)
-        for start in range(0, len(meta), chunk_rows):
-            chunk = meta[start:start + chunk_rows]
-            writer.write([folder.samples[int(i)][0] for i in chunk[:, 0]], chunk[:, 1],
-                         np.asarray(rows[start:start + chunk_rows]))
-    writer.close()
+    with EmbeddingWriter(output, sum(len(m) for m in metas), dim) as writer:
+        for r, meta in enumerate(metas):
+            rows = (np.memmap(tmp / f"{r}.f32", dtype=np.float32, mode="r", shape=(len(meta), dim))
+                    if len(meta) else np.zeros((0, dim), np.float32))
+            for start in range(0, len(meta), chunk_rows):
+                chunk = meta[start:start + chunk_rows]
+                writer.write([folder.samples[int(i)][0] for i in chunk[:, 0]], chunk[:, 1],
+                             np.asarray(rows[start:start + chunk_rows]))
     if skipped:
-        Path(f"{output}.skipped.txt").write_text("".join(f"{p}\n" for p in skipped))
+        with atomic_open(f"{output}.skipped.txt", "w", encoding="utf-8") as handle:
+            handle.writelines(f"{p}\n" for p in skipped)
     return {"rows": writer.written, "dim": dim, "skipped": skipped, "output": output}
 
 
@@ -181,10 +190,7 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
             ns.checkpoint, ns.images, ns.output, batch_size=ns.batch_size,
             num_workers=ns.num_workers, devices=ns.devices, preset=ns.preset,
             crop_size=ns.crop_size, prefix=ns.prefix, on_error=ns.on_error)
-    except (ValueError, FileNotFoundError, CorruptImageError, ImportError) as err:
-        for partial in (ns.output, f"{ns.output}.paths.tsv"):
-            if os.path.exists(partial):
-                os.remove(partial)
+    except (ValueError, OSError, CorruptImageError, ImportError) as err:
         parser.exit(2, f"embed: error: {err}\n")
     print(f"Wrote {result['rows']} embeddings of size {result['dim']} to {ns.output}.")
     if result["skipped"]:

@@ -1,20 +1,29 @@
 """Output formats of ``python -m ssl_lightning embed``, each written chunk by chunk.
 
-``.npy`` (float32 (N, D), with a ``<file>.paths.tsv`` sidecar of ``path<TAB>label`` lines),
+``.npy`` (float32 (N, D), with a ``<file>.paths.csv`` sidecar of ``path,label`` rows),
 ``.csv`` (``path,label,f0..f{D-1}``), ``.parquet`` (columns ``path``, ``label``, ``embedding``)
 and ``.pt`` (``{"paths", "labels", "embeddings"}``; held in memory until saved, so prefer the
-others for millions of images).
+others for millions of images). CSV files are written by the :mod:`csv` module, which quotes a
+path holding a comma, a quote, a tab or a line break, so every row reads back as written.
+
+Every file is written to a temporary name in the destination directory and renamed when it is
+complete (:mod:`ssl_lightning.io.atomic`): an error, a full disk or an interrupt leaves an
+existing output as it was.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+from contextlib import ExitStack
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 import torch
+
+from ssl_lightning.io import atomic_open, atomic_path, atomic_torch_save
 
 SUFFIXES = (".npy", ".csv", ".parquet", ".pt")
 
@@ -37,8 +46,21 @@ def check_output_suffix(output: str | os.PathLike) -> str:
     return suffix
 
 
+def sidecar_path(output: str | os.PathLike) -> Path:
+    """``<output>.paths.csv``: the path and label of each ``.npy`` row (header ``path,label``)."""
+    return Path(f"{os.fspath(output)}.paths.csv")
+
+
+def read_sidecar(output: str | os.PathLike) -> tuple[list[str], np.ndarray]:
+    """The paths and labels of a ``.npy`` output's rows, from its sidecar."""
+    with open(sidecar_path(output), newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))[1:]
+    return [r[0] for r in rows], np.array([int(r[1]) for r in rows], dtype=np.int64)
+
+
 class EmbeddingWriter:
-    """Appends ``(paths, labels, embeddings)`` chunks to ``output`` in its suffix's format.
+    """Appends ``(paths, labels, embeddings)`` chunks to ``output`` in its suffix's format; use
+    as a context manager: the files appear, complete, when the block ends without an error.
 
     Args:
         output: Destination file; the format comes from its suffix.
@@ -49,37 +71,43 @@ class EmbeddingWriter:
     def __init__(self, output: str | os.PathLike, rows: int, dim: int) -> None:
         self.output = Path(output)
         self.suffix = check_output_suffix(output)
-        self.output.parent.mkdir(parents=True, exist_ok=True)
         self.rows, self.dim, self.written = rows, dim, 0
         self._pt: list[tuple[list[str], np.ndarray, np.ndarray]] = []
+        self._stack = ExitStack()
         self._handle: Any = None
-        if self.suffix == ".npy":
-            self._array = np.lib.format.open_memmap(
-                self.output, mode="w+", dtype=np.float32, shape=(rows, dim))
-            self._handle = open(self.sidecar_path(self.output), "w", encoding="utf-8")
-        elif self.suffix == ".csv":
-            self._handle = open(self.output, "w", newline="", encoding="utf-8")
-            self._csv = csv.writer(self._handle)
-            self._csv.writerow(["path", "label", *(f"f{i}" for i in range(dim))])
-        elif self.suffix == ".parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+        self._csv: Any = None
 
-            self._schema = pa.schema([("path", pa.string()), ("label", pa.int64()),
-                                      ("embedding", pa.list_(pa.float32(), dim))])
-            self._handle = pq.ParquetWriter(self.output, self._schema)
+    def __enter__(self) -> EmbeddingWriter:
+        with ExitStack() as stack:  # closes what was opened if a later open fails
+            if self.suffix == ".npy":
+                self._handle = stack.enter_context(atomic_open(self.output, "wb"))
+                np.lib.format.write_array_header_1_0(self._handle, {
+                    "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
+                    "fortran_order": False, "shape": (self.rows, self.dim)})
+                self._csv = csv.writer(stack.enter_context(atomic_open(
+                    sidecar_path(self.output), "w", newline="", encoding="utf-8")))
+                self._csv.writerow(["path", "label"])
+            elif self.suffix == ".csv":
+                self._csv = csv.writer(stack.enter_context(
+                    atomic_open(self.output, "w", newline="", encoding="utf-8")))
+                self._csv.writerow(["path", "label", *(f"f{i}" for i in range(self.dim))])
+            elif self.suffix == ".parquet":
+                import pyarrow as pa
+                import pyarrow.parquet as pq
 
-    @staticmethod
-    def sidecar_path(output: str | os.PathLike) -> Path:
-        """``<output>.paths.tsv``: the path and label of each ``.npy`` row."""
-        return Path(f"{os.fspath(output)}.paths.tsv")
+                self._schema = pa.schema([("path", pa.string()), ("label", pa.int64()),
+                                          ("embedding", pa.list_(pa.float32(), self.dim))])
+                tmp = stack.enter_context(atomic_path(self.output))
+                self._handle = pq.ParquetWriter(tmp, self._schema)
+            self._stack = stack.pop_all()
+        return self
 
     def write(self, paths: list[str], labels: np.ndarray, embeddings: np.ndarray) -> None:
         """Append one chunk (rows in order)."""
         n = len(paths)
         if self.suffix == ".npy":
-            self._array[self.written:self.written + n] = embeddings
-            self._handle.writelines(f"{p}\t{int(y)}\n" for p, y in zip(paths, labels, strict=True))
+            self._handle.write(np.ascontiguousarray(embeddings, dtype="<f4").tobytes())
+            self._csv.writerows([p, int(y)] for p, y in zip(paths, labels, strict=True))
         elif self.suffix == ".csv":
             for p, y, e in zip(paths, labels, embeddings, strict=True):
                 self._csv.writerow([p, int(y), *(repr(float(v)) for v in e)])
@@ -96,19 +124,24 @@ class EmbeddingWriter:
             self._pt.append((list(paths), labels.copy(), embeddings.copy()))
         self.written += n
 
-    def close(self) -> None:
-        """Finish the file (flush, footer, or the ``.pt`` save)."""
+    def _finish(self) -> None:
         if self.written != self.rows:
             raise RuntimeError(f"wrote {self.written} rows of the announced {self.rows}.")
-        if self.suffix == ".npy":
-            self._array.flush()
-            del self._array
-        if self.suffix == ".pt":
+        if self.suffix == ".parquet":
+            self._handle.close()
+        elif self.suffix == ".pt":
             paths = [p for chunk in self._pt for p in chunk[0]]
             labels = np.concatenate([c[1] for c in self._pt]) if self._pt else np.zeros(0)
             embeddings = (np.concatenate([c[2] for c in self._pt]) if self._pt
                           else np.zeros((0, self.dim), np.float32))
-            torch.save({"paths": paths, "labels": torch.from_numpy(labels).long(),
-                        "embeddings": torch.from_numpy(embeddings)}, self.output)
-        if self._handle is not None:
-            self._handle.close()
+            atomic_torch_save({"paths": paths, "labels": torch.from_numpy(labels).long(),
+                               "embeddings": torch.from_numpy(embeddings)}, self.output)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        """Finish the files and rename them into place, or, after an error, remove them."""
+        if kind is None:
+            with self._stack:
+                self._finish()
+        else:
+            self._stack.__exit__(kind, error, traceback)

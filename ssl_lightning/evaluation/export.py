@@ -6,12 +6,16 @@
   loadable by ``torchvision.models.resnet18/34/50`` after ``model.fc = nn.Identity()`` (CIFAR
   stem: also ``conv1`` and ``maxpool``; the command prints the exact lines).
 - ``timm``: keys of a :class:`~ssl_lightning.backbones.TimmBackbone` without ``backbone.net.``,
-  loadable by ``timm.create_model(name, num_classes=0)``.
+  loadable by ``timm.create_model(name, num_classes=0)``; other backbones are refused.
 - ``state_dict`` (alias ``backbone``): keys without ``backbone.``, loadable by the backbone
   class itself (or through its ``pretrained_path``).
 - ``onnx``: the backbone rebuilt from the checkpoint, traced with a dynamic batch axis (opset
   >= 17) and checked against onnxruntime (``pip install ssl_lightning[export]``).
 - ``torchscript``: ``torch.jit.trace`` of the rebuilt backbone, checked by reloading it.
+
+An ``--output`` that is the checkpoint (or a directory) is refused before anything is read; the
+file is written to a temporary name beside it and renamed once it is complete and checked, so a
+failed export leaves an existing output as it was.
 """
 
 from __future__ import annotations
@@ -20,19 +24,23 @@ import argparse
 import os
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from ssl_lightning.evaluation.checkpoint import (
     DEFAULT_PREFIX,
+    SPEC_KEY,
     backbone_from_checkpoint,
     backbone_state_dict,
+    load_checkpoint,
 )
+from ssl_lightning.io import atomic_path, atomic_torch_save, same_file
 
 ExportFormat = Literal["torchvision", "timm", "state_dict", "backbone", "onnx", "torchscript"]
 FORMATS: tuple[str, ...] = ("torchvision", "timm", "state_dict", "backbone", "onnx", "torchscript")
+_TIMM_CLASS = "ssl_lightning.backbones.timm_models.TimmBackbone"
 _RESNET_DEPTHS: dict[tuple[bool, tuple[int, ...]], int] = {
     (False, (2, 2, 2, 2)): 18,
     (False, (3, 4, 6, 3)): 34,
@@ -70,6 +78,33 @@ def torchvision_resnet_recipe(state: Mapping[str, Tensor]) -> str:
     return "\n".join(lines)
 
 
+def check_output(checkpoint: str | os.PathLike, output: str | os.PathLike) -> None:
+    """Refuse an ``output`` that is the ``checkpoint`` itself or a directory (``ValueError``)."""
+    if same_file(output, checkpoint):
+        raise ValueError(f"--output {os.fspath(output)!r} is the checkpoint: exporting would "
+                         "overwrite it. Name another file.")
+    if os.path.isdir(output):
+        raise ValueError(f"--output {os.fspath(output)!r} is a directory; name a file in it.")
+
+
+def _check_timm(checkpoint: str | os.PathLike, state: Mapping[str, Tensor]) -> Mapping[str, Any]:
+    """The spec of a TimmBackbone checkpoint; a ``ValueError`` naming the formats that fit
+    for any other backbone."""
+    spec = load_checkpoint(checkpoint).get(SPEC_KEY)
+    class_path = spec.get("class_path") if isinstance(spec, Mapping) else None
+    if class_path == _TIMM_CLASS:
+        return spec  # type: ignore[return-value]
+    fitting = ["state_dict", "onnx", "torchscript"]
+    try:
+        torchvision_resnet_recipe(_strip_net(state, "torchvision", "a ResNet"))
+        fitting.insert(0, "torchvision")
+    except ValueError:
+        pass
+    what = f"a {class_path}" if class_path else "a backbone whose class it does not record"
+    raise ValueError(f"--format timm needs a TimmBackbone checkpoint; {os.fspath(checkpoint)!r} "
+                     f"holds {what}. Formats that fit: {', '.join(fitting)}.")
+
+
 def _strip_net(state: Mapping[str, Tensor], fmt: str, what: str) -> dict[str, Tensor]:
     if not all(k.startswith("net.") for k in state):
         raise ValueError(
@@ -92,22 +127,30 @@ def export_state_dict(
             ``"state_dict"`` / ``"backbone"``.
         prefix: Prefix of the backbone in the checkpoint's state dict.
     """
+    check_output(checkpoint, output)
     state = backbone_state_dict(checkpoint, prefix)
     if fmt == "torchvision":
         state = _strip_net(state, fmt, "an ssl_lightning ResNet backbone")
         torchvision_resnet_recipe(state)
     elif fmt == "timm":
+        _check_timm(checkpoint, state)
         state = _strip_net(state, fmt, "a TimmBackbone")
     elif fmt not in ("state_dict", "backbone"):
         raise ValueError(f"Unknown state-dict format {fmt!r}; choose one of {FORMATS}.")
     state = {k: v.detach().clone().contiguous() for k, v in state.items()}
-    _make_parent(output)
-    torch.save(state, output)
+    atomic_torch_save(state, output)
     return state
 
 
-def _make_parent(output: str | os.PathLike) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+def timm_recipe(spec: Mapping[str, Any]) -> str:
+    """The ``timm.create_model`` lines that build the model a timm-format export of a
+    TimmBackbone with this ``backbone_spec`` loads into."""
+    init_args = dict(spec.get("init_args") or {})
+    options = {**(init_args.pop("model_kwargs", None) or {}),
+               **{k: v for k, v in init_args.items() if k not in ("name", "pretrained_path")}}
+    arguments = "".join(f", {k}={v!r}" for k, v in options.items())
+    return (f"import timm, torch\nmodel = timm.create_model("
+            f"{init_args.get('name', 'resnet18')!r}, num_classes=0{arguments})")
 
 
 def _example_input(backbone: nn.Module, image_size: int | None) -> Tensor:
@@ -130,24 +173,26 @@ def export_onnx(
         ) from err
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}.")
+    check_output(checkpoint, output)
     backbone = backbone_from_checkpoint(checkpoint, prefix=prefix).eval()
     example = _example_input(backbone, image_size)
-    _make_parent(output)
-    try:
-        torch.onnx.export(
-            backbone, (example,), os.fspath(output), input_names=["images"],
-            output_names=["features"], opset_version=opset, dynamo=False,
-            dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}},
-        )
-    except Exception as err:
-        raise ValueError(
-            f"The backbone {type(backbone).__name__} cannot be exported to ONNX "
-            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). Export "
-            "--format state_dict or torchscript instead."
-        ) from err
-    check = torch.cat([example, example[:1]])  # another batch size than the trace's
-    session = onnxruntime.InferenceSession(os.fspath(output), providers=["CPUExecutionProvider"])
-    (onnx_out,) = session.run(None, {"images": check.numpy()})
+    with atomic_path(output) as tmp:
+        try:
+            torch.onnx.export(
+                backbone, (example,), os.fspath(tmp), input_names=["images"],
+                output_names=["features"], opset_version=opset, dynamo=False,
+                dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}},
+            )
+        except Exception as err:
+            raise ValueError(
+                f"The backbone {type(backbone).__name__} cannot be exported to ONNX "
+                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). "
+                "Export --format state_dict or torchscript instead."
+            ) from err
+        check = torch.cat([example, example[:1]])  # another batch size than the trace's
+        session = onnxruntime.InferenceSession(os.fspath(tmp),
+                                               providers=["CPUExecutionProvider"])
+        (onnx_out,) = session.run(None, {"images": check.numpy()})
     with torch.no_grad():
         expected = backbone(check).numpy()
     return float(abs(onnx_out - expected).max())
@@ -159,9 +204,9 @@ def export_torchscript(
 ) -> float:
     """``torch.jit.trace`` the rebuilt backbone, reload it, and return the largest absolute
     difference to the eager module on a batch of a different size than the trace's."""
+    check_output(checkpoint, output)
     backbone = backbone_from_checkpoint(checkpoint, prefix=prefix).eval()
     example = _example_input(backbone, image_size)
-    _make_parent(output)
     try:
         with torch.no_grad():
             traced = torch.jit.trace(backbone, example)
@@ -171,8 +216,9 @@ def export_torchscript(
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). Export "
             "--format state_dict or onnx instead."
         ) from err
-    torch.jit.save(traced, os.fspath(output))
-    reloaded = torch.jit.load(os.fspath(output))
+    with atomic_path(output) as tmp:
+        torch.jit.save(traced, os.fspath(tmp))
+        reloaded = torch.jit.load(os.fspath(tmp))
     check = torch.cat([example, example[:1]])
     with torch.no_grad():
         return float((reloaded(check) - backbone(check)).abs().max())
@@ -210,11 +256,11 @@ def main(args: list[str] | None = None) -> None:
                 print(torchvision_resnet_recipe(state))
                 print(f'model.load_state_dict(torch.load("{out}"))')
             elif ns.format == "timm":
-                print(f'model = timm.create_model("<name>", num_classes=0)\n'
-                      f'model.load_state_dict(torch.load("{out}"))')
+                print(timm_recipe(load_checkpoint(ns.checkpoint)[SPEC_KEY]))
+                print(f'model.load_state_dict(torch.load("{out}"))')
             else:
                 print(f'backbone = <the backbone class>(..., pretrained_path="{out}")')
-    except (ValueError, FileNotFoundError, ImportError) as err:
+    except (ValueError, OSError, ImportError) as err:
         parser.exit(2, f"export: error: {err}\n")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.distributed import all_reduce_sum_with_grad
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import BarlowTwinsLoss
@@ -27,13 +28,14 @@ class BarlowTwins(SSLMethod):
         projection_hidden_dim: Hidden width of the projector (8192 in the paper; 2048 for CIFAR).
         projection_dim: Output size D of the projector (8192 in the paper; 2048 for CIFAR).
         projection_layers: Linear layers of the projector (3 in the paper).
-        projection_batch_norm: BatchNorm after each hidden Linear. Turn off for BatchNorm-free
+        head_batch_norm: BatchNorm after each hidden Linear. Turn off for BatchNorm-free
             models (exact-DDP tests), since BatchNorm statistics are per rank.
         lambda_offdiag: λ, weight of the redundancy-reduction term (5.1e-3 in the paper);
             ``None`` uses 1/D.
         projector: A projection head to use instead of the MLP above (any module mapping the
             backbone features to ``projection_dim``); the ``projection_*`` widths then only
             set ``projection_dim``.
+        projection_batch_norm: Deprecated name of ``head_batch_norm``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -43,21 +45,27 @@ class BarlowTwins(SSLMethod):
         "for one sample"
     )
 
+    renamed_arguments = {"projection_batch_norm": "head_batch_norm"}
+
     def __init__(
         self,
         backbone: nn.Module,
         projection_hidden_dim: int = 2048,
         projection_dim: int = 2048,
         projection_layers: int = 3,
-        projection_batch_norm: bool = True,
+        head_batch_norm: bool = True,
         lambda_offdiag: float | None = 0.0051,
         projector: nn.Module | None = None,
+        *,
+        projection_batch_norm: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        head_batch_norm = renamed_argument(self, "projection_batch_norm", projection_batch_norm,
+                                           head_batch_norm)
         super().__init__(backbone, **kwargs)
         self.projector = self.build_head("projector", projector, lambda: build_mlp(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=projection_batch_norm, last_bias=False,
+            batch_norm=head_batch_norm, last_bias=False,
         ), self.feature_dim, projection_dim, "projection_dim")
         self.criterion = self.build_criterion()
 

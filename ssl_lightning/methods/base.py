@@ -21,6 +21,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
+from ssl_lightning.deprecation import rename_hyperparameters
 from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
 from ssl_lightning.optim import (
     LRScaling,
@@ -43,7 +44,7 @@ from ssl_lightning.training.step_rng import SeededSteps
 Batch = tuple[Sequence[Tensor], Tensor]
 #: Head arguments a method may take as modules (kept out of the saved hyperparameters, like the
 #: backbone; their weights are in the state dict).
-INJECTED_HEADS = ("projector", "predictor")
+INJECTED_HEADS = ("projector", "predictor", "expander")
 
 
 class SSLMethod(SeededSteps):
@@ -102,6 +103,9 @@ class SSLMethod(SeededSteps):
     #: The loss couples the samples of a batch (negatives, batch statistics, Sinkhorn, centre),
     #: so ``accumulate_grad_batches`` changes the objective (a warning says so).
     batch_coupled_loss: ClassVar[bool] = True
+    #: Deprecated constructor argument names of this class -> their new names (accepted with a
+    #: warning for one release, see :mod:`ssl_lightning.deprecation`; never saved).
+    renamed_arguments: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,
@@ -157,6 +161,8 @@ class SSLMethod(SeededSteps):
         if not 0 <= final_lr_ratio <= 1:
             raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}.")
         self.save_hyperparameters(ignore=["backbone", *INJECTED_HEADS])
+        rename_hyperparameters(self.hparams, type(self))
+        rename_hyperparameters(cast(dict, self._hparams_initial), type(self))  # for loggers
         self._step_targets: Tensor | None = None
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
@@ -303,7 +309,7 @@ class SSLMethod(SeededSteps):
                 raise ValueError(
                     f"{type(self).__name__}.{name} holds {queue.size} embeddings, not a multiple "
                     f"of the global batch {global_batch} ({layout}) that it receives every "
-                    f"step. Use a size of {fits} or {fits + global_batch}, or a batch size "
+                    f"step. Use queue_size {fits} or {fits + global_batch}, or a batch size "
                     f"that divides {queue.size}."
                 )
 

@@ -63,15 +63,15 @@ class BYOL(MomentumMethod):
         self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
             projection_dim, projection_hidden_dim, projection_dim, batch_norm=head_batch_norm,
         ), projection_dim, projection_dim, "projection_dim")
-        self.target_backbone = momentum_teacher(self.backbone)
-        self.target_projector = momentum_teacher(self.projector)
+        self.teacher_backbone = momentum_teacher(self.backbone)
+        self.teacher_projector = momentum_teacher(self.projector)
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return BYOLLoss()
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        return [(self.backbone, self.target_backbone), (self.projector, self.target_projector)]
+        return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)
@@ -79,8 +79,8 @@ class BYOL(MomentumMethod):
         p1 = self.predictor(self.projector(features))
         p2 = self.predictor(self.projector(self.backbone(views[1])))
         with torch.no_grad():
-            z1 = self.target_projector(self.target_backbone(views[0]))
-            z2 = self.target_projector(self.target_backbone(views[1]))
+            z1 = self.teacher_projector(self.teacher_backbone(views[0]))
+            z2 = self.teacher_projector(self.teacher_backbone(views[1]))
         return {"p1": p1, "p2": p2, "z1": z1, "z2": z2, "features": features}
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:

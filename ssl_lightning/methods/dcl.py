@@ -35,7 +35,7 @@ class DCL(SimCLR):
         loss_chunk_size: int | None = 1024,
         **kwargs: Any,
     ) -> None:
-        for name in ("margin", "memory_bank_size"):
+        for name in ("margin", "queue_size", "memory_bank_size"):
             if kwargs.get(name):
                 raise ValueError(f"DCL has no {name} (an NT-Xent option of SimCLR), got "
                                  f"{name}={kwargs[name]}; remove it or use SimCLR.")

@@ -98,6 +98,12 @@ class IBOT(DINO):
                 raise ValueError(f"{arg} must be > 0, got {value}.")
         if patch_loss_weight < 0:
             raise ValueError(f"patch_loss_weight must be >= 0, got {patch_loss_weight}.")
+        if not 0 <= mask_ratio[0] <= mask_ratio[1] <= 1:
+            raise ValueError(f"mask_ratio must satisfy 0 <= low <= high <= 1, got {mask_ratio}.")
+        if not 0 <= mask_probability <= 1:
+            raise ValueError(f"mask_probability must be in [0, 1], got {mask_probability}.")
+        if mask_min_patches < 1:
+            raise ValueError(f"mask_min_patches must be >= 1, got {mask_min_patches}.")
         if num_local_crops is not None and num_local_crops < 0:
             raise ValueError(f"num_local_crops must be >= 0 or None, got {num_local_crops}.")
         super().__init__(backbone, head_out_dim=head_out_dim, **kwargs)

@@ -13,7 +13,7 @@ separately, the target encoder's patch representations, which
 Features for kNN, the online probe and ``validation_step`` are the target encoder's pooled
 output of the unmasked image (the paper evaluates the target encoder, average-pooled: configure
 the ViT with ``pool: mean``); in training they come for free from the target forward.
-``LinearEval`` reads them with ``checkpoint_prefix: target_backbone.``.
+``LinearEval`` reads them with ``checkpoint_prefix: teacher_backbone.``.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ class IJEPA(MomentumMethod):
                                          context_scale, min_context, mask_seed)
         self.predictor = MaskedPredictor(self.feature_dim, self.feature_dim, grid,
                                          predictor_dim, predictor_depth, predictor_heads)
-        self.target_backbone = momentum_teacher(self.backbone)
-        for module in self.target_backbone.modules():
+        self.teacher_backbone = momentum_teacher(self.backbone)
+        for module in self.teacher_backbone.modules():
             if isinstance(module, DropPath):  # the target encoder has no stochastic depth
                 module.drop_prob = 0.0
         self.criterion = self.build_criterion()
@@ -114,7 +114,7 @@ class IJEPA(MomentumMethod):
         return IJEPALoss(self.hparams["distance"])
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        return [(self.backbone, self.target_backbone)]
+        return [(self.backbone, self.teacher_backbone)]
 
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
         """``(context, targets)``: (B, K) and (B, M, n) patch indices of this rank's samples,
@@ -127,7 +127,7 @@ class IJEPA(MomentumMethod):
         context, targets = (m.to(x.device) for m in self.draw_masks(x.shape[0]))
         b, m, n = targets.shape
         prefix = self.num_prefix_tokens
-        target = as_token_backbone(self.target_backbone)
+        target = as_token_backbone(self.teacher_backbone)
         with torch.no_grad():
             tokens = target.forward_tokens(x)
             features = target.pool_tokens(tokens)
@@ -148,4 +148,4 @@ class IJEPA(MomentumMethod):
         self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0
     ) -> dict[str, Tensor]:
         images, targets = batch
-        return {"features": self.target_backbone(images), "targets": targets}
+        return {"features": self.teacher_backbone(images), "targets": targets}

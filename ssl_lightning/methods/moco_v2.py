@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import InfoNCELoss
 from ssl_lightning.methods.momentum import MomentumMethod
@@ -37,7 +38,7 @@ class MoCoV2(MomentumMethod):
         backbone: Feature extractor (see :class:`SSLMethod`).
         projection_hidden_dim: Hidden width of the MLP head (2048 in MoCo v2).
         projection_dim: Embedding size (128).
-        projection_batch_norm: BatchNorm in the head (MoCo v2 has none: fc-ReLU-fc).
+        head_batch_norm: BatchNorm in the head (MoCo v2 has none: fc-ReLU-fc).
         queue_size: Number of negatives (65536 ImageNet, 4096 CIFAR); a multiple of the global
             batch (per-device batch × world size).
         temperature: InfoNCE temperature (0.2 in MoCo v2).
@@ -49,6 +50,7 @@ class MoCoV2(MomentumMethod):
         projector: A projection head to use instead of the MLP above (any module mapping the
             backbone features to ``projection_dim``); the ``projection_*`` widths then only
             set ``projection_dim``.
+        projection_batch_norm: Deprecated name of ``head_batch_norm``.
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
     """
 
@@ -56,12 +58,14 @@ class MoCoV2(MomentumMethod):
 
     shuffle_step: Tensor
 
+    renamed_arguments = {"projection_batch_norm": "head_batch_norm"}
+
     def __init__(
         self,
         backbone: nn.Module,
         projection_hidden_dim: int = 2048,
         projection_dim: int = 128,
-        projection_batch_norm: bool = False,
+        head_batch_norm: bool = False,
         queue_size: int = 65536,
         temperature: float = 0.2,
         symmetric: bool = False,
@@ -69,16 +73,22 @@ class MoCoV2(MomentumMethod):
         momentum_base: float = 0.999,
         momentum_schedule: Schedule = "constant",
         projector: nn.Module | None = None,
+        *,
+        projection_batch_norm: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        head_batch_norm = renamed_argument(self, "projection_batch_norm", projection_batch_norm,
+                                           head_batch_norm)
+        if queue_size < 1:
+            raise ValueError(f"queue_size (the negatives) must be >= 1, got {queue_size}.")
         super().__init__(backbone, momentum_base=momentum_base,
                          momentum_schedule=momentum_schedule, **kwargs)
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim,
-            batch_norm=projection_batch_norm,
+            batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
-        self.key_backbone = momentum_teacher(self.backbone)
-        self.key_projector = momentum_teacher(self.projector)
+        self.teacher_backbone = momentum_teacher(self.backbone)
+        self.teacher_projector = momentum_teacher(self.projector)
         self.queue = FeatureQueue(queue_size, projection_dim)
         self.criterion = self.build_criterion()
         self.symmetric = symmetric
@@ -89,7 +99,7 @@ class MoCoV2(MomentumMethod):
         return InfoNCELoss(self.hparams["temperature"])
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]
+        return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
 
     @torch.no_grad()
     def encode_keys(self, x: Tensor) -> Tensor:
@@ -98,12 +108,12 @@ class MoCoV2(MomentumMethod):
         batch, offset = x.shape[0], self.rank_offset(x.shape[0])
         x_all = self.gather_no_grad(x) if self.shuffle_bn else x
         if x_all.shape[0] == batch:  # one process (or no shuffling): plain forward
-            return F.normalize(self.key_projector(self.key_backbone(x)), dim=1)
+            return F.normalize(self.teacher_projector(self.teacher_backbone(x)), dim=1)
         generator = torch.Generator().manual_seed(int(self.shuffle_step))
         perm = torch.randperm(x_all.shape[0], generator=generator).to(x.device)
         chunk = x_all[perm[offset : offset + batch]]
         shuffled = self.gather_no_grad(
-            F.normalize(self.key_projector(self.key_backbone(chunk)), dim=1))
+            F.normalize(self.teacher_projector(self.teacher_backbone(chunk)), dim=1))
         keys_all = torch.empty_like(shuffled)
         keys_all[perm] = shuffled  # row j of `shuffled` is the key of sample perm[j]
         self.shuffle_step += 1

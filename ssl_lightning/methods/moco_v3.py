@@ -74,15 +74,15 @@ class MoCoV3(MomentumMethod):
             projection_dim, projection_hidden_dim, projection_dim, 2,
             batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
         ), projection_dim, projection_dim, "projection_dim")
-        self.key_backbone = momentum_teacher(self.backbone)
-        self.key_projector = momentum_teacher(self.projector)
+        self.teacher_backbone = momentum_teacher(self.backbone)
+        self.teacher_projector = momentum_teacher(self.projector)
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return MoCoV3Loss(self.hparams["temperature"])
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        return [(self.backbone, self.key_backbone), (self.projector, self.key_projector)]
+        return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)
@@ -90,8 +90,8 @@ class MoCoV3(MomentumMethod):
         q1 = self.predictor(self.projector(features))
         q2 = self.predictor(self.projector(self.backbone(views[1])))
         with torch.no_grad():
-            k1 = self.key_projector(self.key_backbone(views[0]))
-            k2 = self.key_projector(self.key_backbone(views[1]))
+            k1 = self.teacher_projector(self.teacher_backbone(views[0]))
+            k2 = self.teacher_projector(self.teacher_backbone(views[1]))
         return {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "features": features}
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:

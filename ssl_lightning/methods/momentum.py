@@ -1,7 +1,8 @@
 """MomentumMethod: the base of methods with an EMA (momentum) teacher — MoCo v2/v3, BYOL.
 
 The method owns its teacher copies (built with :func:`momentum_teacher`, so they are frozen,
-checkpointed and moved with the method) and names them in :meth:`ema_pairs`. It supplies its own
+checkpointed and moved with the method), named ``teacher_<student module>`` (``teacher_backbone``,
+``teacher_projector``, ``teacher_head``), and lists them in :meth:`ema_pairs`. It supplies its own
 :class:`~ssl_lightning.callbacks.EMACallback` through ``configure_callbacks`` from its
 ``momentum_*`` arguments, so neither a Python user nor a config can forget the update. Lightning
 lets a model's callbacks replace trainer callbacks of the same type: an ``EMACallback`` listed in
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ssl_lightning.callbacks.ema import EMACallback
+from ssl_lightning.deprecation import rename_state_keys_hook
 from ssl_lightning.distributed import all_gather_no_grad, flatten_gathered
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.training.ema import BufferPolicy, Schedule
@@ -48,6 +50,8 @@ class MomentumMethod(SSLMethod):
         # Built here so invalid values fail at construction, not at fit time.
         self.ema_callback = EMACallback(momentum_base, momentum_end, momentum_schedule,
                                         ema_buffer_policy)
+        # Checkpoints that name the teachers key_* / target_* load into teacher_*.
+        self.register_load_state_dict_pre_hook(rename_state_keys_hook)
 
     def configure_callbacks(self) -> list[pl.Callback]:
         """The EMA teacher update, configured from this method's ``momentum_*`` arguments."""

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import NNCLRLoss
 from ssl_lightning.methods.base import SSLMethod
@@ -31,10 +32,11 @@ class NNCLR(SSLMethod):
         projection_hidden_dim: Hidden width of the projection MLP (2048 in the paper).
         projection_dim: Embedding size (256 in the paper).
         projection_layers: Linear layers of the projection MLP (3 in the paper).
-        prediction_hidden_dim: Hidden width of the 2-layer prediction MLP (4096 in the paper).
+        predictor_hidden_dim: Hidden width of the 2-layer prediction MLP (4096 in the paper).
         head_batch_norm: BatchNorm in the hidden layers of both MLPs and an affine-free one on
             the projection output (the paper's heads); off for BatchNorm-free DDP tests.
-        support_set_size: Support-set size (98,304 in the paper); a multiple of the global batch.
+        queue_size: Size of the support set, a queue (98,304 in the paper); a multiple of the
+            global batch.
         temperature: Softmax temperature (0.1 in the paper).
         loss_chunk_size: Anchor rows per block of the chunked loss; ``None`` for dense logits.
         projector: A projection head to use instead of the MLP above (any module mapping the
@@ -42,8 +44,15 @@ class NNCLR(SSLMethod):
             set ``projection_dim``.
         predictor: A prediction head to use instead of the MLP above (any module mapping
             ``projection_dim`` to ``projection_dim``).
+        prediction_hidden_dim: Deprecated name of ``predictor_hidden_dim``.
+        support_set_size: Deprecated name of ``queue_size``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
+
+    renamed_arguments = {
+        "prediction_hidden_dim": "predictor_hidden_dim",
+        "support_set_size": "queue_size",
+    }
 
     def __init__(
         self,
@@ -51,24 +60,32 @@ class NNCLR(SSLMethod):
         projection_hidden_dim: int = 2048,
         projection_dim: int = 256,
         projection_layers: int = 3,
-        prediction_hidden_dim: int = 4096,
+        predictor_hidden_dim: int = 4096,
         head_batch_norm: bool = True,
-        support_set_size: int = 98304,
+        queue_size: int = 98304,
         temperature: float = 0.1,
         loss_chunk_size: int | None = 1024,
         projector: nn.Module | None = None,
         predictor: nn.Module | None = None,
+        *,
+        prediction_hidden_dim: int | None = None,
+        support_set_size: int | None = None,
         **kwargs: Any,
     ) -> None:
+        predictor_hidden_dim = renamed_argument(
+            self, "prediction_hidden_dim", prediction_hidden_dim, predictor_hidden_dim)
+        queue_size = renamed_argument(self, "support_set_size", support_set_size, queue_size)
+        if queue_size < 1:
+            raise ValueError(f"queue_size (the support set) must be >= 1, got {queue_size}.")
         super().__init__(backbone, **kwargs)
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
         self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
-            projection_dim, prediction_hidden_dim, projection_dim, batch_norm=head_batch_norm,
+            projection_dim, predictor_hidden_dim, projection_dim, batch_norm=head_batch_norm,
         ), projection_dim, projection_dim, "projection_dim")
-        self.support_set = FeatureQueue(support_set_size, projection_dim)
+        self.support_set = FeatureQueue(queue_size, projection_dim)
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:

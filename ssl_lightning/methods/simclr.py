@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import NTXentLoss
 from ssl_lightning.methods.base import SSLMethod
@@ -22,17 +23,19 @@ class SimCLR(SSLMethod):
         projection_hidden_dim: Hidden width of the projection MLP.
         projection_dim: Output size of the projection MLP (128 in the paper).
         projection_layers: Linear layers in the projection MLP (2 in v1, 3 in v2).
-        projection_batch_norm: BatchNorm inside the projection MLP.
+        head_batch_norm: BatchNorm inside the projection MLP.
         temperature: NT-Xent temperature.
         loss_chunk_size: Anchor rows per block of the memory-efficient NT-Xent; ``None`` for the
             dense logit matrix (see :class:`NTXentLoss`).
         margin: Additive margin on the positive cosine of NT-Xent (>= 0; 0 is SimCLR).
-        memory_bank_size: Negatives from a bank of this many past view-2 embeddings instead of
-            the batch (0, SimCLR: none); a multiple of the global batch (see
+        queue_size: Negatives from a memory bank (a queue) of this many past view-2
+            embeddings instead of the batch (0, SimCLR: none); a multiple of the global batch (see
             :class:`NTXentLoss`).
         projector: A projection head to use instead of the MLP above (any module mapping the
             backbone features to ``projection_dim``); the ``projection_*`` widths then only
             set ``projection_dim``.
+        projection_batch_norm: Deprecated name of ``head_batch_norm``.
+        memory_bank_size: Deprecated name of ``queue_size``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -42,31 +45,44 @@ class SimCLR(SSLMethod):
         "loss is exactly 0"
     )
 
+    renamed_arguments = {
+        "projection_batch_norm": "head_batch_norm",
+        "memory_bank_size": "queue_size",
+    }
+
     def __init__(
         self,
         backbone: nn.Module,
         projection_hidden_dim: int = 2048,
         projection_dim: int = 128,
         projection_layers: int = 2,
-        projection_batch_norm: bool = True,
+        head_batch_norm: bool = True,
         temperature: float = 0.2,
         loss_chunk_size: int | None = 1024,
         margin: float = 0.0,
-        memory_bank_size: int = 0,
+        queue_size: int = 0,
         projector: nn.Module | None = None,
+        *,
+        projection_batch_norm: bool | None = None,
+        memory_bank_size: int | None = None,
         **kwargs: Any,
     ) -> None:
+        head_batch_norm = renamed_argument(self, "projection_batch_norm", projection_batch_norm,
+                                           head_batch_norm)
+        queue_size = renamed_argument(self, "memory_bank_size", memory_bank_size, queue_size)
+        if queue_size < 0:
+            raise ValueError(f"queue_size must be >= 0 (0: no memory bank), got {queue_size}.")
         super().__init__(backbone, **kwargs)
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=projection_batch_norm,
+            batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         hp = self.hparams
         return NTXentLoss(hp["temperature"], hp["loss_chunk_size"], hp["margin"],
-                          hp["memory_bank_size"], embedding_dim=hp["projection_dim"])
+                          hp["queue_size"], embedding_dim=hp["projection_dim"])
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

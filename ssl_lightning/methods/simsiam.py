@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import NegativeCosineLoss
 from ssl_lightning.methods.base import SSLMethod
@@ -28,7 +29,7 @@ class SimSiam(SSLMethod):
         projection_dim: Output size of projector and predictor (2048 in the paper).
         projection_layers: Linear layers of the projector (3 for ImageNet, 2 for CIFAR).
         predictor_hidden_dim: Bottleneck width of the predictor (512 in the paper).
-        batch_norm: BatchNorm in projector and predictor. Turn off for BatchNorm-free models
+        head_batch_norm: BatchNorm in projector and predictor. Turn off for BatchNorm-free models
             (exact-DDP tests), since BatchNorm statistics are per rank.
         fixed_predictor_lr: Exclude the predictor from the lr schedule.
         projector: A projection head to use instead of the MLP above (any module mapping the
@@ -36,10 +37,13 @@ class SimSiam(SSLMethod):
             set ``projection_dim``.
         predictor: A prediction head to use instead of the MLP above (any module mapping
             ``projection_dim`` to ``projection_dim``).
+        batch_norm: Deprecated name of ``head_batch_norm``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
     batch_coupled_loss = False  # a mean of per-sample terms
+
+    renamed_arguments = {"batch_norm": "head_batch_norm"}
 
     def __init__(
         self,
@@ -48,19 +52,22 @@ class SimSiam(SSLMethod):
         projection_dim: int = 2048,
         projection_layers: int = 3,
         predictor_hidden_dim: int = 512,
-        batch_norm: bool = True,
+        head_batch_norm: bool = True,
         fixed_predictor_lr: bool = True,
         projector: nn.Module | None = None,
         predictor: nn.Module | None = None,
+        *,
+        batch_norm: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        head_batch_norm = renamed_argument(self, "batch_norm", batch_norm, head_batch_norm)
         super().__init__(backbone, **kwargs)
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=batch_norm, last_batch_norm=batch_norm,
+            batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
         self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
-            projection_dim, predictor_hidden_dim, projection_dim, 2, batch_norm=batch_norm
+            projection_dim, predictor_hidden_dim, projection_dim, 2, batch_norm=head_batch_norm
         ), projection_dim, projection_dim, "projection_dim")
         self.criterion = self.build_criterion()
         self.fixed_predictor_lr = fixed_predictor_lr

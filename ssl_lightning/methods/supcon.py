@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import SupConLoss
 from ssl_lightning.methods.base import SSLMethod
@@ -28,14 +29,17 @@ class SupCon(SSLMethod):
         projection_hidden_dim: Hidden width of the projection MLP (2048 in the paper).
         projection_dim: Embedding size (128 in the paper).
         projection_layers: Linear layers of the projection MLP (2 in the paper).
-        projection_batch_norm: BatchNorm in the projection MLP.
+        head_batch_norm: BatchNorm in the projection MLP.
         temperature: SupCon temperature (0.1 in the paper).
         loss_chunk_size: Anchor rows per block of the chunked loss; ``None`` for dense logits.
         projector: A projection head to use instead of the MLP above (any module mapping the
             backbone features to ``projection_dim``); the ``projection_*`` widths then only
             set ``projection_dim``.
+        projection_batch_norm: Deprecated name of ``head_batch_norm``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
+
+    renamed_arguments = {"projection_batch_norm": "head_batch_norm"}
 
     def __init__(
         self,
@@ -43,16 +47,20 @@ class SupCon(SSLMethod):
         projection_hidden_dim: int = 2048,
         projection_dim: int = 128,
         projection_layers: int = 2,
-        projection_batch_norm: bool = True,
+        head_batch_norm: bool = True,
         temperature: float = 0.1,
         loss_chunk_size: int | None = 1024,
         projector: nn.Module | None = None,
+        *,
+        projection_batch_norm: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        head_batch_norm = renamed_argument(self, "projection_batch_norm", projection_batch_norm,
+                                           head_batch_norm)
         super().__init__(backbone, **kwargs)
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=projection_batch_norm,
+            batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
         self.criterion = self.build_criterion()
 

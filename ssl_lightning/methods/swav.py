@@ -6,7 +6,7 @@ Sinkhorn codes of the 2 global crops are predicted from all other crops (:class:
 Prototypes are normalised before every step and frozen for the first iterations; an optional
 queue of past embeddings joins the Sinkhorn input from a chosen epoch on.
 
-The queue is stored *globally*: every rank keeps the same buffer of the last ``queue_length``
+The queue is stored *globally*: every rank keeps the same buffer of the last ``queue_size``
 embeddings of the global batch (gathered across ranks) and feeds its 1/world share to the
 distributed Sinkhorn. Together the shares are exactly the single-process queue, and since every
 rank holds the same buffer, the checkpoint Lightning writes from rank 0 resumes every rank
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.multicrop import forward_by_resolution
+from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.distributed import all_gather_no_grad, rank, world_size
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import SwAVLoss
@@ -42,20 +43,22 @@ class SwAV(SSLMethod):
         backbone: Feature extractor (see :class:`SSLMethod`).
         projection_hidden_dim: Hidden width of the 2-layer projection MLP (2048).
         projection_dim: Embedding size (128).
-        projection_batch_norm: BatchNorm in the projection MLP (off for BatchNorm-free tests).
+        head_batch_norm: BatchNorm in the projection MLP (off for BatchNorm-free tests).
         num_prototypes: K (3000 on ImageNet; a few hundred for CIFAR-10).
         temperature: τ of the prediction softmax (0.1).
         sinkhorn_epsilon: ε (0.05).
         sinkhorn_iterations: Sinkhorn rounds (3).
         freeze_prototypes_steps: Optimiser steps during which the prototypes are not updated
             (5005 = 1 ImageNet epoch at batch 256 in the paper).
-        queue_length: Embeddings kept per assigned crop (global, all ranks); 0 disables the queue.
+        queue_size: Embeddings kept per assigned crop (global, all ranks); 0 disables the queue.
             Must be divisible by the number of processes.
         queue_start_epoch: First epoch in which the queue is filled; it joins the Sinkhorn input
             once full.
         projector: A projection head to use instead of the MLP above (any module mapping the
             backbone features to ``projection_dim``); the ``projection_*`` widths then only
             set ``projection_dim``.
+        projection_batch_norm: Deprecated name of ``head_batch_norm``.
+        queue_length: Deprecated name of ``queue_size``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -69,35 +72,43 @@ class SwAV(SSLMethod):
     queue: Tensor
     queue_filled: Tensor
 
+    renamed_arguments = {"projection_batch_norm": "head_batch_norm", "queue_length": "queue_size"}
+
     def __init__(
         self,
         backbone: nn.Module,
         projection_hidden_dim: int = 2048,
         projection_dim: int = 128,
-        projection_batch_norm: bool = True,
+        head_batch_norm: bool = True,
         num_prototypes: int = 3000,
         temperature: float = 0.1,
         sinkhorn_epsilon: float = 0.05,
         sinkhorn_iterations: int = 3,
         freeze_prototypes_steps: int = 5005,
-        queue_length: int = 0,
+        queue_size: int = 0,
         queue_start_epoch: int = 15,
         projector: nn.Module | None = None,
+        *,
+        projection_batch_norm: bool | None = None,
+        queue_length: int | None = None,
         **kwargs: Any,
     ) -> None:
+        head_batch_norm = renamed_argument(self, "projection_batch_norm", projection_batch_norm,
+                                           head_batch_norm)
+        queue_size = renamed_argument(self, "queue_length", queue_length, queue_size)
         super().__init__(backbone, **kwargs)
         for name, value in (("freeze_prototypes_steps", freeze_prototypes_steps),
-                            ("queue_length", queue_length),
+                            ("queue_size", queue_size),
                             ("queue_start_epoch", queue_start_epoch)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}.")
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, num_layers=2,
-            batch_norm=projection_batch_norm,
+            batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
         self.prototypes = SwAVPrototypes(projection_dim, num_prototypes)
         self.criterion = self.build_criterion()
-        self.register_buffer("queue", torch.zeros(len(CROPS_FOR_ASSIGN), queue_length,
+        self.register_buffer("queue", torch.zeros(len(CROPS_FOR_ASSIGN), queue_size,
                                                   projection_dim))
         self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))
 
@@ -107,16 +118,16 @@ class SwAV(SSLMethod):
                         CROPS_FOR_ASSIGN)
 
     def setup(self, stage: str) -> None:
-        """Check ``queue_length`` against the process count at start-up, not when the queue
+        """Check ``queue_size`` against the process count at start-up, not when the queue
         starts (``queue_start_epoch``)."""
         super().setup(stage)
         length, world = self.queue.shape[1], self.trainer.world_size
         if length % world:
             low, high = length // world * world, (length // world + 1) * world
             raise ValueError(
-                f"SwAV queue_length={length} is not divisible by the {world} processes "
-                f"(devices x nodes): every process holds queue_length / {world} of the queue. "
-                f"Use queue_length: {high}" + (f" or {low}." if low else ".")
+                f"SwAV queue_size={length} is not divisible by the {world} processes "
+                f"(devices x nodes): every process holds queue_size / {world} of the queue. "
+                f"Use queue_size: {high}" + (f" or {low}." if low else ".")
             )
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
@@ -146,11 +157,11 @@ class SwAV(SSLMethod):
         return loss
 
     def queue_share(self) -> Tensor:
-        """This rank's 1/world slice of the global queue: (n_assigned, queue_length/world, D)."""
+        """This rank's 1/world slice of the global queue: (n_assigned, queue_size/world, D)."""
         world = world_size()
         if self.queue.shape[1] % world:
             raise ValueError(
-                f"queue_length ({self.queue.shape[1]}) must be divisible by the number of "
+                f"queue_size ({self.queue.shape[1]}) must be divisible by the number of "
                 f"processes ({world})."
             )
         return self.queue.chunk(world, dim=1)[rank()]

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import VICRegLoss
 from ssl_lightning.methods.base import SSLMethod
@@ -25,11 +26,15 @@ class VICReg(SSLMethod):
         expander_hidden_dim: Hidden width of the expander (8192 in the paper; 2048 for CIFAR).
         expander_dim: Output size of the expander (8192 in the paper; 2048 for CIFAR).
         expander_layers: Linear layers of the expander (3 in the paper).
-        expander_batch_norm: BatchNorm after each hidden Linear. Turn off for BatchNorm-free
+        head_batch_norm: BatchNorm after each hidden Linear. Turn off for BatchNorm-free
             models (exact-DDP tests), since BatchNorm statistics are per rank.
         invariance_weight: λ (25 in the paper).
         variance_weight: μ (25 in the paper).
         covariance_weight: ν (1 in the paper).
+        expander: An expander to use instead of the MLP above (any module mapping the backbone
+            features to ``expander_dim``); the ``expander_*`` widths then only set
+            ``expander_dim``.
+        expander_batch_norm: Deprecated name of ``head_batch_norm``.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
@@ -39,23 +44,30 @@ class VICReg(SSLMethod):
         "one sample"
     )
 
+    renamed_arguments = {"expander_batch_norm": "head_batch_norm"}
+
     def __init__(
         self,
         backbone: nn.Module,
         expander_hidden_dim: int = 2048,
         expander_dim: int = 2048,
         expander_layers: int = 3,
-        expander_batch_norm: bool = True,
+        head_batch_norm: bool = True,
         invariance_weight: float = 25.0,
         variance_weight: float = 25.0,
         covariance_weight: float = 1.0,
+        expander: nn.Module | None = None,
+        *,
+        expander_batch_norm: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        head_batch_norm = renamed_argument(self, "expander_batch_norm", expander_batch_norm,
+                                           head_batch_norm)
         super().__init__(backbone, **kwargs)
-        self.expander = build_mlp(
+        self.expander = self.build_head("expander", expander, lambda: build_mlp(
             self.feature_dim, expander_hidden_dim, expander_dim, expander_layers,
-            batch_norm=expander_batch_norm, last_bias=False,
-        )
+            batch_norm=head_batch_norm, last_bias=False,
+        ), self.feature_dim, expander_dim, "expander_dim")
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> VICRegLoss:

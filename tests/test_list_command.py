@@ -1,0 +1,62 @@
+"""``python -m ssl_lightning list methods|backbones|configs [--filter]``: every method and config
+that ships, and backbones of ours, torchvision's and timm's by name, each with how to name it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ssl_lightning
+from ssl_lightning.cli import main
+from ssl_lightning.methods import SSLMethod
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_methods_lists_every_method_with_its_config() -> None:
+    rows = dict(main(["list", "methods"]))
+    exported = {name for name in ssl_lightning.__all__
+                if isinstance(getattr(ssl_lightning, name), type)
+                and issubclass(getattr(ssl_lightning, name), SSLMethod)}
+    assert set(rows) == exported - {"SSLMethod", "MomentumMethod"}
+    assert "--config configs/simclr.yaml" in rows["SimCLR"] and "Chen et al." in rows["SimCLR"]
+    assert "moco_v3_vit.yaml" in rows["MoCoV3"]
+
+
+def test_configs_lists_every_shipped_config() -> None:
+    rows = dict(main(["list", "configs"]))
+    assert set(rows) == {path.name for path in (ROOT / "configs").glob("*.yaml")}
+    assert rows["linear.yaml"].startswith("LinearEval: ")
+
+
+def test_backbones_filter_reaches_torchvision_and_timm() -> None:
+    pytest.importorskip("timm")
+    rows = dict(main(["list", "backbones", "--filter", "vit_small"]))
+    assert "timm: vit_small_patch16_224" in rows
+    assert rows["timm: vit_small_patch16_224"] == (
+        "--model.backbone TimmBackbone --model.backbone.init_args.name vit_small_patch16_224")
+    assert not any(name.startswith("timm: resnet") for name in rows)
+    assert {"ResNet", "ViT", "TorchvisionBackbone", "TimmBackbone"} <= set(rows)
+    resnets = dict(main(["list", "backbones", "--filter", "resnet1*"]))
+    assert "torchvision: resnet18" in resnets and "torchvision: resnet50" not in resnets
+
+
+def test_the_printed_name_builds_a_backbone() -> None:
+    rows = dict(main(["list", "backbones", "--filter", "resnet18"]))
+    from ssl_lightning import TorchvisionBackbone
+    from ssl_lightning.backbones import feature_dim
+
+    name = rows["torchvision: resnet18"].rsplit(" ", 1)[1]
+    assert feature_dim(TorchvisionBackbone(name=name)) == 512
+
+
+def test_list_runs_as_a_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "ssl_lightning", "list", "methods"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.splitlines()[0].startswith("BarlowTwins")
+    wrong = subprocess.run([sys.executable, "-m", "ssl_lightning", "list", "losses"],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert wrong.returncode == 2 and "invalid choice: 'losses'" in wrong.stderr

@@ -1,0 +1,78 @@
+"""The console summary of a run (RunSummary, in every pre-training config): what is trained on
+what at fit start, what came out and how to resume or evaluate at fit end, and where a resumed
+run continues."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from ssl_lightning.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_CONVNET = '{"class_path": "ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'
+
+
+def run_args(data: Path, runs: Path, max_steps: int) -> list[str]:
+    return [
+        "fit", "--config", str(ROOT / "configs" / "simclr.yaml"),
+        "--model.backbone", SMALL_CONVNET, "--model.projection_hidden_dim", "32",
+        "--model.projection_dim", "16",
+        "--data.root", str(data), "--data.batch_size", "4", "--data.num_workers", "0",
+        "--data.knn_train_subset", "null",
+        "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+        "--trainer.precision", "32-true", "--trainer.max_steps", str(max_steps),
+        "--trainer.max_epochs", "4", "--trainer.limit_val_batches", "1",
+        "--trainer.check_val_every_n_epoch", "1", "--trainer.num_sanity_val_steps", "0",
+        "--trainer.logger.init_args.save_dir", str(runs),
+    ]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_image_folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    runs = tmp_path_factory.mktemp("summary_runs")
+    cli = main(run_args(tiny_image_folder, runs, max_steps=8))
+    summary = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "RunSummary")
+    return cli, summary, runs
+
+
+def test_the_start_summary_names_the_run(finished_run) -> None:
+    cli, summary, runs = finished_run
+    text = "\n".join(summary.lines_at_start)
+    assert text.startswith("== SimCLR · backbone SmallConvNet (")
+    assert "24 training images, labeled, 2 classes" in text
+    assert "batch: 4 per device x 1 device(s) = 4 global" in text
+    assert "6 steps per epoch, 8 steps in all" in text
+    # lars with sqrt scaling: 0.045 * sqrt(4) = 0.09
+    assert "peak lr 0.09 (after lr scaling)" in text
+    assert "precision 32-true" in text
+    assert f"run directory: {runs / 'simclr' / 'version_0'}" in text
+    assert "every 500 steps" in text and "the best val/knn_top1 (max)" in text
+
+
+def test_the_end_summary_reports_results_and_commands(finished_run) -> None:
+    cli, summary, runs = finished_run
+    text = "\n".join(summary.lines_at_end)
+    knn = float(cli.trainer.callback_metrics["val/knn_top1"])
+    assert f"val/knn_top1: {knn:.4g} (last), best " in text
+    assert "val/probe_top1:" in text
+    last = runs / "simclr" / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"last checkpoint: {last}" in text
+    resume = next(line for line in summary.lines_at_end if "resume:" in line)
+    command = shlex.split(resume.split("resume: ", 1)[1])
+    assert command[:3] == ["python", "-m", "ssl_lightning"]
+    assert Path(command[command.index("--config") + 1]).is_file()
+    assert command[command.index("--ckpt_path") + 1] == str(last)
+    assert f"--model.checkpoint {last}" in text
+
+
+def test_a_resumed_run_says_where_it_continues(finished_run, tiny_image_folder: Path,
+                                               tmp_path: Path) -> None:
+    _, _, runs = finished_run
+    last = runs / "simclr" / "version_0" / "checkpoints" / "last.ckpt"
+    cli = main([*run_args(tiny_image_folder, tmp_path, max_steps=10), "--ckpt_path", str(last)])
+    summary = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "RunSummary")
+    line = next(line for line in summary.lines_at_start if "resuming from" in line)
+    assert line.endswith("continues at step 8, epoch 1 (batch 2 of 6, mid-epoch)")
