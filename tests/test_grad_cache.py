@@ -1,4 +1,4 @@
-"""Gradient caching (``micro_batch_size``, issue 12): exact whole-batch training in micro-batches.
+"""Gradient caching (``micro_batch_size``): exact whole-batch training in micro-batches.
 
 - Every method, BatchNorm-free (SmallConvNet with GroupNorm, heads without BN): 3 optimizer steps
   through the Trainer with micro-batches of 2 give the weights, buffers (queues, centres,

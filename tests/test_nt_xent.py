@@ -1,4 +1,4 @@
-"""Issue 2, check 1: NT-Xent (SimCLR, Chen et al., ICML 2020, Eq. 1) against a plain-loop
+"""NT-Xent (SimCLR, Chen et al., ICML 2020, Eq. 1) against a plain-loop
 reference, symmetry, the closed form for orthonormal embeddings, rank slices, validation."""
 
 from __future__ import annotations
