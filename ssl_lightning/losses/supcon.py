@@ -8,9 +8,13 @@ views of a batch, with A(i) all views but i and P(i) the views in A(i) with the 
 With one positive per anchor (all labels distinct) it is NT-Xent. The official code also scales
 the loss by T / 0.07 (``base_temperature``); we follow the equation (a constant factor).
 
-The positive term is ``z_i · (mean of the positives)`` computed from per-class sums of the
-candidates, so neither path builds an (anchors × candidates) label mask; the log-sum-exp is the
-shared chunked kernel (or dense). Under DDP, candidates and their labels are gathered; each rank
+Written without cancellation: with ``lse_neg`` and ``lse_pos`` the log-sum-exps over the other
+classes and over P(i), the anchor's loss is ``softplus(lse_neg - lse_pos) + (lse_pos - s̄_i)``,
+``s̄_i = z_i · (mean of the positives) / T`` from per-class sums of the candidates; the second
+term is exactly 0 for a single positive. Subtracting the full log-sum-exp from ``s̄_i`` instead
+loses most fp32 digits at T = 0.07 on a nearly solved batch. Both log-sum-exps come from the
+shared kernel (chunked or dense) with a class mask built block by block, never an (anchors ×
+candidates) label matrix. Under DDP, candidates and their labels are gathered; each rank
 averages over its own anchors.
 """
 
