@@ -106,7 +106,7 @@ def test_two_view_method_warns_once_about_ignored_multicrop_views():
     assert _audit_warnings(caught) == []  # multi-crop methods use every view
 
 
-def test_swav_queue_length_is_checked_at_setup():
+def test_swav_queue_size_is_checked_at_setup():
     model = SwAV(SmallConvNet((4, 8)), queue_size=100, **NEEDS_TWO[SwAV])
     _with_trainer(model, 4, 2).setup("fit")
     model = SwAV(SmallConvNet((4, 8)), queue_size=100, **NEEDS_TWO[SwAV])

@@ -126,7 +126,7 @@ def test_automatic_optimizer_in_a_config_file_is_refused(fit, capsys, tmp_path: 
     (["--data.init_args.batch_size", "1"],
      "error: SimCLR needs a global batch (batch_size x processes) of >= 2, got batch_size=1 x 1 "
      "process(es)"),
-    (["--model.init_args.memory_bank_size", "10"],
+    (["--model.init_args.queue_size", "10"],
      "error: SimCLR.criterion.bank holds 10 embeddings, not a multiple of the global batch 4"),
     (["--model", "MoCoV2", "--model.init_args.queue_size", "10"],
      "error: MoCoV2.queue holds 10 embeddings, not a multiple of the global batch 4"),

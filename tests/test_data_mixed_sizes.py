@@ -33,7 +33,7 @@ def test_mixed_sizes_train_a_step(tmp_path: Path, preset: str, batched: bool) ->
                                num_workers=0, device_transform=DeviceViews(preset) if batched
                                else None)
     model = SimCLR(SmallConvNet((4, 8)), projection_hidden_dim=8, projection_dim=4,
-                   projection_batch_norm=False, optimizer="sgd", lr=0.1, lr_scaling="none",
+                   head_batch_norm=False, optimizer="sgd", lr=0.1, lr_scaling="none",
                    warmup_epochs=0)
     trainer = pl.Trainer(accelerator="cpu", max_steps=1, limit_val_batches=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,

@@ -37,7 +37,7 @@ def _epoch(dm: ImageFolderDataModule) -> list[torch.Tensor]:
 def test_skip_trains_to_the_end_and_lists_the_file(tmp_path: Path, make_image_folder) -> None:
     folder = _folder(tmp_path / "data", make_image_folder)
     model = SimCLR(SmallConvNet((4, 8)), projection_hidden_dim=8, projection_dim=4,
-                   projection_batch_norm=False, optimizer="sgd", lr=0.1, lr_scaling="none",
+                   head_batch_norm=False, optimizer="sgd", lr=0.1, lr_scaling="none",
                    warmup_epochs=0)
     trainer = pl.Trainer(accelerator="cpu", max_epochs=2, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
@@ -83,7 +83,7 @@ def test_raise_mode_prints_one_line_naming_the_file(
     config = {
         "model": {"class_path": "SimCLR", "init_args": {
             "backbone": {"class_path": "SmallConvNet", "init_args": {"widths": [4, 8]}},
-            "projection_hidden_dim": 8, "projection_dim": 4, "projection_batch_norm": False}},
+            "projection_hidden_dim": 8, "projection_dim": 4, "head_batch_norm": False}},
         "data": {"class_path": "ImageFolderDataModule", "init_args": {
             "train_dir": str(folder), "preset": "cifar", "batch_size": 3, "num_workers": 2,
             "on_error": "raise"}},

@@ -105,7 +105,7 @@ def test_exact_resume_queue_prototypes_and_schedules(tmp_path):
     assert int(full["queue_filled"]) == 8 and full["queue"].abs().sum() > 0
 
 
-def test_queue_length_must_divide_over_processes():
+def test_queue_size_must_divide_over_processes():
     model = make_swav(queue_size=8)
     assert model.queue_share().shape == (2, 8, 8)
 
