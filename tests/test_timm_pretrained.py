@@ -64,6 +64,21 @@ def test_dynamic_img_size_given_is_kept_and_a_fixed_size_model_refuses_other_siz
     assert not hasattr(TimmBackbone("resnet18").net, "dynamic_img_size")
 
 
+def test_a_fixed_size_vit_with_multi_crop_views_is_one_line_through_the_cli(run_config, capsys):
+    kwargs = {**TIMM_MODELS["vit_tiny_patch16_224"], "dynamic_img_size": False}
+    with pytest.raises(SystemExit) as exit_info:
+        run_config(ROOT / "configs" / "dino.yaml", [
+            "--model.backbone", "TimmBackbone", "--model.backbone.name", "vit_tiny_patch16_224",
+            "--model.backbone.model_kwargs", str(kwargs), "--model.head_hidden_dim", "32",
+            "--model.head_bottleneck_dim", "16", "--model.head_out_dim", "64"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    err = err.splitlines()
+    assert err[-1].startswith("error: ImageSizeError: TimmBackbone 'vit_tiny_patch16_224' takes "
+                              "only 32x32 images, got 16x16"), err[-1]
+
+
 def test_unknown_timm_name_suggests_close_names():
     with pytest.raises(ValueError, match="Did you mean 'resnet18'"):
         TimmBackbone("resnet81")

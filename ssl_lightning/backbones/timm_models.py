@@ -29,6 +29,10 @@ def _import_timm() -> Any:
     return timm
 
 
+class ImageSizeError(ValueError):
+    """An image of another size than a fixed-size timm model takes."""
+
+
 class TimmBackbone(nn.Module):
     """A ``timm`` model without its classifier, returning (B, num_features) features.
 
@@ -70,7 +74,7 @@ class TimmBackbone(nn.Module):
         size = getattr(patch_embed, "img_size", None)
         if getattr(patch_embed, "strict_img_size", False) and size is not None and (
                 tuple(x.shape[-2:]) != tuple(size)):
-            raise ValueError(
+            raise ImageSizeError(
                 f"TimmBackbone {self.net.default_cfg['architecture']!r} takes only "
                 f"{size[0]}x{size[1]} images, got {x.shape[-2]}x{x.shape[-1]} (multi-crop methods "
                 "feed crops of several sizes). Pass model_kwargs: {dynamic_img_size: true} to a "
