@@ -19,6 +19,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
+from ssl_lightning.callbacks.artifacts import RunConfigSaver
 from ssl_lightning.cli.app import SSLLightningCLI
 from ssl_lightning.cli.errors import CLIError, debug_mode
 from ssl_lightning.data.datasets import CorruptImageError
@@ -106,6 +107,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
             subclass_mode_data=True,
             args=args,
             run=run,
+            save_config_callback=RunConfigSaver,  # config.yaml in the run's own directory
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": project_description()},
         )
