@@ -1,60 +1,23 @@
-"""The run's own directory, and the files written there logged to the experiment tracker.
+"""Files of a run logged to the experiment tracker.
 
-:attr:`Trainer.log_dir` is a run's own folder only for TensorBoard and CSV loggers; for any other
-logger it is the logger's ``save_dir``, which all runs share (with MLflow: ``mlruns/``, so every
-run's ``config.yaml`` and pictures would land on, and overwrite, the same files).
-:func:`run_directory` is the folder Lightning's ``ModelCheckpoint`` puts ``checkpoints/`` into:
-``<save_dir>/<name>/<version>`` (MLflow: ``<save_dir>/<experiment id>/<run id>``, W&B:
-``<save_dir>/<project>/<run id>``), ``trainer.log_dir`` for TensorBoard / CSV, and
-``default_root_dir`` without a logger. :func:`log_run_file` hands a file written there to the
-tracker as well: an MLflow run artifact at the same path relative to the run directory, a W&B
-artifact ``run-<run id>-<that path>``; TensorBoard and CSV runs keep it in the run directory.
+Files go to the run's own folder (:func:`ssl_lightning.io.run_directory`; not
+:attr:`Trainer.log_dir`, which MLflow and W&B runs share). :func:`log_run_file` hands a file
+written there to the tracker as well: an MLflow run artifact at the same path relative to the
+run directory, a W&B artifact ``run-<run id>-<that path>``; TensorBoard and CSV runs keep it in
+the run directory.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.cli import SaveConfigCallback
-from pytorch_lightning.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from pytorch_lightning.loggers import MLFlowLogger, WandbLogger
 
-
-def _local_run_directory(trainer: pl.Trainer) -> str:
-    if not trainer.loggers:
-        return trainer.default_root_dir
-    logger = trainer.loggers[0]
-    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
-        return logger.log_dir
-    version = logger.version
-    return os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name),
-                        version if isinstance(version, str) else f"version_{version}")
-
-
-def run_directory(trainer: pl.Trainer) -> str:
-    """This run's own directory (global rank 0's; a broadcast under DDP: call it on every rank)."""
-    return trainer.strategy.broadcast(_local_run_directory(trainer))
-
-
-@contextmanager
-def replacing(path: str | os.PathLike) -> Iterator[str]:
-    """Yield a temporary name in ``path``'s directory (created if needed) to write to; it is
-    renamed onto ``path`` when the block ends, or removed if the block raises."""
-    path = os.fspath(path)
-    folder, name = os.path.split(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+from ssl_lightning.io import atomic_open, run_directory
 
 
 def log_run_file(trainer: pl.Trainer, path: str | os.PathLike, run_dir: str) -> None:
@@ -116,6 +79,6 @@ class RunConfigSaver(SaveConfigCallback):
 
 
 def write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through :func:`replacing`."""
-    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+    """Write ``text`` to ``path`` atomically (:func:`~ssl_lightning.io.atomic_open`)."""
+    with atomic_open(path, "w", encoding="utf-8") as handle:
         handle.write(text)

@@ -18,9 +18,10 @@ import torch
 from pytorch_lightning.loggers import TensorBoardLogger
 from torch import Tensor
 
-from ssl_lightning.callbacks.artifacts import log_run_file, replacing, run_directory
+from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.callbacks.features import ValFeatureCollector
 from ssl_lightning.evaluation.projection import ProjectionName, check_projection, project_2d
+from ssl_lightning.io import atomic_path, run_directory
 
 
 def plot_embeddings(
@@ -61,7 +62,7 @@ class EmbeddingPlot(ValFeatureCollector):
     """Writes a 2-D picture of the val embeddings at the end of fit and of validate.
 
     The PNG goes to ``dirpath`` (default: the run's own directory,
-    :func:`~ssl_lightning.callbacks.artifacts.run_directory`) as
+    :func:`~ssl_lightning.io.run_directory`) as
     ``embeddings_<stage>_epoch<E>.png`` (``embeddings_<method>_...`` for t-SNE/UMAP), to the
     run's artifacts of an MLflow / W&B logger, and to TensorBoard as the image ``val/embeddings``.
 
@@ -138,7 +139,7 @@ class EmbeddingPlot(ValFeatureCollector):
         self.last_path = os.path.join(dirpath, f"embeddings_{kind}{stage}_epoch{epoch:03d}.png")
         from PIL import Image
 
-        with replacing(self.last_path) as tmp:
+        with atomic_path(self.last_path) as tmp:
             Image.fromarray(image).save(tmp, format="PNG")
         log_run_file(trainer, self.last_path, run_dir)
         for logger in trainer.loggers:

@@ -19,8 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from ssl_lightning.backbones import ResNet, TimmBackbone, TorchvisionBackbone, backbone_spec
-from ssl_lightning.callbacks.artifacts import log_run_file, replacing, run_directory
+from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, SPEC_KEY
+from ssl_lightning.io import atomic_path, run_directory
 
 NativeFormat = Literal["torchvision", "timm", "state_dict"]
 FitExportFormat = Literal["auto", "torchvision", "timm", "state_dict"]
@@ -82,7 +83,7 @@ class ExportBackbone(pl.Callback):
 
     Runs on global rank 0 only after a fit that ended normally (not after an exception, a
     pre-emption or Ctrl-C, not under ``fast_dev_run``). The run directory is
-    :func:`~ssl_lightning.callbacks.artifacts.run_directory` (the folder of ``checkpoints/``);
+    :func:`~ssl_lightning.io.run_directory` (the folder of ``checkpoints/``);
     an MLflow / W&B logger also gets the file as the run's artifact ``export/backbone.pt``.
     The file is written to a temporary name and renamed, so a resumed run replaces the export
     of the run it continues.
@@ -133,6 +134,12 @@ class ExportBackbone(pl.Callback):
             )
         return self.format
 
+    @property
+    def exported_backbone(self) -> str | None:
+        """The exported file once this fit wrote it (read by
+        :class:`~ssl_lightning.callbacks.RunSummary`)."""
+        return self.path
+
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Refuse a prefix or format that does not fit before training starts."""
         if self.enabled and stage == "fit":
@@ -164,6 +171,6 @@ def export_module_backbone(module: nn.Module, output: str, fmt: NativeFormat,
     with tempfile.TemporaryDirectory(prefix="ssl_export_") as tmp:
         checkpoint = os.path.join(tmp, "backbone.ckpt")
         torch.save({"state_dict": state, SPEC_KEY: spec}, checkpoint)
-        with replacing(output) as partial:
-            exported = export_state_dict(checkpoint, partial, fmt, prefix)
+        with atomic_path(output) as partial:
+            exported = export_state_dict(checkpoint, str(partial), fmt, prefix)
     return load_snippet(fmt, output, exported, spec)
