@@ -23,6 +23,7 @@ SCRIPT = textwrap.dedent("""
     iterator = iter(loader)
     next(iterator)
     print("pids", *[w.pid for w in iterator._workers], flush=True)
+    sys.stdin.readline()  # the test sends its signals meanwhile
     try:
         raise RuntimeError("an error mid-epoch")
     except RuntimeError as err:
@@ -33,8 +34,8 @@ SCRIPT = textwrap.dedent("""
 
 def test_workers_ignore_stop_signals_and_the_process_still_exits(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE,
-                               text=True, env=env, start_new_session=True)
+    process = subprocess.Popen([sys.executable, "-c", SCRIPT], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
     pids = [int(pid) for pid in process.stdout.readline().split()[1:]]  # type: ignore[union-attr]
     for pid in pids:  # a group-wide stop signal: the workers survive it
         os.kill(pid, signal.SIGTERM)
@@ -42,7 +43,8 @@ def test_workers_ignore_stop_signals_and_the_process_still_exits(tmp_path: Path)
     time.sleep(0.5)
     assert all(_alive(pid) for pid in pids)
     try:
-        code = process.wait(timeout=60)
+        process.communicate("\n", timeout=60)
+        code = process.returncode
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
