@@ -12,9 +12,11 @@ from ssl_lightning.evaluation import *  # noqa: F401,F403
 from ssl_lightning.evaluation import __all__ as _evaluation
 from ssl_lightning.methods import *  # noqa: F401,F403
 from ssl_lightning.methods import __all__ as _methods
+from ssl_lightning.pretrain import PretrainResult, pretrain
 
 __version__ = "0.1.0"
 __all__ = [
     "ResNet", "SmallConvNet", "TimmBackbone", "TorchvisionBackbone", "ViT",
     *_methods, *_callbacks, *_data, *_evaluation,
 ]
+__all__ += ["pretrain", "PretrainResult"]
