@@ -46,6 +46,19 @@ def test_flat_folder_of_mixed_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                                         if exported else None)
 
 
+def test_large_images_get_the_imagenet_preset(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    photos = _flat_folder(tmp_path / "photos", [80, 100, 100, 120])
+    result = ssl_lightning.pretrain(data=photos, epochs=1, batch_size=4, out="runs/big",
+                                    overrides=SHORT)
+    data = result.module.trainer.datamodule
+    assert data.train_labeled is False and data.val_dir is None
+    assert data.device_transform.crop_size == 224  # the config's DeviceViews, imagenet preset
+    spec = ssl_lightning.backbones.spec.backbone_spec(result.module.backbone)
+    assert spec is not None and spec["init_args"]["cifar_stem"] is False
+
+
 def test_train_test_folder_evaluates_on_test(tmp_path: Path, tiny_image_folder: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
