@@ -15,7 +15,7 @@ from ssl_lightning.losses import *  # noqa: F401,F403
 from ssl_lightning.losses import __all__ as _losses
 from ssl_lightning.methods import *  # noqa: F401,F403
 from ssl_lightning.methods import __all__ as _methods
-from ssl_lightning.pretrain import PretrainResult, pretrain
+from ssl_lightning.pretraining import PretrainResult, pretrain
 
 __version__ = "0.1.0"
 __all__ = [
