@@ -1,6 +1,7 @@
 """ssl_lightning: self-supervised learning methods for images as PyTorch Lightning modules.
 
-Public names are re-exported here so configs can say ``class_path: SimCLR``.
+Public names are re-exported here so configs can say ``class_path: SimCLR``, and so a user's
+own training loop can say ``from ssl_lightning import NTXentLoss``.
 """
 
 from ssl_lightning.backbones import ResNet, SmallConvNet, TimmBackbone, TorchvisionBackbone, ViT
@@ -10,11 +11,15 @@ from ssl_lightning.data import *  # noqa: F401,F403
 from ssl_lightning.data import __all__ as _data
 from ssl_lightning.evaluation import *  # noqa: F401,F403
 from ssl_lightning.evaluation import __all__ as _evaluation
+from ssl_lightning.losses import *  # noqa: F401,F403
+from ssl_lightning.losses import __all__ as _losses
 from ssl_lightning.methods import *  # noqa: F401,F403
 from ssl_lightning.methods import __all__ as _methods
+from ssl_lightning.pretraining import PretrainResult, pretrain
 
 __version__ = "0.1.0"
 __all__ = [
     "ResNet", "SmallConvNet", "TimmBackbone", "TorchvisionBackbone", "ViT",
-    *_methods, *_callbacks, *_data, *_evaluation,
+    *_methods, *_callbacks, *_data, *_evaluation, *_losses,
 ]
+__all__ += ["pretrain", "PretrainResult"]

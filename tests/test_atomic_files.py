@@ -164,12 +164,16 @@ def test_a_run_directory_another_live_run_holds_is_refused_and_freed_by_its_deat
     _fit(tmp_path)  # nor does this process's finished run
 
 
-def test_cli_fit_writes_checkpoints_atomically_and_locks_its_run_directory(run_config, tmp_path):
+def test_cli_fit_writes_checkpoints_atomically_and_locks_its_run_directory(
+        run_config, tmp_path, capsys):
     cli = run_config(REPO / "configs" / "simclr.yaml")
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     version = tmp_path / "runs" / "simclr" / "held"
-    with _held(version), pytest.raises(RunDirectoryInUseError, match="held"):
+    with _held(version), pytest.raises(SystemExit) as refused:
         run_config(REPO / "configs" / "simclr.yaml", [
             "--trainer.fast_dev_run", "false", "--trainer.max_steps", "1",
             "--trainer.logger.init_args.version", "held"])
+    assert refused.value.code == 1
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: RunDirectoryInUseError: The run directory ") and "held" in line
     assert not (version / "config.yaml").exists()

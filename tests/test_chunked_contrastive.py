@@ -1,6 +1,7 @@
 """The chunked (memory-efficient) log-sum-exp and NT-Xent: equal to the dense version and to a
 plain-loop reference of SimCLR Eq. (1), in loss and gradients, also with gathered candidates and
-under 2-process DDP."""
+under 2-process DDP. Chunked = dense is an exactness check: float64, bound 1e-10 (the paths
+differ by float64 summation order, ~1e-16)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from distributed_utils import average_gradients_like_ddp, run_in_processes
 from ssl_lightning.distributed import all_gather_no_grad, all_gather_with_grad
 from ssl_lightning.losses import NTXentLoss
 from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
+
+EXACT = 1e-10
+F64 = torch.float64
 
 
 def _nt_xent_reference(z1: np.ndarray, z2: np.ndarray, temperature: float) -> float:
@@ -32,19 +36,19 @@ def _nt_xent_reference(z1: np.ndarray, z2: np.ndarray, temperature: float) -> fl
 @pytest.mark.parametrize("n,chunk_size", [(5, 1), (5, 3), (8, 4), (8, 16), (13, 5), (16, 1024)])
 def test_chunked_nt_xent_matches_loop_reference_and_dense_gradients(n: int, chunk_size: int):
     g = torch.Generator().manual_seed(n * 100 + chunk_size)
-    z1 = torch.randn(n, 7, generator=g, requires_grad=True)
-    z2 = torch.randn(n, 7, generator=g, requires_grad=True)
+    z1 = torch.randn(n, 7, generator=g, dtype=F64, requires_grad=True)
+    z2 = torch.randn(n, 7, generator=g, dtype=F64, requires_grad=True)
     temperature = 0.3
     chunked = NTXentLoss(temperature, chunk_size=chunk_size)(z1, z2)
     grads_chunked = torch.autograd.grad(chunked, [z1, z2])
     dense = NTXentLoss(temperature, chunk_size=None)(z1, z2)
     grads_dense = torch.autograd.grad(dense, [z1, z2])
     reference = _nt_xent_reference(z1.detach().numpy(), z2.detach().numpy(), temperature)
-    assert chunked.dtype == torch.float32
-    assert chunked.item() == pytest.approx(reference, abs=1e-5)
-    torch.testing.assert_close(chunked, dense, atol=1e-6, rtol=0)
+    assert chunked.dtype == F64
+    assert chunked.item() == pytest.approx(reference, abs=EXACT)
+    torch.testing.assert_close(chunked, dense, atol=EXACT, rtol=0)
     for a, b in zip(grads_chunked, grads_dense, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a, b, atol=EXACT, rtol=0)
 
 
 @pytest.mark.parametrize("chunk_size", [2, 5, 6, 64])
@@ -53,47 +57,47 @@ def test_chunked_nt_xent_with_gathered_candidates(chunk_size: int):
     gradients into the local tensors AND the gathered ones match the dense loss."""
     batch, world, rank = 3, 3, 1
     g = torch.Generator().manual_seed(chunk_size)
-    leaves = [torch.randn(n, 5, generator=g, requires_grad=True)
+    leaves = [torch.randn(n, 5, generator=g, dtype=F64, requires_grad=True)
               for n in (batch, batch, world * batch, world * batch)]
     results = []
     for size in (chunk_size, None):
         loss = NTXentLoss(0.2, chunk_size=size)(*leaves, rank_offset=rank * batch)
         results.append((loss, torch.autograd.grad(loss, leaves)))
     (loss_c, grads_c), (loss_d, grads_d) = results
-    torch.testing.assert_close(loss_c, loss_d, atol=1e-6, rtol=0)
+    torch.testing.assert_close(loss_c, loss_d, atol=EXACT, rtol=0)
     for a, b in zip(grads_c, grads_d, strict=True):
         assert b.abs().max() > 1e-3  # every input, the gathered ones too, gets a gradient
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a, b, atol=EXACT, rtol=0)
 
 
 @pytest.mark.parametrize("with_exclude", [True, False])
 @pytest.mark.parametrize("chunk_size", [1, 4, 7, 100])
 def test_chunked_logsumexp_matches_torch(with_exclude: bool, chunk_size: int):
     g = torch.Generator().manual_seed(chunk_size)
-    anchors = (torch.randn(9, 6, generator=g) / 6**0.5).requires_grad_()  # about unit norm
-    candidates = (torch.randn(14, 6, generator=g) / 6**0.5).requires_grad_()
+    anchors = (torch.randn(9, 6, generator=g, dtype=F64) / 6**0.5).requires_grad_()  # ~unit norm
+    candidates = (torch.randn(14, 6, generator=g, dtype=F64) / 6**0.5).requires_grad_()
     exclude = torch.randint(0, 14, (9,), generator=g) if with_exclude else None
-    weights = torch.randn(9, generator=g)
+    weights = torch.randn(9, generator=g, dtype=F64)
     lse = chunked_logsumexp(anchors, candidates, 0.5, exclude, chunk_size)
     grads = torch.autograd.grad((lse * weights).sum(), [anchors, candidates])
     logits = anchors @ candidates.T / 0.5
     if exclude is not None:
-        logits = logits.index_put((torch.arange(9), exclude), torch.tensor(float("-inf")))
+        logits = logits.index_put((torch.arange(9), exclude), torch.tensor(-math.inf, dtype=F64))
     expected = torch.logsumexp(logits, dim=1)
     expected_grads = torch.autograd.grad((expected * weights).sum(), [anchors, candidates])
-    torch.testing.assert_close(lse, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(lse, expected, atol=EXACT, rtol=0)
     for a, b in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a, b, atol=EXACT, rtol=0)
 
 
 def test_detached_candidates_get_no_gradient_and_anchors_the_same_one():
-    anchors = torch.randn(6, 4, requires_grad=True)
-    candidates = torch.randn(9, 4)
+    anchors = torch.randn(6, 4, dtype=F64, requires_grad=True)
+    candidates = torch.randn(9, 4, dtype=F64)
     (grad,) = torch.autograd.grad(chunked_logsumexp(anchors, candidates, 0.5, None, 4).sum(),
                                   [anchors])
     (expected,) = torch.autograd.grad(torch.logsumexp(anchors @ candidates.T / 0.5, 1).sum(),
                                       [anchors])
-    torch.testing.assert_close(grad, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(grad, expected, atol=EXACT, rtol=0)
 
 
 def test_chunked_is_fp32_under_bf16_inputs():
@@ -118,10 +122,10 @@ _BATCH, _WORLD, _CHUNK = 4, 2, 3
 
 def _data_and_model() -> tuple[torch.Tensor, torch.Tensor, torch.nn.Linear]:
     g = torch.Generator().manual_seed(0)
-    x1 = torch.randn(_WORLD * _BATCH, 6, generator=g)
-    x2 = torch.randn(_WORLD * _BATCH, 6, generator=g)
+    x1 = torch.randn(_WORLD * _BATCH, 6, generator=g, dtype=F64)
+    x2 = torch.randn(_WORLD * _BATCH, 6, generator=g, dtype=F64)
     torch.manual_seed(1)
-    return x1, x2, torch.nn.Linear(6, 5)
+    return x1, x2, torch.nn.Linear(6, 5).double()
 
 
 def _gather_own_slice_only(z: torch.Tensor, rank: int) -> torch.Tensor:
@@ -156,10 +160,10 @@ def test_chunked_nt_xent_two_process_ddp_equals_single_process():
     results = run_in_processes(_ddp_both_variants, _WORLD)
     good = [r["good"] for r in results]
     torch.testing.assert_close(torch.stack([r[0] for r in good]).mean(), loss.detach(),
-                               atol=1e-6, rtol=0)
+                               atol=EXACT, rtol=0)
     for rank_result in good:
         for a, b in zip(rank_result[1], expected_grads, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+            torch.testing.assert_close(a, b, atol=EXACT, rtol=0)
     # The same test catches a gather whose backward drops the other ranks' gradients.
     bad_grads = results[0]["bad"][1]
     pairs = zip(bad_grads, expected_grads, strict=True)

@@ -1,6 +1,7 @@
 """Errors reach the user readably through ``ssl_lightning.cli.main``: a constructor's
 ``ValueError`` as its own message, an unknown ``class_path`` with the closest name and the
-available ones, LightningCLI's automatic ``--optimizer`` refused, ``sync_batchnorm`` on CPU
+available ones, an unknown argument (command line or config) with the closest name and the
+class's arguments, LightningCLI's automatic ``--optimizer`` refused, ``sync_batchnorm`` on CPU
 processes refused before training, a backbone that is not an ``nn.Module`` instance named, and
 a setting refused while the run sets up as one line (a bug keeps its traceback)."""
 
@@ -73,6 +74,61 @@ def test_unknown_class_path_suggests_the_closest_name(fit, capsys, args, suggest
                                                       listed) -> None:
     err = _stderr(capsys, fit, *args, code=2)
     assert f"unknown class {args[1]!r}" in err and suggestion in err and listed in err
+
+
+@pytest.mark.parametrize(("args", "message", "listed"), [
+    (["--model.temprature", "0.1"],
+     "--model (SimCLR): unknown argument 'temprature'. Did you mean 'temperature'?",
+     "Arguments of SimCLR: backbone, betas,"),
+    (["--model.init_args.temprature=0.1"],
+     "--model (SimCLR): unknown argument 'temprature'. Did you mean 'temperature'?",
+     "projection_dim, projection_hidden_dim, projection_layers, projector, queue_size, rng_seed,"),
+    (["--data.batchsize", "3"],
+     "--data (CIFAR10DataModule): unknown argument 'batchsize'. Did you mean 'batch_size'?",
+     "Arguments of CIFAR10DataModule: archive, batch_size, "),
+    (["--trainer.max_epoch", "2"],
+     "--trainer: unknown argument 'max_epoch'. Did you mean 'max_epochs'?",
+     "Arguments of --trainer: accelerator, "),
+    (["--model.backbone.widht", "3"],
+     "--model.backbone (SmallConvNet): unknown argument 'widht'. Did you mean 'widths'?",
+     "Arguments of SmallConvNet: norm, pretrained_path, widths."),
+    (["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitr", "x"],
+     "--trainer.callbacks (ModelCheckpoint): unknown argument 'monitr'. Did you mean 'monitor'?",
+     "Arguments of ModelCheckpoint: "),
+    (["--seed_everythin", "3"],
+     "unknown argument 'seed_everythin'. Did you mean 'seed_everything'?",
+     "Arguments of fit: ckpt_path, config, data, model, print_config, seed_everything, "),
+])
+def test_an_unknown_argument_suggests_the_closest_one(fit, capsys, args, message,
+                                                      listed) -> None:
+    err = _stderr(capsys, fit, *args, code=2)
+    assert err.startswith(f"error: {message} "), err
+    assert listed in err.splitlines()[0]
+
+
+def test_an_unknown_argument_lists_no_deprecated_name(fit, capsys) -> None:
+    err = _stderr(capsys, fit, "--model.init_args.memory_bank_siz=8", code=2)
+    assert err.startswith("error: --model (SimCLR): unknown argument 'memory_bank_siz'. "
+                          "Arguments of SimCLR: backbone, "), err
+    assert "memory_bank_size" not in err and "projection_batch_norm" not in err
+
+
+@pytest.mark.parametrize(("section", "key", "message"), [
+    ("model", "projection_dm",
+     "--model (SimCLR): unknown argument 'projection_dm'. Did you mean 'projection_dim'?"),
+    ("data", "batchsize",
+     "--data (CIFAR10DataModule): unknown argument 'batchsize'. Did you mean 'batch_size'?"),
+    ("trainer", "max_step", "--trainer: unknown argument 'max_step'. Did you mean 'max_steps'?"),
+])
+def test_an_unknown_key_of_a_config_suggests_the_closest_one(fit, capsys, tmp_path: Path,
+                                                             section, key, message) -> None:
+    config = yaml.safe_load((tmp_path / "tiny.yaml").read_text())
+    part = config[section]
+    (part.get("init_args", part))[key] = 4
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump(config))
+    err = _stderr(capsys, lambda *a: main(["fit", "--config", str(typo)]), code=2)
+    assert err.startswith(f"error: {message} "), err
 
 
 def test_parser_errors_name_the_option_without_union_noise(fit, capsys) -> None:

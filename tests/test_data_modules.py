@@ -82,8 +82,7 @@ def test_batch_larger_than_dataset_with_drop_last(tiny_image_folder: Path) -> No
 def test_cifar_missing_data_explains_both_layouts(tmp_path: Path) -> None:
     dm = CIFAR10DataModule(root=str(tmp_path / "cifar10"), **LOADER)
     pattern = (r"CIFAR-10 not found under .*cifar10: expected either an ImageFolder copy "
-               r".*train/<class>/\*\.jpg .*cifar-10-batches-py\. Extract the JPEG copy with "
-               r"`mkdir -p data && tar -xzf ../shared/data/cifar10-jpeg.tar.gz")
+               r".*train/<class>/\*\.jpg .*cifar-10-batches-py\. Get it with archive: PATH")
     with pytest.raises(FileNotFoundError, match=pattern):
         dm.setup("fit")
     assert CIFAR100DataModule().root == Path("data/cifar100")

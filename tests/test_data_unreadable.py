@@ -100,7 +100,8 @@ def test_raise_mode_prints_one_line_naming_the_file(
     assert exit_info.value.code == 1
     assert "Traceback" not in err
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
-    assert line.startswith(f"error: Cannot read image file {folder / '000_bad.jpg'}: ")
+    assert line.startswith(
+        f"error: CorruptImageError: Cannot read image file {folder / '000_bad.jpg'}: ")
 
 
 def test_corrupt_image_error_from_a_worker_keeps_one_line() -> None:

@@ -66,6 +66,8 @@ def test_the_end_summary_reports_results_and_commands(finished_run) -> None:
     assert Path(command[command.index("--config") + 1]).is_file()
     assert command[command.index("--ckpt_path") + 1] == str(last)
     assert f"--model.checkpoint {last}" in text
+    exported = runs / "simclr" / "version_0" / "export" / "backbone.pt"
+    assert f"exported backbone: {exported}" in text and exported.is_file()
 
 
 def test_a_resumed_run_says_where_it_continues(finished_run, tiny_image_folder: Path,

@@ -1,4 +1,5 @@
-"""timm backbones train through the CLI; pretrained_path loads torchvision/timm/export files."""
+"""timm backbones train through the CLI (a ViT with DINO's multi-crop views without being told
+``dynamic_img_size``); pretrained_path loads torchvision/timm/export files."""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TIMM_MODELS = {
     "resnet18": {},
-    "vit_tiny_patch16_224": {"img_size": 32, "patch_size": 4, "depth": 2,
-                             "dynamic_img_size": True},  # multi-crop: 16 px local views
+    "vit_tiny_patch16_224": {"img_size": 32, "patch_size": 4, "depth": 2},
     "convnext_atto": {},
 }
 
@@ -42,6 +42,41 @@ def test_timm_backbone_trains_two_steps_through_the_cli(run_config, name, config
     assert cli.trainer.global_step == 2
     assert isinstance(cli.model.backbone, TimmBackbone)
     assert cli.model.backbone.net.default_cfg["architecture"] == name
+
+
+TINY_VIT = {"img_size": 32, "patch_size": 4, "depth": 1}
+
+
+def test_a_timm_vit_takes_every_crop_size_without_being_told():
+    backbone = TimmBackbone("vit_tiny_patch16_224", model_kwargs=TINY_VIT).eval()
+    with torch.no_grad():
+        for size in (32, 16, 24):
+            assert backbone(torch.randn(2, 3, size, size)).shape == (2, 192)
+
+
+def test_dynamic_img_size_given_is_kept_and_a_fixed_size_model_refuses_other_sizes():
+    fixed = TimmBackbone("vit_tiny_patch16_224", model_kwargs={**TINY_VIT,
+                                                               "dynamic_img_size": False})
+    assert fixed(torch.randn(2, 3, 32, 32)).shape == (2, 192)
+    with pytest.raises(ValueError, match=r"'vit_tiny_patch16_224' takes only 32x32 images, got "
+                                         r"16x16 .* Pass model_kwargs: \{dynamic_img_size: true\}"):
+        fixed(torch.randn(2, 3, 16, 16))
+    assert not hasattr(TimmBackbone("resnet18").net, "dynamic_img_size")
+
+
+def test_a_fixed_size_vit_with_multi_crop_views_is_one_line_through_the_cli(run_config, capsys):
+    kwargs = {**TIMM_MODELS["vit_tiny_patch16_224"], "dynamic_img_size": False}
+    with pytest.raises(SystemExit) as exit_info:
+        run_config(ROOT / "configs" / "dino.yaml", [
+            "--model.backbone", "TimmBackbone", "--model.backbone.name", "vit_tiny_patch16_224",
+            "--model.backbone.model_kwargs", str(kwargs), "--model.head_hidden_dim", "32",
+            "--model.head_bottleneck_dim", "16", "--model.head_out_dim", "64"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    err = err.splitlines()
+    assert err[-1].startswith("error: ImageSizeError: TimmBackbone 'vit_tiny_patch16_224' takes "
+                              "only 32x32 images, got 16x16"), err[-1]
 
 
 def test_unknown_timm_name_suggests_close_names():

@@ -2,8 +2,10 @@
 
 ``timm.create_model(name, num_classes=0)`` removes the classifier, so the output is the pooled
 (B, num_features) representation; keyword arguments such as ``img_size=32`` or
-``drop_path_rate`` go to timm. Weights start random, or from a local file (``pretrained_path``);
-nothing is downloaded.
+``drop_path_rate`` go to timm. A model that accepts ``dynamic_img_size`` (the ViT family) gets
+``dynamic_img_size=True`` unless it is given, so multi-crop methods (global and local crops of
+other sizes) run on it; a model of one fixed input size refuses another size with that advice.
+Weights start random, or from a local file (``pretrained_path``); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ def _import_timm() -> Any:
             "TimmBackbone needs timm: `pip install \"ssl_lightning[timm]\"` or `pip install timm`."
         ) from err
     return timm
+
+
+class ImageSizeError(ValueError):
+    """An image of another size than a fixed-size timm model takes."""
 
 
 class TimmBackbone(nn.Module):
@@ -58,10 +64,32 @@ class TimmBackbone(nn.Module):
         options = {**(model_kwargs or {}), **kwargs}
         if "num_classes" in options:
             raise ValueError("TimmBackbone sets num_classes=0 itself (no classifier); remove it.")
-        self.net = timm.create_model(name, pretrained=False, num_classes=0, **options)
+        self.net = _create(timm, name, options)
         self.num_features: int = int(self.net.num_features)
         if pretrained_path is not None:
             load_pretrained(self.net, pretrained_path)
 
     def forward(self, x: Tensor) -> Tensor:
+        patch_embed = getattr(self.net, "patch_embed", None)
+        size = getattr(patch_embed, "img_size", None)
+        if getattr(patch_embed, "strict_img_size", False) and size is not None and (
+                tuple(x.shape[-2:]) != tuple(size)):
+            raise ImageSizeError(
+                f"TimmBackbone {self.net.default_cfg['architecture']!r} takes only "
+                f"{size[0]}x{size[1]} images, got {x.shape[-2]}x{x.shape[-1]} (multi-crop methods "
+                "feed crops of several sizes). Pass model_kwargs: {dynamic_img_size: true} to a "
+                "model that accepts it (timm ViTs), or give every view the model's size.")
         return self.net(x)
+
+
+def _create(timm: Any, name: str, options: dict[str, Any]) -> Any:
+    """``timm.create_model`` without a classifier, with ``dynamic_img_size=True`` for a model
+    that accepts it and was not given it."""
+    if "dynamic_img_size" not in options:
+        try:
+            return timm.create_model(name, pretrained=False, num_classes=0,
+                                     dynamic_img_size=True, **options)
+        except TypeError as err:  # the model's constructor has no such argument
+            if "'dynamic_img_size'" not in str(err):
+                raise
+    return timm.create_model(name, pretrained=False, num_classes=0, **options)

@@ -11,6 +11,8 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from ssl_lightning.io import run_directory
+
 #: Metrics reported at the end of fit, in this order, when the run logged them.
 REPORTED_METRICS = ("val/knn_top1", "val/probe_top1", "val/top1", "train/loss")
 
@@ -21,27 +23,32 @@ class RunSummary(pl.Callback):
     Start: method, backbone and parameter counts, images found (labeled or not, classes),
     per-device and global batch, the peak (scaled) learning rate, steps per epoch and in all,
     precision, the run directory, where checkpoints go and how often; on resume, the step and
-    epoch it continues from. End: final and best kNN / probe top-1, the checkpoint paths and the
-    commands to resume and to evaluate.
+    epoch it continues from. End (of a finished fit): final and best kNN / probe top-1, the
+    checkpoint paths, the exported backbone (a callback's ``exported_backbone`` path, e.g.
+    :class:`~ssl_lightning.evaluation.ExportBackbone`'s) and the commands to resume and to
+    evaluate.
     """
 
     def __init__(self) -> None:
         self.lines_at_start: list[str] = []
         self.lines_at_end: list[str] = []
+        self._run_dir: str | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        run_dir = trainer.log_dir  # a collective under DDP: read on every rank
+        self._run_dir = run_directory(trainer)  # a broadcast under DDP: read on every rank
         if not trainer.is_global_zero:
             return
-        self.lines_at_start = start_lines(trainer, pl_module, run_dir)
+        self.lines_at_start = start_lines(trainer, pl_module, self._run_dir)
         print("\n".join(self.lines_at_start), flush=True)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        run_dir = trainer.log_dir
-        if not trainer.is_global_zero:
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """After every callback's ``on_fit_end`` (so the exported backbone exists); Lightning
+        calls ``teardown`` only for a fit that finished, not one stopped by an error or a
+        signal."""
+        if stage != "fit" or not trainer.is_global_zero or self._run_dir is None:
             return
         pretraining = hasattr(pl_module, "forward_views")  # an SSLMethod, not an evaluation
-        self.lines_at_end = end_lines(trainer, run_dir, suggest_evaluation=pretraining)
+        self.lines_at_end = end_lines(trainer, self._run_dir, suggest_evaluation=pretraining)
         print("\n".join(self.lines_at_end), flush=True)
 
 
@@ -86,6 +93,9 @@ def end_lines(trainer: pl.Trainer, run_dir: str | None,
     if last:
         lines.append(f"   last checkpoint: {last}")
     lines += [f"   best checkpoint: {path}" for path in dict.fromkeys(best)]
+    exported = [cb.exported_backbone for cb in trainer.callbacks  # type: ignore[attr-defined]
+                if getattr(cb, "exported_backbone", None)]
+    lines += [f"   exported backbone: {path}" for path in exported]
     config = Path(run_dir) / "config.yaml" if run_dir else None
     if last and config is not None and config.is_file():
         lines.append("   resume: python -m ssl_lightning fit --config "

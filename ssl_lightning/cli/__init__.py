@@ -6,21 +6,65 @@ one) and any ``LightningDataModule`` by ``class_path``; the public classes of ``
 can be named without their module (``class_path: SimCLR``). ``--help``, ``--print_config`` and
 overrides such as ``--model.temperature 0.2`` are LightningCLI's. Errors are printed as
 ``error: <message>`` with a non-zero exit code, and ``--ckpt_path`` resumes the run the config
-describes (see ``docs/cli.md``).
+describes (see ``docs/cli.md``). ``--config simclr`` names a shipped config from any directory.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 
+from ssl_lightning.callbacks.artifacts import RunConfigSaver
 from ssl_lightning.cli.app import SSLLightningCLI
 from ssl_lightning.cli.errors import CLIError, debug_mode
 from ssl_lightning.data.datasets import CorruptImageError
 
-__all__ = ["SSLLightningCLI", "main"]
+__all__ = ["SSLLightningCLI", "main", "resolve_config_names"]
+
+#: A ``--config`` value that may name a shipped config: a bare name, with or without ``.yaml``.
+_CONFIG_NAME = re.compile(r"[\w-]+(?:\.ya?ml)?")
+#: A ``--config`` value meant as a file (not a config given inline as text).
+_CONFIG_FILE = re.compile(r"[^\n{}\[\]]+\.(?:ya?ml|json)")
+
+
+def _shipped_config(value: str) -> str:
+    """``value`` itself when it is a file (or a config given inline), else the path of the
+    shipped config of that name; a name or file that is neither exits with 2 and the shipped
+    names."""
+    from ssl_lightning import commands
+
+    is_name = _CONFIG_NAME.fullmatch(value) is not None
+    if Path(value).exists() or not (is_name or _CONFIG_FILE.fullmatch(value)):
+        return value
+    shipped = sorted(p.stem for p in commands.CONFIGS_DIR.glob("*.yaml"))
+    name = Path(value).stem
+    if is_name and name in shipped:
+        return str(commands.CONFIGS_DIR / f"{name}.yaml")
+    close = [name] if name in shipped else difflib.get_close_matches(name, shipped, n=1,
+                                                                     cutoff=0.6)
+    suggestion = f" Did you mean {close[0]!r}?" if close else ""
+    sys.stderr.write(f"error: --config {value!r}: no such file in {Path.cwd()}, nor a shipped "
+                     f"config of that name.{suggestion} Shipped configs "
+                     f"({commands.CONFIGS_DIR}): {', '.join(shipped) or 'none'}.\n")
+    raise SystemExit(2)
+
+
+def resolve_config_names(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config NAME`` / ``-c NAME`` / ``--config=NAME`` that is not a file
+    but the name of a shipped config (``simclr`` or ``simclr.yaml``, from
+    :data:`ssl_lightning.commands.CONFIGS_DIR`) replaced by that config's path."""
+    resolved = list(argv)
+    for i, arg in enumerate(resolved):
+        if arg.startswith("--config="):
+            resolved[i] = "--config=" + _shipped_config(arg.removeprefix("--config="))
+        elif arg in ("--config", "-c") and i + 1 < len(resolved):
+            resolved[i + 1] = _shipped_config(resolved[i + 1])
+    return resolved
 
 
 def main(args: list[str] | None = None, run: bool = True) -> Any:
@@ -28,7 +72,9 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
 
     Args:
         args: Command-line arguments (``sys.argv[1:]`` when None), e.g.
-            ``["fit", "--config", "configs/simclr.yaml"]``; lets tests and scripts call it.
+            ``["fit", "--config", "configs/simclr.yaml"]``; lets tests and scripts call it. A
+            ``--config`` that is not a file but a shipped config's name (``simclr``) is resolved
+            by :func:`resolve_config_names`.
         run: Run the subcommand; when False, ``args`` must omit the subcommand and the CLI only
             instantiates the trainer, model and data module (for inspection).
 
@@ -47,6 +93,11 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
     argv = sys.argv[1:] if args is None else list(args)
     if run and argv and argv[0] in EXTRA_COMMANDS:
         return EXTRA_COMMANDS[argv[0]](argv[1:])
+    resolved = resolve_config_names(argv)
+    if args is not None:
+        args = resolved
+    elif resolved != argv:  # LightningCLI reads sys.argv (and so do the processes DDP starts)
+        sys.argv[1:] = resolved
 
     try:
         return SSLLightningCLI(
@@ -56,6 +107,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
             subclass_mode_data=True,
             args=args,
             run=run,
+            save_config_callback=RunConfigSaver,  # config.yaml in the run's own directory
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": project_description()},
         )

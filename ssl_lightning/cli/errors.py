@@ -1,7 +1,7 @@
 """Readable command-line errors: parser messages without jsonargparse's Union boilerplate, the
-closest names for an unknown ``class_path``, a constructor's own exception instead of the
-traceback of the parser that called it, and the message of a setting refused while a subcommand
-sets up (see :func:`run_error_message`).
+closest names for an unknown ``class_path`` and for an unknown argument, a constructor's own
+exception instead of the traceback of the parser that called it, and the message of a setting
+refused while a subcommand sets up (see :func:`run_error_message`).
 
 Set ``JSONARGPARSE_DEBUG=true`` to get the full tracebacks back.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import difflib
+import importlib
 import os
 import re
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytorch_lightning as pl
+from jsonargparse import ArgumentParser
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.cli import LightningArgumentParser
 from pytorch_lightning.loops import training_epoch_loop
@@ -124,20 +126,83 @@ def automatic_option_message(option: str) -> str:
             "--model.final_lr_ratio.")
 
 
+# ------------------------------------------------------------------ unknown argument names
+#: A class's unknown argument (command line or config): ``Problem with given class_path 'X':
+#: ... Option 'name' is not accepted``, the class being the last one named before the option.
+_NOT_ACCEPTED = re.compile(r"Problem with given class_path '([\w.]+)':\s*"
+                           r"(?:Parser key.*\s*)*Option '(\w+)' is not accepted")
+#: An unknown option of the parser itself: on the command line, or a key of a config.
+_UNKNOWN_OPTION = re.compile(r"(?:unrecognized arguments: --|does not accept option ')([\w.]+)")
+
+
+def suggestion_message(where: str, kind: str, name: str, names: list[str], owner: str) -> str:
+    """``name`` is not one of ``names``: the closest one (difflib) and all of them."""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    suggestion = f" Did you mean {close[0]!r}?" if close else ""
+    return (f"{where}unknown {kind} {name!r}.{suggestion} "
+            f"{kind.capitalize()}s of {owner}: {', '.join(names)}.")
+
+
+def class_arguments(class_path: str) -> list[str]:
+    """The constructor arguments of ``class_path`` that the CLI accepts (those its ``**kwargs``
+    pass on to a parent class included), as jsonargparse resolves them; the deprecated old
+    names of renamed arguments (``renamed_arguments``) left out."""
+    module, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, fail_untyped=False, sub_configs=True)
+    deprecated = {old for klass in getattr(cls, "__mro__", ())
+                  for old in vars(klass).get("renamed_arguments", {})}
+    return sorted({action.dest.split(".")[0] for action in parser._actions
+                   if action.dest != "help"} - deprecated)
+
+
+def _unknown_class_argument(message: str) -> str | None:
+    match = _NOT_ACCEPTED.search(message)
+    if match is None:
+        return None
+    class_path, name = match.groups()
+    keys = _PARSER_KEY.findall(message[: match.start()])
+    where = f"--{'.'.join(keys)} ({class_path.rsplit('.', 1)[-1]}): " if keys else ""
+    return suggestion_message(where, "argument", name, class_arguments(class_path),
+                              class_path.rsplit(".", 1)[-1])
+
+
+def _unknown_option(message: str, parser: Any) -> str | None:
+    """An unknown ``--group.name`` (or config key): the options of the deepest known group."""
+    match = _UNKNOWN_OPTION.search(message)
+    if match is None or parser is None:
+        return None
+    dests = [action.dest for action in parser._actions if action.dest != "help"]
+    parts = match.group(1).split(".")
+    depth = max(i for i in range(len(parts))
+                if i == 0 or any(d.startswith(".".join(parts[:i]) + ".") for d in dests))
+    group = ".".join(parts[:depth])
+    names = sorted({d.split(".")[depth] for d in dests
+                    if not group or d.startswith(group + ".")})
+    owner = f"--{group}" if group else getattr(parser, "subcommand", None) or "the command"
+    return suggestion_message(f"--{group}: " if group else "", "argument", parts[depth], names,
+                              owner)
+
+
 # ------------------------------------------------------------------------ parser messages
 _BOILERPLATE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:",
                 "Given value type:", "Expected a <class 'NoneType'>", "Expected a path but",
                 "Problem with given class_path", "Parser key")
 
 
-def clean_parser_message(message: str) -> str:
-    """A jsonargparse message without the Union and ``Given value: Namespace(...)`` noise."""
+def clean_parser_message(message: str, parser: Any = None) -> str:
+    """A jsonargparse message without the Union and ``Given value: Namespace(...)`` noise; an
+    unknown class or argument (of ``parser``, the one that refused it) with the closest names."""
     unknown = _unknown_class(message)
     if unknown is not None:
         return unknown
     automatic = _AUTOMATIC_OPTION.search(message)
     if automatic is not None:
         return automatic_option_message(automatic.group(1))
+    unknown = _unknown_class_argument(message) or _unknown_option(message, parser)
+    if unknown is not None:
+        return unknown
     lines: list[str] = []
     for line in message.splitlines():
         text = line.strip().removeprefix("- ")
@@ -153,9 +218,12 @@ def clean_parser_message(message: str) -> str:
 
 class ReadableArgumentParser(LightningArgumentParser):
     """Prints ``error: <short message>`` and a pointer to ``--help`` instead of the full usage
-    and jsonargparse's nested Union report."""
+    and jsonargparse's nested Union report. Options are not abbreviated (``--trainer.max_epoch``
+    is an unknown argument, not ``--trainer.max_epochs``), as jsonargparse 5 will have it; help
+    entries are the short ones of :class:`~ssl_lightning.cli.help.ModuleHelpFormatter`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", ModuleHelpFormatter)
         super().__init__(*args, **kwargs)
 
@@ -164,7 +232,7 @@ class ReadableArgumentParser(LightningArgumentParser):
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {clean_parser_message(message)}\n"
+        sys.stderr.write(f"error: {clean_parser_message(message, parser)}\n"
                          f"(all options: {prog} --help)\n")
         self.exit(2)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -31,6 +30,7 @@ from ssl_lightning.data.datasets import SKIPPED_IMAGES, OnError, UnreadableImage
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.seeding import EpochSampler, SeededDataset
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
+from ssl_lightning.data.worker_signals import ignore_stop_signals
 
 
 class SSLDataModule(pl.LightningDataModule):
@@ -310,15 +310,6 @@ class SSLDataModule(pl.LightningDataModule):
                 f"images{split} of {dataset}, and drop_last=True would drop every batch. "
                 "Lower batch_size or set drop_last: false."
             )
-
-
-def ignore_stop_signals(worker_id: int) -> None:
-    """Loader workers ignore SIGINT and SIGTERM: Ctrl-C and a scheduler's SIGTERM reach the whole
-    process group, and the main process, not a dying worker, decides how the run stops
-    (:class:`~ssl_lightning.callbacks.PreemptionCheckpoint`); it shuts the workers down as it
-    exits (a worker also exits when its parent is gone)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class BatchedViewsCollate:

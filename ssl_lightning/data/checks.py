@@ -13,7 +13,8 @@ holds all classes in proportion.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -169,6 +170,20 @@ def check_view_sizes(train_transform: Callable[[Any], Any], eval_transform: Call
 SIZE_SAMPLE = 64
 
 
+def image_short_sides(paths: Sequence[str | Path]) -> list[int]:
+    """The shorter side of up to :data:`SIZE_SAMPLE` images spread evenly over ``paths``, read
+    from their headers (PIL, no decoding); unreadable files are left out."""
+    step = max(1, len(paths) // SIZE_SAMPLE)
+    sides = []
+    for path in paths[::step][:SIZE_SAMPLE]:
+        try:
+            with Image.open(path) as image:
+                sides.append(min(image.size))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+            continue  # reported when the file is loaded
+    return sides
+
+
 def check_image_sizes(dataset: Dataset, view_size: tuple[int, ...]) -> None:
     """Warn when the images are far larger (median shorter side > 4x) or far smaller (< 0.5x)
     than the training views, which suggests the preset of other images.
@@ -180,14 +195,7 @@ def check_image_sizes(dataset: Dataset, view_size: tuple[int, ...]) -> None:
     samples = getattr(_base(dataset), "samples", None)
     if not samples:
         return
-    step = max(1, len(samples) // SIZE_SAMPLE)
-    sides = []
-    for path, _ in samples[::step][:SIZE_SAMPLE]:
-        try:
-            with Image.open(path) as image:
-                sides.append(min(image.size))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
-            continue  # reported when the file is loaded
+    sides = image_short_sides([path for path, _ in samples])
     if not sides:
         return
     median, crop = statistics.median(sides), min(view_size)

@@ -18,8 +18,10 @@ import torch
 from pytorch_lightning.loggers import TensorBoardLogger
 from torch import Tensor
 
+from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.callbacks.features import ValFeatureCollector
 from ssl_lightning.evaluation.projection import ProjectionName, check_projection, project_2d
+from ssl_lightning.io import atomic_path, run_directory
 
 
 def plot_embeddings(
@@ -59,13 +61,14 @@ _TITLES = {"pca": "PCA", "tsne": "t-SNE", "umap": "UMAP"}
 class EmbeddingPlot(ValFeatureCollector):
     """Writes a 2-D picture of the val embeddings at the end of fit and of validate.
 
-    The PNG goes to ``dirpath`` (default: the logger's directory) as
-    ``embeddings_<stage>_epoch<E>.png`` (``embeddings_<method>_...`` for t-SNE/UMAP), and to
-    TensorBoard as the image ``val/embeddings``.
+    The PNG goes to ``dirpath`` (default: the run's own directory,
+    :func:`~ssl_lightning.io.run_directory`) as
+    ``embeddings_<stage>_epoch<E>.png`` (``embeddings_<method>_...`` for t-SNE/UMAP), to the
+    run's artifacts of an MLflow / W&B logger, and to TensorBoard as the image ``val/embeddings``.
 
     Args:
         method: ``"pca"`` (default), ``"tsne"`` or ``"umap"``.
-        dirpath: Folder of the PNG files; ``None``: ``trainer.log_dir``.
+        dirpath: Folder of the PNG files; ``None``: the run directory.
         class_names: Legend labels (index -> name); ``None``: class indices.
         dataloader_idx: Val dataloader to draw (``-1``: the last, the val split).
         max_samples: Points drawn.
@@ -114,14 +117,16 @@ class EmbeddingPlot(ValFeatureCollector):
         self.draw(trainer, "fit")
 
     def draw(self, trainer: pl.Trainer, stage: str) -> None:
-        """Write the latest picture (rank 0 only) as PNG and to TensorBoard loggers.
+        """Write the latest picture (rank 0 only) as PNG, to the tracker's artifacts and to
+        TensorBoard loggers.
 
-        Every rank calls this: ``trainer.log_dir`` is a broadcast under DDP, so it is read on all
+        Every rank calls this: the run directory is a broadcast under DDP, so it is read on all
         ranks before the non-zero ranks return.
         """
         if self._latest is None:
             return
-        dirpath = self.dirpath or trainer.log_dir or trainer.default_root_dir
+        run_dir = run_directory(trainer)
+        dirpath = self.dirpath or run_dir
         if not trainer.is_global_zero:
             return
         points, targets, epoch = self._latest
@@ -130,12 +135,13 @@ class EmbeddingPlot(ValFeatureCollector):
             f"{_TITLES[self.method]} of val embeddings ({stage}, epoch {epoch}, n={len(targets)})",
             self.class_names, _TITLES[self.method].replace("PCA", "PC"),
         )
-        os.makedirs(dirpath, exist_ok=True)
         kind = "" if self.method == "pca" else f"{self.method}_"
         self.last_path = os.path.join(dirpath, f"embeddings_{kind}{stage}_epoch{epoch:03d}.png")
         from PIL import Image
 
-        Image.fromarray(image).save(self.last_path)
+        with atomic_path(self.last_path) as tmp:
+            Image.fromarray(image).save(tmp, format="PNG")
+        log_run_file(trainer, self.last_path, run_dir)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_image(

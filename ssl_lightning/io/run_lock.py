@@ -14,6 +14,8 @@ import os
 import pytorch_lightning as pl
 from filelock import FileLock, Timeout
 
+from ssl_lightning.io.run_directory import run_directory
+
 #: Name of the lock file in the run directory.
 LOCK_NAME = "run.lock"
 
@@ -54,9 +56,9 @@ class RunDirectoryLock(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit" or self._lock is not None:
             return
-        log_dir = trainer.log_dir  # a broadcast: every rank reads it
-        if log_dir is None:
+        if trainer.log_dir is None:  # a broadcast: every rank reads it
             return
+        log_dir = run_directory(trainer)  # its own folder also when the logger's is shared
         refusal = None
         if trainer.is_global_zero:
             try:

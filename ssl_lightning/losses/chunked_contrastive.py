@@ -15,33 +15,61 @@ dot product that plain autograd handles; together they give the familiar ``softm
 Peak extra memory is one (chunk_size × K) block instead of several (M × K) matrices.
 
 :func:`positive_cross_entropy` is the per-anchor loss ``-log softmax`` at the positive column
-that NT-Xent and NNCLR share (DCL and SupCon call :func:`chunked_logsumexp` directly). Its
-chunked form is ``softplus(lse_neg - s_pos)`` with the log-sum-exp over the negatives only
-(``exclude`` takes several columns per row for that): computing
+that NT-Xent, NNCLR and MoCo v3 share (DCL and SupCon call :func:`chunked_logsumexp` directly).
+In both paths (chunked and dense) it is ``softplus(lse_neg - s_pos)`` with the log-sum-exp over
+the negatives only (``exclude`` takes several columns per row for that): computing
 ``lse - s_pos`` instead subtracts two numbers of size ~1/T whose difference is tiny on a nearly
-solved batch and loses most fp32 digits at T = 0.07 (issue 10).
+solved batch and loses most fp32 digits at T = 0.07. ``classes`` keeps, per row, only the
+columns of the row's class or only the others (SupCon's positives and negatives) without an
+(M × K) mask.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from ssl_lightning.distributed import all_gather_with_grad, is_distributed, rank, world_size
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
-def _block_logits(
-    out: Tensor, anchors: Tensor, candidates: Tensor, exclude: Tensor | None, scale: float
+class ClassMask(NamedTuple):
+    """Columns a row's log-sum-exp keeps by class: those of the row's class (``same``) or the
+    others."""
+
+    rows: Tensor  # (M,) class of each anchor
+    columns: Tensor  # (K,) class of each candidate
+    same: bool
+
+
+def _mask_(
+    logits: Tensor, exclude: Tensor | None, classes: ClassMask | None, start: int = 0
 ) -> Tensor:
-    """``out <- anchors @ candidates.T * scale`` with the columns ``exclude[i, :]`` of row i set
-    to finfo.min."""
-    torch.mm(anchors, candidates.T, out=out)
-    out.mul_(scale)
+    """Set the left-out entries of the logit rows ``start:start + len(logits)`` to finfo.min, in
+    place: the columns ``exclude[i, :]`` of row i and, with ``classes``, the columns of the other
+    classes (``same``) or of the row's own class."""
+    low = torch.finfo(logits.dtype).min
+    if classes is not None:
+        row_class = classes.rows[start:start + logits.shape[0], None]
+        logits.masked_fill_((row_class == classes.columns[None, :]) != classes.same, low)
     if exclude is not None:
-        out.scatter_(1, exclude, torch.finfo(out.dtype).min)
-    return out
+        logits.scatter_(1, exclude[start:start + logits.shape[0]], low)
+    return logits
+
+
+def _block_logits(
+    out: Tensor, anchors: Tensor, candidates: Tensor, exclude: Tensor | None,
+    classes: ClassMask | None, scale: float, start: int,
+) -> Tensor:
+    """``out <- anchors[start:start + len(out)] @ candidates.T * scale``, masked by
+    :func:`_mask_`."""
+    torch.mm(anchors[start:start + out.shape[0]], candidates.T, out=out)
+    return _mask_(out.mul_(scale), exclude, classes, start)
 
 
 class _ChunkedLogSumExp(torch.autograd.Function):
@@ -53,6 +81,7 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         anchors: Tensor,
         candidates: Tensor,
         exclude: Tensor | None,
+        classes: ClassMask | None,
         scale: float,
         chunk_size: int,
     ) -> Tensor:
@@ -62,13 +91,12 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         lse = anchors.new_empty(num_anchors)
         for start in range(0, num_anchors, rows):
             stop = min(start + rows, num_anchors)
-            logits = _block_logits(
-                block[: stop - start], anchors[start:stop], candidates,
-                None if exclude is None else exclude[start:stop], scale,
-            )
+            logits = _block_logits(block[: stop - start], anchors, candidates, exclude, classes,
+                                   scale, start)
             row_max = logits.amax(dim=1, keepdim=True)
             lse[start:stop] = logits.sub_(row_max).exp_().sum(dim=1).log_().add_(row_max[:, 0])
         ctx.save_for_backward(anchors, candidates, exclude, lse)  # type: ignore[arg-type]
+        ctx.classes = classes  # type: ignore[attr-defined]
         ctx.scale = scale  # type: ignore[attr-defined]
         ctx.rows = rows  # type: ignore[attr-defined]
         return lse
@@ -77,7 +105,7 @@ class _ChunkedLogSumExp(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_lse: Tensor):  # type: ignore[no-untyped-def,override]
         anchors, candidates, exclude, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-        scale, rows = ctx.scale, ctx.rows  # type: ignore[attr-defined]
+        classes, scale, rows = ctx.classes, ctx.scale, ctx.rows  # type: ignore[attr-defined]
         num_anchors = anchors.shape[0]
         block = anchors.new_empty(rows, candidates.shape[0])
         need_anchors, need_candidates = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
@@ -86,16 +114,14 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         weight = grad_lse * scale
         for start in range(0, num_anchors, rows):
             stop = min(start + rows, num_anchors)
-            logits = _block_logits(
-                block[: stop - start], anchors[start:stop], candidates,
-                None if exclude is None else exclude[start:stop], scale,
-            )
+            logits = _block_logits(block[: stop - start], anchors, candidates, exclude, classes,
+                                   scale, start)
             probs = logits.sub_(lse[start:stop, None]).exp_().mul_(weight[start:stop, None])
             if grad_anchors is not None:
                 torch.mm(probs, candidates, out=grad_anchors[start:stop])
             if grad_candidates is not None:  # e.g. not for detached keys (MoCo v3)
                 grad_candidates.addmm_(probs.T, anchors[start:stop])
-        return grad_anchors, grad_candidates, None, None, None
+        return grad_anchors, grad_candidates, None, None, None, None
 
 
 def chunked_logsumexp(
@@ -103,10 +129,11 @@ def chunked_logsumexp(
     candidates: Tensor,
     temperature: float,
     exclude: Tensor | None = None,
-    chunk_size: int = 1024,
+    chunk_size: int | None = 1024,
+    classes: ClassMask | None = None,
 ) -> Tensor:
-    """``logsumexp_k(anchors_i · candidates_k / T)`` for every anchor row, never holding the
-    full (M × K) logit matrix.
+    """``logsumexp_k(anchors_i · candidates_k / T)`` for every anchor row, over blocks of
+    ``chunk_size`` rows that never hold the full (M × K) logit matrix (``None``: dense logits).
 
     Computes in fp32 (float64 for float64 inputs) whatever the autocast state. Gradients flow
     into both ``anchors`` and ``candidates``.
@@ -118,14 +145,17 @@ def chunked_logsumexp(
         exclude: Optional (M,) or (M, E) column indices per row left out of the sum (the anchor
             itself; for DCL also its positive).
         chunk_size: Anchor rows per block; peak extra memory is about chunk_size × K × 4 bytes.
+            ``None`` builds the dense (M × K) logits and lets autograd differentiate them.
+        classes: Optional class mask: each row sums only over the columns of its own class, or
+            only over the others.
 
     Returns:
-        (M,) log-sum-exp per anchor.
+        (M,) log-sum-exp per anchor (finfo.min plus log K for a row with every column left out).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}.")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}.")
     if anchors.dim() != 2 or candidates.dim() != 2 or anchors.shape[1] != candidates.shape[1]:
         raise ValueError(
             f"Expected (M, D) anchors and (K, D) candidates, got {tuple(anchors.shape)} and "
@@ -139,8 +169,11 @@ def chunked_logsumexp(
     with torch.autocast(device_type=anchors.device.type, enabled=False):
         a = at_least_fp32(anchors)
         c = at_least_fp32(candidates).to(a.dtype)
+        if chunk_size is None:
+            logits = _mask_(a @ c.T / temperature, exclude, classes)
+            return torch.logsumexp(logits, dim=1)
         return _ChunkedLogSumExp.apply(  # type: ignore[no-any-return]
-            a.contiguous(), c.contiguous(), exclude, 1.0 / temperature, chunk_size,
+            a.contiguous(), c.contiguous(), exclude, classes, 1.0 / temperature, chunk_size,
         )
 
 
@@ -154,7 +187,8 @@ def positive_cross_entropy(
     margin: float = 0.0,
 ) -> Tensor:
     """Per-anchor ``-log softmax_k(s_ik)`` at the positive column, ``s_ik = a_i·c_k / T`` with
-    the margin taken off the positive (``s_i,pos = (a_i·c_pos - margin) / T``).
+    the margin taken off the positive (``s_i,pos = (a_i·c_pos - margin) / T``), as
+    ``softplus(lse_neg - s_pos)``.
 
     Args:
         anchors: (M, D) anchors, already L2-normalised, fp32 or float64.
@@ -168,16 +202,9 @@ def positive_cross_entropy(
     Returns:
         (M,) losses.
     """
-    rows = torch.arange(anchors.shape[0], device=anchors.device)
-    if chunk_size is None:
-        logits = anchors @ candidates.T / temperature
-        logits[rows, positive] -= margin / temperature
-        if exclude is not None:
-            logits.scatter_(1, exclude.reshape(len(rows), -1), torch.finfo(logits.dtype).min)
-        return F.cross_entropy(logits, positive, reduction="none")
     positive_logit = ((anchors * candidates[positive]).sum(dim=1) - margin) / temperature
     columns = positive[:, None] if exclude is None else torch.cat(
-        [positive[:, None], exclude.reshape(len(rows), -1)], dim=1)
+        [positive[:, None], exclude.reshape(len(positive), -1)], dim=1)
     negatives = chunked_logsumexp(anchors, candidates, temperature, columns, chunk_size)
     return F.softplus(negatives - positive_logit)
 
@@ -191,34 +218,64 @@ def check_loss_settings(name: str, temperature: float, chunk_size: int | None) -
         raise ValueError(f"{name} chunk_size must be >= 1 or None, got {chunk_size}.")
 
 
-def check_rank_offset(rank_offset: int, batch: int, n_global: int, what: str = "samples") -> None:
-    """``ValueError`` unless this rank's ``batch`` rows start at ``rank_offset`` inside the
-    ``n_global`` gathered rows (``what`` names them in the message)."""
+def check_rank_offset(
+    rank_offset: int | None, batch: int, n_global: int, what: str = "samples",
+    name: str = "The loss",
+) -> int:
+    """This rank's offset in the ``n_global`` gathered rows (``what`` names them in messages);
+    ``ValueError`` unless its ``batch`` rows fit there.
+
+    ``None`` means 0, except under a process group of several ranks with gathered rows beyond
+    the local ones: there the offset cannot be known and a silent 0 would give a wrong loss.
+    """
+    if rank_offset is None:
+        if n_global != batch and is_distributed():
+            raise ValueError(
+                f"{name} got {n_global} gathered {what} for a local batch of {batch} on rank "
+                f"{rank()} of {world_size()} but no rank_offset: pass rank_offset=rank * local "
+                f"batch ({rank() * batch} here), or build {name} with gather=True and pass only "
+                "the local tensors."
+            )
+        rank_offset = 0
     if rank_offset < 0 or rank_offset + batch > n_global:
         raise ValueError(
             f"rank_offset {rank_offset} with local batch {batch} does not fit in the "
             f"{n_global} gathered {what}."
         )
+    return rank_offset
+
+
+def gather_local(
+    name: str, tensors: Sequence[Tensor], rank_offset: int | None, gathered_given: bool = False
+) -> tuple[list[Tensor], int]:
+    """For a loss built with ``gather=True``: ``tensors`` concatenated over all ranks with the
+    autograd-aware gather, and this rank's offset; ``ValueError`` when the caller passed gathered
+    tensors (``gathered_given``) or an offset as well."""
+    if gathered_given or rank_offset is not None:
+        raise ValueError(f"{name} was built with gather=True and gathers itself: pass only the "
+                         "local tensors, without gathered tensors or rank_offset.")
+    return [all_gather_with_grad(t) for t in tensors], rank() * tensors[0].shape[0]
 
 
 def check_local_and_gathered(
-    name: str, local: Tensor, gathered: Tensor, rank_offset: int, local_what: str,
+    name: str, local: Tensor, gathered: Tensor, rank_offset: int | None, local_what: str,
     gathered_what: str,
-) -> None:
-    """``ValueError`` unless ``local`` is (B, D), ``gathered`` is (N, D) and this rank's rows
-    start at ``rank_offset`` inside it (``*_what`` name the tensors in the message)."""
+) -> int:
+    """This rank's offset (see :func:`check_rank_offset`); ``ValueError`` unless ``local`` is
+    (B, D), ``gathered`` is (N, D) and this rank's rows fit inside it (``*_what`` name the
+    tensors in the message)."""
     if local.dim() != 2 or gathered.shape[1:] != local.shape[1:]:
         raise ValueError(f"{name} expects (B, D) {local_what} and (N, D) {gathered_what}, got "
                          f"{tuple(local.shape)} and {tuple(gathered.shape)}.")
-    check_rank_offset(rank_offset, local.shape[0], gathered.shape[0], gathered_what)
+    return check_rank_offset(rank_offset, local.shape[0], gathered.shape[0], gathered_what, name)
 
 
 def check_two_views(
     name: str, z1: Tensor, z2: Tensor, z1_all: Tensor | None, z2_all: Tensor | None,
-    rank_offset: int,
-) -> tuple[Tensor, Tensor]:
-    """Validate a two-view contrastive call; returns ``(z1_all, z2_all)`` (the local tensors on
-    one process)."""
+    rank_offset: int | None,
+) -> tuple[Tensor, Tensor, int]:
+    """Validate a two-view contrastive call; returns ``(z1_all, z2_all, rank_offset)`` (the
+    local tensors and 0 on one process)."""
     if z1.shape != z2.shape or z1.dim() != 2:
         raise ValueError(
             f"{name} expects two (B, D) tensors of equal shape, got {tuple(z1.shape)} "
@@ -226,8 +283,8 @@ def check_two_views(
         )
     z1_all = z1 if z1_all is None else z1_all
     z2_all = z2 if z2_all is None else z2_all
-    check_rank_offset(rank_offset, z1.shape[0], z1_all.shape[0])
-    return z1_all, z2_all
+    offset = check_rank_offset(rank_offset, z1.shape[0], z1_all.shape[0], name=name)
+    return z1_all, z2_all, offset
 
 
 def two_view_pairs(

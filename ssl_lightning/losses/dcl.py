@@ -24,6 +24,7 @@ from ssl_lightning.losses.chunked_contrastive import (
     check_loss_settings,
     check_two_views,
     chunked_logsumexp,
+    gather_local,
     two_view_pairs,
 )
 
@@ -36,6 +37,7 @@ class DCLLoss(nn.Module):
         weight_sigma: σ > 0 of the DCLW weights (0.5 in the paper); ``None`` for plain DCL.
         chunk_size: Anchor rows per block of the chunked log-sum-exp (see
             :class:`NTXentLoss`); ``None`` for the dense logit matrix.
+        gather: Gather the candidates inside the loss (see :class:`NTXentLoss`).
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class DCLLoss(nn.Module):
         temperature: float = 0.1,
         weight_sigma: float | None = None,
         chunk_size: int | None = 1024,
+        gather: bool = False,
     ) -> None:
         super().__init__()
         check_loss_settings("DCLLoss", temperature, chunk_size)
@@ -52,6 +55,7 @@ class DCLLoss(nn.Module):
         self.temperature = temperature
         self.weight_sigma = weight_sigma
         self.chunk_size = chunk_size
+        self.gather = gather
 
     def forward(
         self,
@@ -59,14 +63,18 @@ class DCLLoss(nn.Module):
         z2: Tensor,
         z1_all: Tensor | None = None,
         z2_all: Tensor | None = None,
-        rank_offset: int = 0,
+        rank_offset: int | None = None,
     ) -> Tensor:
         """Mean DCL(W) over the 2B local anchors; arguments as in :class:`NTXentLoss`.
 
         Returns:
             Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
         """
-        z1_all, z2_all = check_two_views("DCLLoss", z1, z2, z1_all, z2_all, rank_offset)
+        if self.gather:
+            (z1_all, z2_all), rank_offset = gather_local(
+                "DCLLoss", [z1, z2], rank_offset, z1_all is not None or z2_all is not None)
+        z1_all, z2_all, rank_offset = check_two_views("DCLLoss", z1, z2, z1_all, z2_all,
+                                                      rank_offset)
         n_global = z1_all.shape[0]
         with torch.autocast(device_type=z1.device.type, enabled=False):
             anchors, candidates, self_index, positive_index = two_view_pairs(
@@ -78,11 +86,6 @@ class DCLLoss(nn.Module):
                 weights = 2 - n_global * torch.softmax(cosine_all / self.weight_sigma, dim=0)
                 local = self_index[: z1.shape[0]]  # this rank's samples in the global batch
                 positive = positive * weights[local].repeat(2)
-            if self.chunk_size is None:
-                logits = anchors @ candidates.T / self.temperature
-                logits = logits.scatter(1, excluded, torch.finfo(logits.dtype).min)
-                negatives = torch.logsumexp(logits, dim=1)
-            else:
-                negatives = chunked_logsumexp(anchors, candidates, self.temperature, excluded,
-                                              self.chunk_size)
+            negatives = chunked_logsumexp(anchors, candidates, self.temperature, excluded,
+                                          self.chunk_size)
             return (negatives - positive).mean()

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -52,7 +53,7 @@ class InfoNCELoss(nn.Module):
             q = F.normalize(at_least_fp32(query), dim=1)
             k = F.normalize(at_least_fp32(key.detach()).to(q.dtype), dim=1)
             n = F.normalize(at_least_fp32(negatives.detach()).to(q.dtype), dim=1)
-            positive = (q * k).sum(dim=1, keepdim=True)
-            logits = torch.cat([positive, q @ n.T], dim=1) / self.temperature
-            labels = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
-            return F.cross_entropy(logits, labels)
+            positive = (q * k).sum(dim=1) / self.temperature
+            # -log(e^s+ / (e^s+ + sum_k e^s_k)) = softplus(lse_k(s_k) - s+), stable in fp32
+            negative = chunked_logsumexp(q, n, self.temperature, chunk_size=None)
+            return F.softplus(negative - positive).mean()

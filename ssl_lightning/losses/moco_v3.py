@@ -16,7 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import check_local_and_gathered
+from ssl_lightning.losses.chunked_contrastive import (
+    check_local_and_gathered,
+    gather_local,
+    positive_cross_entropy,
+)
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -25,30 +29,39 @@ class MoCoV3Loss(nn.Module):
 
     Args:
         temperature: Softmax temperature T > 0 (1.0 for ResNet, 0.2 for ViT in the paper).
+        gather: Gather the keys inside the loss: then ``forward`` takes this rank's (B, D) keys
+            and no ``rank_offset``.
     """
 
-    def __init__(self, temperature: float = 1.0) -> None:
+    def __init__(self, temperature: float = 1.0, gather: bool = False) -> None:
         super().__init__()
         if not temperature > 0:
             raise ValueError(f"MoCoV3Loss temperature must be > 0, got {temperature}.")
         self.temperature = temperature
+        self.gather = gather
 
-    def forward(self, query: Tensor, keys_all: Tensor, rank_offset: int = 0) -> Tensor:
+    def forward(self, query: Tensor, keys_all: Tensor, rank_offset: int | None = None) -> Tensor:
         """``2T ·`` mean cross-entropy of the local queries over all gathered keys.
 
         Args:
             query: Local queries (B, D); gradients flow through them.
-            keys_all: Keys of the global batch (W·B, D) in rank-major order; detached here.
-            rank_offset: Index of this rank's first sample in ``keys_all`` (rank · B).
+            keys_all: Keys of the global batch (W·B, D) in rank-major order (this rank's
+                (B, D) with ``gather=True``); detached here.
+            rank_offset: Index of this rank's first sample in ``keys_all`` (rank · B); required
+                under a process group of several ranks.
 
         Returns:
             Scalar loss, computed in fp32 (or float64 for float64 inputs) even under autocast.
         """
-        check_local_and_gathered("MoCoV3Loss", query, keys_all, rank_offset, "queries", "keys")
+        if self.gather:
+            (keys_all,), rank_offset = gather_local("MoCoV3Loss", [keys_all.detach()],
+                                                    rank_offset)
+        rank_offset = check_local_and_gathered("MoCoV3Loss", query, keys_all, rank_offset,
+                                               "queries", "keys")
         batch = query.shape[0]
         with torch.autocast(device_type=query.device.type, enabled=False):
             q = F.normalize(at_least_fp32(query), dim=1)
             k = F.normalize(at_least_fp32(keys_all.detach()).to(q.dtype), dim=1)
             labels = torch.arange(batch, device=q.device) + rank_offset
-            loss = F.cross_entropy(q @ k.T / self.temperature, labels)
-            return loss * (2 * self.temperature)
+            loss = positive_cross_entropy(q, k, labels, self.temperature, chunk_size=None)
+            return loss.mean() * (2 * self.temperature)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from ssl_lightning.losses.chunked_contrastive import (
     check_local_and_gathered,
     check_loss_settings,
+    gather_local,
     positive_cross_entropy,
 )
 from ssl_lightning.losses.numerics import at_least_fp32
@@ -35,27 +36,39 @@ class NNCLRLoss(nn.Module):
     Args:
         temperature: Softmax temperature T > 0 (0.1 in the paper).
         chunk_size: Anchor rows per block of the chunked kernel; ``None`` for dense logits.
+        gather: Gather the predictions inside the loss (autograd-aware all-gather): then
+            ``forward`` takes this rank's (B, D) predictions and no ``rank_offset``.
     """
 
-    def __init__(self, temperature: float = 0.1, chunk_size: int | None = 1024) -> None:
+    def __init__(
+        self, temperature: float = 0.1, chunk_size: int | None = 1024, gather: bool = False
+    ) -> None:
         super().__init__()
         check_loss_settings("NNCLRLoss", temperature, chunk_size)
         self.temperature = temperature
         self.chunk_size = chunk_size
+        self.gather = gather
 
-    def forward(self, neighbours: Tensor, predictions_all: Tensor, rank_offset: int = 0) -> Tensor:
+    def forward(
+        self, neighbours: Tensor, predictions_all: Tensor, rank_offset: int | None = None
+    ) -> Tensor:
         """Mean loss over the local anchors.
 
         Args:
             neighbours: Support-set neighbours of the local view-1 projections, (B, D); detached.
-            predictions_all: View-2 predictions of the global batch, (W·B, D), rank-major.
-            rank_offset: Index of this rank's first sample in ``predictions_all`` (rank · B).
+            predictions_all: View-2 predictions of the global batch, (W·B, D), rank-major
+                (this rank's (B, D) with ``gather=True``).
+            rank_offset: Index of this rank's first sample in ``predictions_all`` (rank · B);
+                required under a process group of several ranks.
 
         Returns:
             Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
         """
-        check_local_and_gathered("NNCLRLoss", neighbours, predictions_all, rank_offset,
-                                 "neighbours", "predictions")
+        if self.gather:
+            (predictions_all,), rank_offset = gather_local("NNCLRLoss", [predictions_all],
+                                                           rank_offset)
+        rank_offset = check_local_and_gathered("NNCLRLoss", neighbours, predictions_all,
+                                               rank_offset, "neighbours", "predictions")
         batch = neighbours.shape[0]
         with torch.autocast(device_type=neighbours.device.type, enabled=False):
             p = F.normalize(at_least_fp32(predictions_all), dim=1)

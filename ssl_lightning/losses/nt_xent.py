@@ -32,6 +32,7 @@ from ssl_lightning.losses.chunked_contrastive import (
     check_loss_settings,
     check_two_views,
     chunked_logsumexp,
+    gather_local,
     positive_cross_entropy,
     two_view_pairs,
 )
@@ -54,6 +55,10 @@ class NTXentLoss(nn.Module):
             in-batch negatives of SimCLR). A multiple of the global batch.
         embedding_dim: Size of the embeddings; required with a memory bank (it sizes the
             buffer, so that a checkpoint loads before the first step).
+        gather: Gather the candidates from all ranks inside the loss (autograd-aware
+            all-gather) and take this rank's offset from the process group: then ``forward``
+            takes only the local tensors. ``False``: the caller passes the gathered tensors
+            and ``rank_offset``, as the methods do.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class NTXentLoss(nn.Module):
         margin: float = 0.0,
         memory_bank_size: int = 0,
         embedding_dim: int | None = None,
+        gather: bool = False,
     ) -> None:
         super().__init__()
         check_loss_settings("NTXentLoss", temperature, chunk_size)
@@ -77,6 +83,7 @@ class NTXentLoss(nn.Module):
         self.temperature = temperature
         self.chunk_size = chunk_size
         self.margin = margin
+        self.gather = gather
         self.bank = (FeatureQueue(memory_bank_size, embedding_dim)
                      if memory_bank_size > 0 and embedding_dim is not None else None)
 
@@ -86,7 +93,7 @@ class NTXentLoss(nn.Module):
         z2: Tensor,
         z1_all: Tensor | None = None,
         z2_all: Tensor | None = None,
-        rank_offset: int = 0,
+        rank_offset: int | None = None,
     ) -> Tensor:
         """Mean NT-Xent over the local anchors (2B, or B with a memory bank).
 
@@ -95,12 +102,18 @@ class NTXentLoss(nn.Module):
             z2: Local embeddings of view 2, shape (B, D); row i is the positive of ``z1[i]``.
             z1_all: View-1 embeddings gathered from all ranks, (W·B, D); ``z1`` when omitted.
             z2_all: View-2 embeddings gathered from all ranks, (W·B, D); ``z2`` when omitted.
-            rank_offset: Index of this rank's first sample in the gathered tensors (rank · B).
+            rank_offset: Index of this rank's first sample in the gathered tensors (rank · B);
+                required under a process group of several ranks when gathered tensors are
+                passed.
 
         Returns:
             Scalar loss, computed in fp32 (float64 for float64 inputs) even under autocast.
         """
-        z1_all, z2_all = check_two_views("NTXentLoss", z1, z2, z1_all, z2_all, rank_offset)
+        if self.gather:
+            (z1_all, z2_all), rank_offset = gather_local(
+                "NTXentLoss", [z1, z2], rank_offset, z1_all is not None or z2_all is not None)
+        z1_all, z2_all, rank_offset = check_two_views("NTXentLoss", z1, z2, z1_all, z2_all,
+                                                      rank_offset)
         with torch.autocast(device_type=z1.device.type, enabled=False):
             if self.bank is not None:
                 return self._bank_loss(self.bank, z1, z2, z2_all)
@@ -117,13 +130,9 @@ class NTXentLoss(nn.Module):
         positives = F.normalize(at_least_fp32(z2), dim=1).to(anchors.dtype)
         negatives = F.normalize(bank.negatives().to(anchors.dtype), dim=1)
         positive = ((anchors * positives).sum(dim=1) - self.margin) / self.temperature
-        if self.chunk_size is None:
-            logits = torch.cat([positive[:, None], anchors @ negatives.T / self.temperature], 1)
-            labels = torch.zeros(len(logits), dtype=torch.long, device=logits.device)
-            loss = F.cross_entropy(logits, labels)
-        else:  # -log(e^s+ / (e^s+ + sum_k e^s_k)) = softplus(lse_k(s_k) - s+), stable in fp32
-            lse = chunked_logsumexp(anchors, negatives, self.temperature, None, self.chunk_size)
-            loss = F.softplus(lse - positive).mean()
+        # -log(e^s+ / (e^s+ + sum_k e^s_k)) = softplus(lse_k(s_k) - s+), stable in fp32
+        lse = chunked_logsumexp(anchors, negatives, self.temperature, None, self.chunk_size)
+        loss = F.softplus(lse - positive).mean()
         if z1.requires_grad:
             bank.enqueue(F.normalize(z2_all.detach(), dim=1))
         return loss

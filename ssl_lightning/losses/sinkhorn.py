@@ -43,10 +43,12 @@ def sinkhorn_knopp(
         raise ValueError(f"Sinkhorn iterations must be >= 1, got {iterations}.")
     with torch.autocast(device_type=scores.device.type, enabled=False):
         logits = at_least_fp32(scores) / epsilon
-        # A constant shift shared by all ranks cancels in the first normalisation; it keeps
-        # exp() finite for small epsilon.
-        local_max = logits.max() if logits.numel() else logits.new_full((), -math.inf)
-        shift = all_gather_no_grad(local_max.reshape(1)).max()
+        # A shift per prototype cancels in the first row normalisation. Taking each prototype's
+        # maximum over the batch of all ranks (the same on every rank) keeps exp() finite and
+        # every prototype row non-zero, however wide the range of the logits.
+        local_max = (logits.amax(dim=0) if logits.shape[0]
+                     else logits.new_full(logits.shape[1:], -math.inf))
+        shift = all_gather_no_grad(local_max[None]).amax(dim=0)
         q = torch.exp(logits - shift).T  # (K, B)
         num_prototypes = q.shape[0]
         total_samples = q.shape[1] * world_size() if num_samples is None else num_samples

@@ -70,7 +70,7 @@ class VICRegLoss(nn.Module):
                 when omitted (one process).
             z2_all: View-2 embeddings gathered from all ranks, (N, D); ``z2`` when omitted.
         """
-        z1_all, z2_all = check_two_views("VICRegLoss", z1, z2, z1_all, z2_all, rank_offset=0)
+        z1_all, z2_all, _ = check_two_views("VICRegLoss", z1, z2, z1_all, z2_all, rank_offset=0)
         if z1_all.shape != z2_all.shape or z1_all.shape[1:] != z1.shape[1:]:
             raise ValueError(
                 f"Gathered embeddings {tuple(z1_all.shape)} and {tuple(z2_all.shape)} do not "

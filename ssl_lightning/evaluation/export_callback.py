@@ -1,0 +1,176 @@
+"""Export the backbone when ``fit`` finishes: a file in the run directory in the backbone's own
+format, and the Python lines that load it printed on the console.
+
+The export goes through :func:`ssl_lightning.evaluation.export.export_state_dict`, the code of
+the ``export`` command, on the trained module's weights. That module is imported where it is
+used, so that importing :mod:`ssl_lightning.evaluation` leaves
+``python -m ssl_lightning.evaluation.export`` to run it as ``__main__``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.backbones import ResNet, TimmBackbone, TorchvisionBackbone, backbone_spec
+from ssl_lightning.callbacks.artifacts import log_run_file
+from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, SPEC_KEY
+from ssl_lightning.io import atomic_path, run_directory
+
+NativeFormat = Literal["torchvision", "timm", "state_dict"]
+FitExportFormat = Literal["auto", "torchvision", "timm", "state_dict"]
+_FIT_EXPORT_FORMATS = ("auto", "torchvision", "timm", "state_dict")
+
+
+def native_format(backbone: nn.Module) -> NativeFormat:
+    """``"timm"`` for a :class:`TimmBackbone`, ``"torchvision"`` for a ResNet trunk (ours or
+    torchvision's), else ``"state_dict"`` (the backbone class's own keys)."""
+    if isinstance(backbone, TimmBackbone):
+        return "timm"
+    if isinstance(backbone, (ResNet, TorchvisionBackbone)):
+        from ssl_lightning.evaluation.export import torchvision_resnet_recipe
+
+        try:
+            torchvision_resnet_recipe(backbone.net.state_dict())
+            return "torchvision"
+        except ValueError:
+            pass
+    return "state_dict"
+
+
+def load_snippet(fmt: NativeFormat, path: str, state: Mapping[str, Tensor],
+                 spec: Mapping[str, Any] | None) -> str:
+    """Python lines that rebuild the model and load the exported file ``path`` into it.
+
+    Args:
+        fmt: The format ``path`` was exported in.
+        path: The exported file.
+        state: Its content (the torchvision recipe reads the architecture from it).
+        spec: The backbone's ``{"class_path", "init_args"}`` (see
+            :mod:`ssl_lightning.backbones.spec`); ``None``: the lines load into ``backbone``.
+    """
+    load = f"torch.load({path!r}, weights_only=True)"
+    init_args = dict((spec or {}).get("init_args") or {})
+    init_args.pop("pretrained_path", None)
+    if fmt == "torchvision":
+        from ssl_lightning.evaluation.export import torchvision_resnet_recipe
+
+        return f"{torchvision_resnet_recipe(state)}\nmodel.load_state_dict({load})"
+    if fmt == "timm":
+        options = {**(init_args.pop("model_kwargs", None) or {}),
+                   **{k: v for k, v in init_args.items() if k != "name"}}
+        arguments = ", ".join([repr(init_args.get("name")), "num_classes=0",
+                               *(f"{k}={v!r}" for k, v in options.items())])
+        return (f"import timm, torch\nmodel = timm.create_model({arguments})\n"
+                f"model.load_state_dict({load})")
+    if spec is None:
+        return f"import torch\nbackbone.load_state_dict({load})  # the backbone you trained"
+    module, _, name = str(spec["class_path"]).rpartition(".")
+    arguments = ", ".join(f"{k}={v!r}" for k, v in init_args.items())
+    return (f"import torch\nfrom {module} import {name}\nbackbone = {name}({arguments})\n"
+            f"backbone.load_state_dict({load})")
+
+
+class ExportBackbone(pl.Callback):
+    """At the end of a finished ``fit``, export the backbone to ``<run dir>/export/backbone.pt``
+    and print how to load it.
+
+    Runs on global rank 0 only after a fit that ended normally (not after an exception, a
+    pre-emption or Ctrl-C, not under ``fast_dev_run``). The run directory is
+    :func:`~ssl_lightning.io.run_directory` (the folder of ``checkpoints/``);
+    an MLflow / W&B logger also gets the file as the run's artifact ``export/backbone.pt``.
+    The file is written to a temporary name and renamed, so a resumed run replaces the export
+    of the run it continues.
+
+    Args:
+        format: ``"auto"`` (default): the backbone's own format (:func:`native_format`):
+            ``"timm"`` for a ``TimmBackbone``, ``"torchvision"`` for a ResNet trunk, else
+            ``"state_dict"``. Or one of those three, checked against the backbone when fit starts.
+        prefix: Prefix of the exported module in the method's state dict
+            (``"teacher_backbone."`` for the EMA teacher of DINO / BYOL / ...).
+        enabled: ``False`` skips the export.
+    """
+
+    def __init__(self, format: FitExportFormat = "auto", prefix: str = DEFAULT_PREFIX,
+                 enabled: bool = True) -> None:
+        if format not in _FIT_EXPORT_FORMATS:
+            raise ValueError(f"ExportBackbone format {format!r} is not one of "
+                             f"{_FIT_EXPORT_FORMATS}; export ONNX / TorchScript with "
+                             "`python -m ssl_lightning export` after fit.")
+        if not prefix.endswith("."):
+            raise ValueError(f"ExportBackbone prefix {prefix!r} must end with '.', e.g. "
+                             f"{DEFAULT_PREFIX!r}.")
+        self.format = format
+        self.prefix = prefix
+        self.enabled = enabled
+        self.path: str | None = None
+        self.snippet: str | None = None
+
+    def _backbone(self, pl_module: pl.LightningModule) -> nn.Module:
+        name = self.prefix[:-1]
+        try:
+            return pl_module.get_submodule(name)
+        except AttributeError as err:
+            children = [f"{child}." for child, _ in pl_module.named_children()]
+            raise ValueError(
+                f"ExportBackbone: {type(pl_module).__name__} has no module {name!r} (its modules:"
+                f" {children}); set ExportBackbone(prefix=...) to one of them, or enabled=False."
+            ) from err
+
+    def _format(self, backbone: nn.Module) -> NativeFormat:
+        native = native_format(backbone)
+        if self.format == "auto":
+            return native
+        if self.format != "state_dict" and self.format != native:
+            raise ValueError(
+                f"ExportBackbone format {self.format!r} does not fit the backbone "
+                f"{type(backbone).__name__} (its format is {native!r}); use format 'auto'."
+            )
+        return self.format
+
+    @property
+    def exported_backbone(self) -> str | None:
+        """The exported file once this fit wrote it (read by
+        :class:`~ssl_lightning.callbacks.RunSummary`)."""
+        return self.path
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Refuse a prefix or format that does not fit before training starts."""
+        if self.enabled and stage == "fit":
+            self._format(self._backbone(pl_module))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.enabled or getattr(trainer, "fast_dev_run", False):
+            return
+        run_dir = run_directory(trainer)  # a broadcast under DDP: read on every rank
+        if not trainer.is_global_zero:
+            return
+        path = os.path.join(run_dir, "export", "backbone.pt")
+        fmt = self._format(self._backbone(pl_module))
+        self.snippet = export_module_backbone(pl_module, path, fmt, self.prefix)
+        self.path = path
+        print(f"Exported the backbone ({fmt} format) to "
+              f"{path}. Load it with:\n{self.snippet}", flush=True)
+        log_run_file(trainer, path, run_dir)
+
+
+def export_module_backbone(module: nn.Module, output: str, fmt: NativeFormat,
+                           prefix: str = DEFAULT_PREFIX) -> str:
+    """Export the ``prefix`` module of ``module`` to ``output`` in format ``fmt`` (through a
+    temporary checkpoint read by ``export_state_dict``); returns the lines that load it."""
+    from ssl_lightning.evaluation.export import export_state_dict
+
+    state = {k: v for k, v in module.state_dict().items() if k.startswith(prefix)}
+    spec = backbone_spec(module.get_submodule(prefix[:-1]))
+    with tempfile.TemporaryDirectory(prefix="ssl_export_") as tmp:
+        checkpoint = os.path.join(tmp, "backbone.ckpt")
+        torch.save({"state_dict": state, SPEC_KEY: spec}, checkpoint)
+        with atomic_path(output) as partial:
+            exported = export_state_dict(checkpoint, str(partial), fmt, prefix)
+    return load_snippet(fmt, output, exported, spec)

@@ -1,0 +1,32 @@
+"""The run's own directory: where its checkpoints, config and pictures go.
+
+:attr:`Trainer.log_dir` is a run's own folder only for TensorBoard and CSV loggers; for any other
+logger it is the logger's ``save_dir``, which all runs share (with MLflow: ``mlruns/``).
+:func:`run_directory` is the folder Lightning's ``ModelCheckpoint`` puts ``checkpoints/`` into:
+``<save_dir>/<name>/<version>`` (MLflow: ``<save_dir>/<experiment id>/<run id>``, W&B:
+``<save_dir>/<project>/<run id>``), ``trainer.log_dir`` for TensorBoard / CSV, and
+``default_root_dir`` without a logger.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytorch_lightning as pl
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+
+
+def _local_run_directory(trainer: pl.Trainer) -> str:
+    if not trainer.loggers:
+        return trainer.default_root_dir
+    logger = trainer.loggers[0]
+    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        return logger.log_dir
+    version = logger.version
+    return os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name),
+                        version if isinstance(version, str) else f"version_{version}")
+
+
+def run_directory(trainer: pl.Trainer) -> str:
+    """This run's own directory (global rank 0's; a broadcast under DDP: call it on every rank)."""
+    return trainer.strategy.broadcast(_local_run_directory(trainer))

@@ -1,0 +1,68 @@
+"""``--config NAME`` resolves a shipped config (from ``ssl_lightning.commands.CONFIGS_DIR``)
+from any working directory; a file path keeps meaning that file; an unknown name lists the
+shipped ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ssl_lightning import commands
+from ssl_lightning.cli import main, resolve_config_names
+
+
+def _printed_config(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--print_config"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory without a ``configs/`` folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+@pytest.mark.parametrize("form", [["--config", "simclr"], ["--config=simclr"],
+                                  ["-c", "simclr.yaml"]])
+def test_a_short_name_is_the_shipped_config(elsewhere, capsys, form) -> None:
+    expected = _printed_config(capsys, "--config", str(commands.CONFIGS_DIR / "simclr.yaml"))
+    assert "SimCLR" in expected
+    assert _printed_config(capsys, *form) == expected
+
+
+def test_names_are_looked_up_in_configs_dir(elsewhere, monkeypatch, tmp_path: Path) -> None:
+    shipped = tmp_path / "packaged"
+    shipped.mkdir()
+    (shipped / "mine.yaml").write_text("seed_everything: 7\n")
+    monkeypatch.setattr(commands, "CONFIGS_DIR", shipped)
+    assert resolve_config_names(["fit", "--config", "mine", "--config=mine.yaml"]) == [
+        "fit", "--config", str(shipped / "mine.yaml"), f"--config={shipped / 'mine.yaml'}"]
+
+
+def test_an_existing_file_keeps_meaning_that_file(elsewhere) -> None:
+    (elsewhere / "simclr").write_text("seed_everything: 7\n")
+    (elsewhere / "configs").mkdir()
+    (elsewhere / "configs" / "simclr.yaml").write_text("seed_everything: 8\n")
+    argv = ["fit", "--config", "simclr", "-c", "configs/simclr.yaml",
+            "--config", "{seed_everything: 9}"]
+    assert resolve_config_names(argv) == argv
+
+
+@pytest.mark.parametrize(("value", "suggestion"), [
+    ("simclrr", " Did you mean 'simclr'?"), ("zzzz", ""),
+    ("configs/simclr.yaml", " Did you mean 'simclr'?")])
+def test_an_unknown_name_lists_the_shipped_configs(elsewhere, capsys, value, suggestion) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: --config {value!r}: no such file in {elsewhere}, nor a "
+                          f"shipped config of that name.{suggestion} Shipped configs "), err
+    assert "byol, dcl, dino, dinov2," in err and "simclr, simsiam" in err
