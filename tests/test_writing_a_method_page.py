@@ -47,7 +47,8 @@ def test_the_cli_command_trains_the_example(my_methods: Path, tiny_image_folder:
     command = next(block for block in BASH_BLOCKS if "my_methods.AlignUniform" in block)
     words = shlex.split(command.replace("\\\n", " "))
     assert words[:4] == ["PYTHONPATH=.", "python", "-m", "ssl_lightning"]
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(my_methods)  # the run's files go to a temporary folder, not the checkout
+    words = [str(ROOT / word) if word.startswith("configs/") else word for word in words]
     args = [*words[4:], "--data.root", str(tiny_image_folder), "--data.batch_size", "4",
             "--data.num_workers", "0", *TINY_TRAINER_ARGS]
     cli = main(args)
