@@ -31,7 +31,7 @@ EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
     "embed": _embed, "export": _export, "list": _list,
 }
 
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # shipped with the package
 
 
 def project_description() -> str:

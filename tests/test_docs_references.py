@@ -176,6 +176,8 @@ def path_exists(reference: str, doc: Path) -> bool:
         return True
     if reference.startswith(OUTPUT_DIRS) or "/version_" in reference:
         return True
+    if (ROOT / reference).exists():  # also through the configs -> ssl_lightning/configs link
+        return True
     files = tree_files()
     if "/" not in reference:  # a bare file name, e.g. ``base.py`` in a package listing
         return any(Path(path).name == reference for path in files)

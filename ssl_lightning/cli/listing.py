@@ -39,7 +39,7 @@ def method_rows() -> list[tuple[str, str]]:
             continue
         shipped = configs.get(name, [])
         summary = first_comment(shipped[0]) if shipped else (cls.__doc__ or "").strip()
-        names = ", ".join(f"--config configs/{path.name}" for path in shipped) or "no config"
+        names = ", ".join(f"--config {path.stem}" for path in shipped) or "no config"
         rows.append((name, f"{summary.splitlines()[0] if summary else ''} [{names}]"))
     return rows
 
