@@ -1,5 +1,5 @@
 """Callbacks that hold a CLI run at a known point until a stop signal arrived, so that
-``tests/test_preemption.py`` can signal it there (named by ``--trainer.callbacks+=``).
+``tests/callbacks/test_preemption.py`` can signal it there (named by ``--trainer.callbacks+=``).
 
 Each writes ``<marker>.rank<r>`` (JSON: the process id and the ids of its child processes, the
 loader workers) when it starts holding, then waits until the run's

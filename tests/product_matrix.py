@@ -1,6 +1,6 @@
 """The product matrix: every shipped config through the real CLI, then resumed from last.ckpt.
 
-Used by ``tests/test_product_matrix.py``; also a script. One driver process per rank runs every
+Used by ``tests/product/test_product_matrix.py``; also a script. One driver process per rank runs every
 config in turn (``python tests/product_matrix.py SPEC.json OUT_DIR``): with ``WORLD_SIZE=2`` the
 two drivers are started like ``torchrun`` would start them (``MASTER_ADDR``, ``MASTER_PORT``,
 ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``), join one gloo process group, and each config runs

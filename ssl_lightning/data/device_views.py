@@ -9,7 +9,7 @@ matrix products), horizontal flip, colour jitter in a random order per sample, g
 Gaussian blur, solarisation and normalisation. The recipe is the SimCLR augmentation (Chen et
 al., "A Simple Framework for Contrastive Learning of Visual Representations", ICML 2020,
 Appendix A) with the parameter ranges of ``torchvision.transforms``, drawn with the same
-distributions as :class:`~ssl_lightning.data.SimCLRViews` (tests/test_views_distribution.py,
+distributions as :class:`~ssl_lightning.data.SimCLRViews` (tests/data/test_views_distribution.py,
 docs/batched_views.md).
 
 Enable it with ``SSLDataModule(device_transform=DeviceViews(...))``: the module's

@@ -82,7 +82,7 @@ def test_bad_settings_are_refused_before_training(tmp_path):
 def test_the_shared_pretraining_callbacks_export_unless_switched_off_on_the_command_line():
     from ssl_lightning.cli import main
 
-    config = str(Path(__file__).resolve().parents[1] / "configs" / "simclr.yaml")
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "simclr.yaml")
     for extra, enabled in [([], True), (["--trainer.callbacks.init_args.enabled", "false"], False)]:
         cli = main(["--config", config, "--trainer.accelerator", "cpu", *extra], run=False)
         (export,) = [c for c in cli.trainer.callbacks if isinstance(c, ExportBackbone)]

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import read_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 EXTRA_ARGS: dict[str, list[str]] = {

@@ -10,7 +10,7 @@ from torchvision.transforms import v2
 
 from ssl_lightning.data import MultiViewTransform
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "custom_views.yaml"
 
 

@@ -10,7 +10,7 @@ import torch
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.evaluation import KNNEval, LinearEval
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("make", [lambda **kw: LinearEval(SmallConvNet((8,)), 3, **kw),

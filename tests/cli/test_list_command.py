@@ -13,7 +13,7 @@ import ssl_lightning
 from ssl_lightning.cli import main
 from ssl_lightning.methods import SSLMethod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_methods_lists_every_method_with_its_config() -> None:

@@ -22,7 +22,7 @@ from ssl_lightning.data.base import SSLDataModule
 from ssl_lightning.evaluation import KNNEval, LinearEval
 from ssl_lightning.methods.base import SSLMethod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
 
 #: Folders whose files a run creates (outputs named in examples), not files of the tree.
@@ -95,7 +95,7 @@ def package_names() -> frozenset[str]:
 def test_names() -> frozenset[str]:
     """Classes and functions of the test suite's helpers (the docs describe the product matrix)."""
     names: set[str] = set()
-    for path in (ROOT / "tests").glob("*.py"):
+    for path in (ROOT / "tests").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
                 names.add(node.name)

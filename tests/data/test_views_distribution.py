@@ -31,7 +31,7 @@ from torchvision.transforms import v2
 from ssl_lightning.data import CIFAR10DataModule, DeviceViews, SimCLRViews
 from ssl_lightning.data.seeding import sample_seed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ALPHA = 1e-4
 DRAWS = 2000
 

@@ -17,7 +17,7 @@ from ssl_lightning.cli import main
 from ssl_lightning.losses import DCLLoss, DINOLoss
 from ssl_lightning.methods import SSLMethod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = [8, 16]  # SmallConvNet(widths=WIDTHS) has 16 features
 
 

@@ -16,7 +16,7 @@ from ssl_lightning.backbones import ResNet, SmallConvNet
 from ssl_lightning.callbacks.knn import KNNCallback, knn_predict
 from ssl_lightning.evaluation import EmbeddingPlot, KNNEval
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NUM_CLASSES, K, T = 8, 20, 0.1
 
 

@@ -29,7 +29,7 @@ from ssl_lightning.backbones.spec import TRUSTED_CLASSES_ENV, config_class_paths
 from ssl_lightning.cli import main as cli_main
 from ssl_lightning.evaluation import KNNEval, LinearEval
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL_WIDTHS = (8, 16)
 
 

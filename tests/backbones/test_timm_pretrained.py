@@ -13,7 +13,7 @@ from torch import nn
 from ssl_lightning.backbones import ResNet, SmallConvNet, TimmBackbone, TorchvisionBackbone, ViT
 
 timm = pytest.importorskip("timm")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TIMM_MODELS = {
     "resnet18": {},

@@ -11,7 +11,7 @@ import pytest
 
 from ssl_lightning.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL_CONVNET = '{"class_path": "ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'
 
 

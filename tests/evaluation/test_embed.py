@@ -181,7 +181,7 @@ def test_a_torchvision_backbone_named_in_the_config_is_rebuilt_from_the_checkpoi
     """A class that records nothing itself (torchvision's) gets the config's spec via the CLI."""
     from ssl_lightning.evaluation.checkpoint import backbone_from_checkpoint
 
-    cli = run_config(Path(__file__).resolve().parents[1] / "configs" / "simclr.yaml",
+    cli = run_config(Path(__file__).resolve().parents[2] / "configs" / "simclr.yaml",
                      ["--model.init_args.backbone", "torchvision.models.mobilenet_v3_small",
                       "--model.init_args.backbone.init_args.num_classes", "32",
                       "--model.init_args.projection_hidden_dim", "16"])

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ssl_lightning.distributed import destroy_process_group_at_exit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The check is registered before the import, so atexit runs it after the package's handler.
 PROGRAM = """

@@ -1,7 +1,7 @@
 """configs/linear.yaml through the real CLI: the checkpoint errors reach the user.
 
-(The config itself runs in tests/test_configs.py with a real SimCLR checkpoint; fine-tuning
-is covered by tests/test_linear_eval.py.)
+(The config itself runs in tests/product/test_configs.py with a real SimCLR checkpoint; fine-tuning
+is covered by tests/evaluation/test_linear_eval.py.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from ssl_lightning.backbones import SmallConvNet
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "linear.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "linear.yaml"
 
 
 def fake_checkpoint(backbone: torch.nn.Module, path: Path) -> str:

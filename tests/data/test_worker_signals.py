@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import sys, torch

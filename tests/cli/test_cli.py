@@ -15,7 +15,7 @@ from pytorch_lightning.callbacks import LearningRateMonitor
 from ssl_lightning import SimCLR, SmallConvNet
 from ssl_lightning.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY_CONFIG = """
 seed_everything: 0

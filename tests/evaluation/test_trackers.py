@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIMCLR = ROOT / "configs" / "simclr.yaml"
 STEPS = ["--trainer.fast_dev_run", "false", "--trainer.max_steps", "2",
          "--trainer.limit_val_batches", "1", "--trainer.log_every_n_steps", "1"]

@@ -29,7 +29,7 @@ from ssl_lightning.io import (
 )
 from ssl_lightning.methods import SimCLR
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _checkpoint(value: float, floats: int) -> dict:
