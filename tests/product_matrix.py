@@ -1,11 +1,12 @@
 """The product matrix: every shipped config through the real CLI, then resumed from last.ckpt.
 
-Used by ``tests/product/test_product_matrix.py``; also a script. One driver process per rank runs every
-config in turn (``python tests/product_matrix.py SPEC.json OUT_DIR``): with ``WORLD_SIZE=2`` the
-two drivers are started like ``torchrun`` would start them (``MASTER_ADDR``, ``MASTER_PORT``,
-``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``), join one gloo process group, and each config runs
-with ``--trainer.strategy ddp`` in the already-initialised group. So the whole matrix costs one
-start-up (imports, process group) per rank instead of one ``ddp_spawn`` per config.
+Used by ``tests/product/test_product_matrix.py``; also a script. One driver process per rank
+runs every config in turn (``python tests/product_matrix.py SPEC.json OUT_DIR``): with
+``WORLD_SIZE=2`` the two drivers are started like ``torchrun`` would start them
+(``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``), join one gloo
+process group, and each config runs with ``--trainer.strategy ddp`` in the already-initialised
+group. So the whole matrix costs one start-up (imports, process group) per rank instead of one
+``ddp_spawn`` per config.
 
 A config runs as shipped, with only sizes shrunk (:func:`shrink_args`): a small backbone, small
 heads, the tiny image folder, batch 4, 2 training batches per epoch, validation every epoch.
