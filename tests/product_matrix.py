@@ -175,7 +175,8 @@ def drive(spec: dict[str, Any], out_dir: Path) -> None:
             result = run_config(config, Path(spec["workdir"]) / name.replace(".yaml", ""),
                                 Path(spec["data_root"]), world_size, checkpoints, extra)
             results[name] = {"status": "ok", **result}
-        except BaseException as err:  # noqa: BLE001 (reported per config)
+        except BaseException as caught:  # noqa: BLE001 (reported per config)
+            err = _innermost(caught)  # the CLI's exit(1) and its one-line error wrap the cause
             step = str(err).split("at global step ")[1].split()[0] if "at global step " in str(
                 err) else None
             results[name] = {"status": "error", "error": traceback.format_exc(),
@@ -184,6 +185,13 @@ def drive(spec: dict[str, Any], out_dir: Path) -> None:
                 out.write_text(json.dumps(results, indent=1))
                 raise
         out.write_text(json.dumps(results, indent=1))
+
+
+def _innermost(err: BaseException) -> BaseException:
+    """The exception at the bottom of the ``raise ... from`` chain."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return err
 
 
 if __name__ == "__main__":  # through the module, so that MatrixProbe is the class the CLI loads

@@ -26,6 +26,7 @@ from ssl_lightning.distributed import (
     is_distributed,
     world_size,
 )
+from ssl_lightning.losses.numerics import at_least_fp32
 
 
 def _check_knn_args(k: int, temperature: float, chunk_size: int) -> None:
@@ -63,7 +64,8 @@ def knn_predict(
         chunk_size: Queries scored at once.
 
     Returns:
-        Scores (Q, C) in fp32: per class, the summed weights of the neighbours of that class.
+        Scores (Q, C) in fp32 (float64 for float64 features): per class, the summed weights of
+        the neighbours of that class.
     """
     _check_knn_args(k, temperature, chunk_size)
     if bank_features.dim() != 2 or query_features.dim() != 2:
@@ -89,18 +91,19 @@ def knn_predict(
             f"[{int(bank_targets.min())}, {int(bank_targets.max())}]."
         )
     k = min(k, bank_features.shape[0])
-    bank = F.normalize(bank_features.float(), dim=1)
+    bank = F.normalize(at_least_fp32(bank_features), dim=1)
     bank_targets = bank_targets.long()
     scores = []
     for queries in query_features.split(chunk_size):
-        similarity = F.normalize(queries.float(), dim=1) @ bank.T
+        similarity = F.normalize(at_least_fp32(queries).to(bank.dtype), dim=1) @ bank.T
         top_sim, top_idx = similarity.topk(k, dim=1)
         weights = (top_sim / temperature).exp()
-        chunk_scores = torch.zeros(queries.shape[0], num_classes, device=bank.device)
+        chunk_scores = torch.zeros(queries.shape[0], num_classes, device=bank.device,
+                                   dtype=bank.dtype)
         chunk_scores.scatter_add_(1, bank_targets[top_idx], weights)
         scores.append(chunk_scores)
     if not scores:
-        return torch.zeros(0, num_classes, device=bank.device)
+        return torch.zeros(0, num_classes, device=bank.device, dtype=bank.dtype)
     return torch.cat(scores)
 
 
