@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import reduce
 from operator import or_
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -102,6 +103,26 @@ class SSLLightningCLI(LightningCLI):
         self._dump_config()
         check_method_and_hyperparameters(checkpoint, str(path), self.config_dump.get("model") or {})
         self._resume = (str(path), checkpoint)
+        self._continue_in_run_directory(str(path))
+
+    def _continue_in_run_directory(self, path: str) -> None:
+        """A resumed run writes into the run directory of its checkpoint, not a new
+        ``version_N``: when ``path`` is ``<save_dir>/<name>/<version>/checkpoints/<file>`` of the
+        configured TensorBoard / CSV logger and the config sets no version, that version is
+        used (``--trainer.logger.init_args.version`` chooses another)."""
+        logger = self.config[self.config["subcommand"]]["trainer"].get("logger")
+        init_args = getattr(logger, "init_args", None)
+        class_path = str(getattr(logger, "class_path", ""))
+        if init_args is None or not class_path.endswith(("TensorBoardLogger", "CSVLogger")):
+            return
+        if init_args.get("version") is not None:
+            return
+        checkpoints = Path(path).resolve().parent
+        run_dir = checkpoints.parent
+        expected = Path(str(init_args.get("save_dir") or ".")).resolve() / str(
+            init_args.get("name") or "lightning_logs")
+        if checkpoints.name == "checkpoints" and run_dir.parent == expected:
+            init_args["version"] = run_dir.name
 
     def instantiate_classes(self) -> None:
         """Build trainer, model and data; a constructor's error (also the Trainer's own

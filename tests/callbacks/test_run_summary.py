@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
 from ssl_lightning.cli import main
 
@@ -78,3 +79,18 @@ def test_a_resumed_run_says_where_it_continues(finished_run, tiny_image_folder: 
     summary = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "RunSummary")
     line = next(line for line in summary.lines_at_start if "resuming from" in line)
     assert line.endswith("continues at step 8, epoch 1 (batch 2 of 6, mid-epoch)")
+
+
+def test_a_resumed_run_writes_into_its_own_run_directory(finished_run,
+                                                         tiny_image_folder: Path) -> None:
+    """``--ckpt_path <run>/checkpoints/last.ckpt`` continues in ``<run>``, not a new version."""
+    _, _, runs = finished_run
+    version = runs / "simclr" / "version_0"
+    cli = main([*run_args(tiny_image_folder, runs, max_steps=10),
+                "--ckpt_path", str(version / "checkpoints" / "last.ckpt")])
+    assert cli.trainer.global_step == 10
+    assert sorted(p.name for p in (runs / "simclr").iterdir()) == ["version_0"]
+    summary = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "RunSummary")
+    assert f"run directory: {version}" in "\n".join(summary.lines_at_start)
+    assert torch.load(version / "checkpoints" / "last.ckpt", weights_only=True)[
+        "global_step"] == 10
