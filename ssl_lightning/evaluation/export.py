@@ -105,6 +105,21 @@ def _check_timm(checkpoint: str | os.PathLike, state: Mapping[str, Tensor]) -> M
                      f"holds {what}. Formats that fit: {', '.join(fitting)}.")
 
 
+def native_format(checkpoint: str | os.PathLike, prefix: str = DEFAULT_PREFIX) -> str:
+    """What ``--format auto`` (the default) exports: ``"timm"`` for a TimmBackbone checkpoint,
+    ``"torchvision"`` for a ResNet trunk that torchvision's ResNet loads, else
+    ``"state_dict"`` (the backbone class's own keys)."""
+    spec = load_checkpoint(checkpoint).get(SPEC_KEY)
+    if isinstance(spec, Mapping) and spec.get("class_path") == _TIMM_CLASS:
+        return "timm"
+    try:
+        torchvision_resnet_recipe(
+            _strip_net(backbone_state_dict(checkpoint, prefix), "torchvision", "a ResNet"))
+    except ValueError:
+        return "state_dict"
+    return "torchvision"
+
+
 def _strip_net(state: Mapping[str, Tensor], fmt: str, what: str) -> dict[str, Tensor]:
     if not all(k.startswith("net.") for k in state):
         raise ValueError(
@@ -231,7 +246,9 @@ def main(args: list[str] | None = None) -> None:
         description="Export a checkpoint's backbone (state dict, ONNX or TorchScript).")
     parser.add_argument("--checkpoint", required=True, help="pre-training .ckpt file")
     parser.add_argument("--output", required=True, help="file to write")
-    parser.add_argument("--format", default="torchvision", choices=FORMATS)
+    parser.add_argument("--format", default="auto", choices=("auto", *FORMATS),
+                        help="auto (default): the backbone's own kind - timm for a timm "
+                             "model, torchvision for a ResNet, else state_dict")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
     parser.add_argument("--image-size", type=int, default=None,
                         help="side of the example input for onnx/torchscript (default: the "
@@ -239,6 +256,8 @@ def main(args: list[str] | None = None) -> None:
     ns = parser.parse_args(args)
     out = ns.output
     try:
+        if ns.format == "auto":
+            ns.format = native_format(ns.checkpoint, ns.prefix)
         if ns.format == "onnx":
             diff = export_onnx(ns.checkpoint, out, ns.image_size, ns.prefix)
             print(f"Wrote {out} (dynamic batch axis; onnxruntime vs PyTorch max |diff| "

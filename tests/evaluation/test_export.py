@@ -65,9 +65,9 @@ def test_backbone_format_loads_into_the_configured_class(tmp_path, capsys):
     ckpt, out = str(tmp_path / "m.ckpt"), str(tmp_path / "b.pt")
     fake_checkpoint(backbone, ckpt)
     with pytest.raises(SystemExit):
-        main(["--checkpoint", ckpt, "--output", out])
+        main(["--checkpoint", ckpt, "--output", out, "--format", "torchvision"])
     assert "--format state_dict" in capsys.readouterr().err
-    main(["--checkpoint", ckpt, "--output", out, "--format", "state_dict"])
+    main(["--checkpoint", ckpt, "--output", out])  # auto: the class's own state dict
     fresh = SmallConvNet((8, 16))
     fresh.load_state_dict(torch.load(out, weights_only=True))
     x = torch.randn(2, 3, 16, 16)
@@ -190,7 +190,7 @@ def test_timm_export_loads_into_timm_with_the_printed_lines(tmp_path, capsys):
                                  "ssl_lightning.backbones.timm_models.TimmBackbone",
                                  name="resnet18", pretrained_path=None, model_kwargs=None)
     out = str(tmp_path / "timm.pt")
-    main(["--checkpoint", ckpt, "--format", "timm", "--output", out])
+    main(["--checkpoint", ckpt, "--output", out])  # --format auto: timm for a timm model
     recipe = capsys.readouterr().out.split("Load it with:\n")[1]
     scope: dict = {}
     exec(recipe, scope)  # builds the timm model and loads the file strictly
@@ -212,3 +212,14 @@ def test_a_failed_export_leaves_an_existing_output_as_it_was(tmp_path, capsys, m
     assert "cannot be" in capsys.readouterr().err
     assert out.read_bytes() == b"an earlier export"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.ckpt", "previous.bin"]
+
+
+def test_the_default_format_follows_the_backbone(small_checkpoint, tmp_path, capsys):
+    """``--format auto``: torchvision for a ResNet (the first test), timm for a timm model
+    (above), the backbone class's own state dict for any other backbone."""
+    ckpt, backbone = small_checkpoint
+    out = str(tmp_path / "small.pt")
+    main(["--checkpoint", ckpt, "--output", out])
+    assert "pretrained_path=" in capsys.readouterr().out
+    state = torch.load(out, weights_only=True)
+    assert state.keys() == backbone.state_dict().keys()
