@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +21,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
 from ssl_lightning.cli.errors import CLIError
-from ssl_lightning.deprecation import rename_state_keys
+from ssl_lightning.deprecation import rename_hyperparameters, rename_state_keys
 from ssl_lightning.evaluation.checkpoint import load_checkpoint
 
 #: Hyperparameters a resume cannot change (the optimiser state is specific to the optimiser).
@@ -71,7 +72,12 @@ def check_method_and_hyperparameters(checkpoint: Mapping[str, Any], path: str,
             f"trained with (--model {saved_class}), or drop --ckpt_path to train {new_class} "
             "from scratch."
         )
-    old, new = _flatten(saved), _flatten(model_config.get("init_args") or {})
+    configured = dict(model_config.get("init_args") or {})
+    method = _method_class(saved_class or new_class)
+    if method is not None:  # a checkpoint (or config) written under renamed argument names
+        rename_hyperparameters(saved, method)
+        rename_hyperparameters(configured, method)
+    old, new = _flatten(saved), _flatten(configured)
     differ = [(k, old[k], new.get(k, "(absent)")) for k in sorted(old) if old[k] != new.get(k)]
     fixed = [d for d in differ if d[0] in FIXED_ON_RESUME]
     if fixed:
@@ -88,6 +94,16 @@ def check_method_and_hyperparameters(checkpoint: Mapping[str, Any], path: str,
             f"checkpoint's: {listing}. This run's values are used; the checkpoint supplies the "
             "weights, the optimiser state and the step."
         )
+
+
+def _method_class(class_path: object) -> type | None:
+    """The class a ``class_path`` names (short names from ``ssl_lightning``), or None."""
+    module, _, name = str(class_path or "").rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module or "ssl_lightning"), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found if isinstance(found, type) else None
 
 
 def check_architecture(model: nn.Module, checkpoint: Mapping[str, Any], path: str) -> None:

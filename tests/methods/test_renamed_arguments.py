@@ -221,3 +221,23 @@ def test_validation_errors_name_the_argument_the_user_passed(build, message: str
     with pytest.raises(ValueError, match=message):
         build()
 
+
+
+def test_resuming_an_old_name_checkpoint_warns_about_no_renamed_hyperparameter() -> None:
+    """The resume check compares hyperparameters under their new names: a checkpoint saved
+    with ``projection_batch_norm`` matches a config that says ``head_batch_norm``."""
+    import warnings
+
+    from ssl_lightning.cli.resume import check_method_and_hyperparameters
+
+    checkpoint = {"hyper_parameters": {"_class_path": "ssl_lightning.SimCLR", "lr": 0.1,
+                                       "projection_batch_norm": False, "memory_bank_size": 8}}
+    config = {"class_path": "ssl_lightning.SimCLR",
+              "init_args": {"lr": 0.1, "head_batch_norm": False, "queue_size": 8,
+                            "projection_batch_norm": None, "memory_bank_size": None}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_method_and_hyperparameters(checkpoint, "old.ckpt", config)
+    config["init_args"]["queue_size"] = 16
+    with pytest.warns(UserWarning, match=r"queue_size: 8 \(checkpoint\) -> 16 \(this run\)"):
+        check_method_and_hyperparameters(checkpoint, "old.ckpt", config)
