@@ -267,7 +267,7 @@ def main(args: list[str] | None = None) -> None:
         elif ns.format == "torchscript":
             diff = export_torchscript(ns.checkpoint, out, ns.image_size, ns.prefix)
             print(f"Wrote {out} (reloaded: max |diff| {diff:.2e}). Load it with:\n"
-                  f'model = torch.jit.load("{out}"); features = model(images)')
+                  f'import torch\nmodel = torch.jit.load("{out}"); features = model(images)')
         else:
             state = export_state_dict(ns.checkpoint, out, ns.format, ns.prefix)
             print(f"Wrote {len(state)} tensors to {out}. Load it with:")

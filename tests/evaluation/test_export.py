@@ -87,21 +87,24 @@ def test_onnx_export_matches_pytorch_in_onnxruntime(small_checkpoint, tmp_path, 
     ckpt, backbone = small_checkpoint
     out = str(tmp_path / "b.onnx")
     main(["--checkpoint", ckpt, "--format", "onnx", "--output", out, "--image-size", "16"])
-    assert "onnxruntime.InferenceSession" in capsys.readouterr().out
-    session = onnxruntime.InferenceSession(out, providers=["CPUExecutionProvider"])
     x = torch.randn(5, 3, 16, 16)  # another batch size than the trace's: dynamic axis
-    (got,) = session.run(None, {"images": x.numpy()})
+    scope = {"images_nchw_float32": x.numpy()}
+    exec(capsys.readouterr().out.split("Load it with:\n")[1], scope)  # the printed lines
+    assert isinstance(scope["session"], onnxruntime.InferenceSession)
     with torch.no_grad():
-        torch.testing.assert_close(torch.from_numpy(got), backbone(x), rtol=0, atol=1e-4)
+        torch.testing.assert_close(torch.from_numpy(scope["features"]), backbone(x), rtol=0,
+                                   atol=1e-4)
 
 
-def test_torchscript_export_reloads_with_the_same_features(small_checkpoint, tmp_path):
+def test_torchscript_export_reloads_with_the_same_features(small_checkpoint, tmp_path, capsys):
     ckpt, backbone = small_checkpoint
     out = str(tmp_path / "b.pt")
     main(["--checkpoint", ckpt, "--format", "torchscript", "--output", out, "--image-size", "16"])
     x = torch.randn(3, 3, 16, 16)
+    scope = {"images": x}
+    exec(capsys.readouterr().out.split("Load it with:\n")[1], scope)  # the printed lines
     with torch.no_grad():
-        torch.testing.assert_close(torch.jit.load(out)(x), backbone(x), rtol=0, atol=1e-6)
+        torch.testing.assert_close(scope["features"], backbone(x), rtol=0, atol=1e-6)
 
 
 class Untraceable(nn.Module):
