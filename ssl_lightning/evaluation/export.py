@@ -106,15 +106,21 @@ def _check_timm(checkpoint: str | os.PathLike, state: Mapping[str, Tensor]) -> M
 
 
 def native_format(checkpoint: str | os.PathLike, prefix: str = DEFAULT_PREFIX) -> str:
-    """What ``--format auto`` (the default) exports: ``"timm"`` for a TimmBackbone checkpoint,
-    ``"torchvision"`` for a ResNet trunk that torchvision's ResNet loads, else
-    ``"state_dict"`` (the backbone class's own keys)."""
+    """What ``--format auto`` (the default) exports for ``checkpoint``: see
+    :func:`backbone_format`."""
     spec = load_checkpoint(checkpoint).get(SPEC_KEY)
-    if isinstance(spec, Mapping) and spec.get("class_path") == _TIMM_CLASS:
+    class_path = spec.get("class_path") if isinstance(spec, Mapping) else None
+    return backbone_format(class_path, backbone_state_dict(checkpoint, prefix))
+
+
+def backbone_format(class_path: str | None, state: Mapping[str, Tensor]) -> str:
+    """A backbone's own export format: ``"timm"`` for a TimmBackbone, ``"torchvision"`` for a
+    ResNet trunk (keys ``net.*``) that torchvision's ResNet loads, else ``"state_dict"`` (the
+    backbone class's own keys). ``state`` is the backbone's state dict."""
+    if class_path == _TIMM_CLASS:
         return "timm"
     try:
-        torchvision_resnet_recipe(
-            _strip_net(backbone_state_dict(checkpoint, prefix), "torchvision", "a ResNet"))
+        torchvision_resnet_recipe(_strip_net(state, "torchvision", "a ResNet"))
     except ValueError:
         return "state_dict"
     return "torchvision"

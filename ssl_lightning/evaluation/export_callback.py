@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.backbones import ResNet, TimmBackbone, TorchvisionBackbone, backbone_spec
+from ssl_lightning.backbones import backbone_spec
 from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, SPEC_KEY
 from ssl_lightning.io import atomic_path, run_directory
@@ -29,19 +29,13 @@ _FIT_EXPORT_FORMATS = ("auto", "torchvision", "timm", "state_dict")
 
 
 def native_format(backbone: nn.Module) -> NativeFormat:
-    """``"timm"`` for a :class:`TimmBackbone`, ``"torchvision"`` for a ResNet trunk (ours or
-    torchvision's), else ``"state_dict"`` (the backbone class's own keys)."""
-    if isinstance(backbone, TimmBackbone):
-        return "timm"
-    if isinstance(backbone, (ResNet, TorchvisionBackbone)):
-        from ssl_lightning.evaluation.export import torchvision_resnet_recipe
+    """The backbone's own format (:func:`~ssl_lightning.evaluation.export.backbone_format`, the
+    rule of ``export --format auto``)."""
+    from ssl_lightning.evaluation.export import backbone_format
 
-        try:
-            torchvision_resnet_recipe(backbone.net.state_dict())
-            return "torchvision"
-        except ValueError:
-            pass
-    return "state_dict"
+    cls = type(backbone)
+    return cast(NativeFormat, backbone_format(f"{cls.__module__}.{cls.__qualname__}",
+                                              backbone.state_dict()))
 
 
 def load_snippet(fmt: NativeFormat, path: str, state: Mapping[str, Tensor],
