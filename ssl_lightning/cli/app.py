@@ -43,7 +43,7 @@ from ssl_lightning.cli.resume import (
     check_method_and_hyperparameters,
     read_checkpoint,
 )
-from ssl_lightning.io import RunDirectoryLock, with_atomic_checkpoint_io
+from ssl_lightning.io import RunDirectoryLock, latest_checkpoint, with_atomic_checkpoint_io
 
 #: ``ckpt_path`` values Lightning resolves itself (no file to check here).
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -97,6 +97,8 @@ class SSLLightningCLI(LightningCLI):
         config with the checkpoint's hyperparameters)."""
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path == "last":
+            path = self._resolve_last()
         if not path or str(path).split(":")[0] in _LIGHTNING_CKPT_NAMES:
             return
         checkpoint = read_checkpoint(str(path))
@@ -105,22 +107,47 @@ class SSLLightningCLI(LightningCLI):
         self._resume = (str(path), checkpoint)
         self._continue_in_run_directory(str(path))
 
+    def _resolve_last(self) -> str | None:
+        """``--ckpt_path last``: the newest ``last.ckpt`` of the configured TensorBoard / CSV
+        logger's runs (``<save_dir>/<name>/*/checkpoints/last.ckpt``), so the same command starts
+        a run and resumes it after a requeue; no such file starts a new run. Other loggers keep
+        Lightning's meaning of ``last`` (the current run's own checkpoint folder)."""
+        subcommand = self.config["subcommand"]
+        runs = self._logger_runs_folder()
+        if runs is None:
+            return "last"
+        found = latest_checkpoint(runs, "last.ckpt")
+        if found is None:
+            rank_zero_info(f"--ckpt_path last: no {runs}/*/checkpoints/last.ckpt yet; starting "
+                           "a new run.")
+            self.config[subcommand]["ckpt_path"] = None
+            return None
+        rank_zero_info(f"--ckpt_path last: resuming from {found}")
+        self.config[subcommand]["ckpt_path"] = str(found)
+        return str(found)
+
+    def _logger_runs_folder(self) -> Path | None:
+        """``<save_dir>/<name>`` of the configured TensorBoard / CSV logger, None for others."""
+        logger = self.config[self.config["subcommand"]]["trainer"].get("logger")
+        init_args = getattr(logger, "init_args", None)
+        class_path = str(getattr(logger, "class_path", ""))
+        if init_args is None or not class_path.endswith(("TensorBoardLogger", "CSVLogger")):
+            return None
+        return Path(str(init_args.get("save_dir") or ".")).resolve() / str(
+            init_args.get("name") or "lightning_logs")
+
     def _continue_in_run_directory(self, path: str) -> None:
         """A resumed run writes into the run directory of its checkpoint, not a new
         ``version_N``: when ``path`` is ``<save_dir>/<name>/<version>/checkpoints/<file>`` of the
         configured TensorBoard / CSV logger and the config sets no version, that version is
         used (``--trainer.logger.init_args.version`` chooses another)."""
-        logger = self.config[self.config["subcommand"]]["trainer"].get("logger")
-        init_args = getattr(logger, "init_args", None)
-        class_path = str(getattr(logger, "class_path", ""))
-        if init_args is None or not class_path.endswith(("TensorBoardLogger", "CSVLogger")):
-            return
-        if init_args.get("version") is not None:
+        expected = self._logger_runs_folder()
+        init_args = self.config[self.config["subcommand"]]["trainer"]["logger"].init_args \
+            if expected is not None else None
+        if init_args is None or init_args.get("version") is not None:
             return
         checkpoints = Path(path).resolve().parent
         run_dir = checkpoints.parent
-        expected = Path(str(init_args.get("save_dir") or ".")).resolve() / str(
-            init_args.get("name") or "lightning_logs")
         if checkpoints.name == "checkpoints" and run_dir.parent == expected:
             init_args["version"] = run_dir.name
 

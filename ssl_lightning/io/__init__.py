@@ -4,13 +4,14 @@
   directory, fsync, rename (used by ``embed``, ``export`` and the checkpoints);
   :func:`atomic_torch_save` saves a torch object that way.
 - :class:`AtomicCheckpointIO`: Lightning's checkpoint plug-in on top of them.
-- :func:`run_directory`: a run's own folder, whatever the logger.
+- :func:`run_directory`: a run's own folder, whatever the logger; :func:`latest_checkpoint`:
+  the newest checkpoint of a logger's runs (``--ckpt_path last``).
 - :class:`RunDirectoryLock`: refuses a ``fit`` whose run directory another live run holds.
 """
 
 from ssl_lightning.io.atomic import atomic_open, atomic_path, atomic_torch_save, same_file
 from ssl_lightning.io.checkpoint_io import AtomicCheckpointIO, with_atomic_checkpoint_io
-from ssl_lightning.io.run_directory import run_directory
+from ssl_lightning.io.run_directory import latest_checkpoint, run_directory
 from ssl_lightning.io.run_lock import RunDirectoryInUseError, RunDirectoryLock, lock_run_directory
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "atomic_open",
     "atomic_path",
     "atomic_torch_save",
+    "latest_checkpoint",
     "lock_run_directory",
     "run_directory",
     "same_file",

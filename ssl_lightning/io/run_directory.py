@@ -11,6 +11,7 @@ logger it is the logger's ``save_dir``, which all runs share (with MLflow: ``mlr
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
@@ -30,3 +31,9 @@ def _local_run_directory(trainer: pl.Trainer) -> str:
 def run_directory(trainer: pl.Trainer) -> str:
     """This run's own directory (global rank 0's; a broadcast under DDP: call it on every rank)."""
     return trainer.strategy.broadcast(_local_run_directory(trainer))
+
+
+def latest_checkpoint(runs: Path, file_name: str) -> Path | None:
+    """The most recently written ``<runs>/<run>/checkpoints/<file_name>``, None if there is none."""
+    found = [path for path in runs.glob(f"*/checkpoints/{file_name}") if path.is_file()]
+    return max(found, key=lambda path: path.stat().st_mtime_ns, default=None)

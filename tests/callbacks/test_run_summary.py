@@ -94,3 +94,18 @@ def test_a_resumed_run_writes_into_its_own_run_directory(finished_run,
     assert f"run directory: {version}" in "\n".join(summary.lines_at_start)
     assert torch.load(version / "checkpoints" / "last.ckpt", weights_only=True)[
         "global_step"] == 10
+
+
+def test_ckpt_path_last_starts_a_run_then_resumes_it(tiny_image_folder: Path,
+                                                     tmp_path: Path) -> None:
+    """One command for a requeued job: ``--ckpt_path last`` starts a new run while the logger's
+    folder has no ``last.ckpt``, and later resumes the newest one in its own run directory."""
+    first = main([*run_args(tiny_image_folder, tmp_path, max_steps=4), "--ckpt_path", "last"])
+    assert first.trainer.global_step == 4
+    version = tmp_path / "simclr" / "version_0"
+    assert (version / "checkpoints" / "last.ckpt").is_file()
+    again = main([*run_args(tiny_image_folder, tmp_path, max_steps=6), "--ckpt_path", "last"])
+    summary = next(cb for cb in again.trainer.callbacks if type(cb).__name__ == "RunSummary")
+    assert any("continues at step 4" in line for line in summary.lines_at_start)
+    assert again.trainer.global_step == 6
+    assert sorted(p.name for p in (tmp_path / "simclr").iterdir()) == ["version_0"]
