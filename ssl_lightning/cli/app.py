@@ -2,7 +2,8 @@
 
 On top of LightningCLI it makes errors readable (see :mod:`ssl_lightning.cli.errors`), reads
 an integer ``--trainer.limit_*_batches`` as a number of batches, runs without a logger (a
-config's ``LearningRateMonitor`` is dropped then), and replaces LightningCLI's ``--ckpt_path``
+config's ``LearningRateMonitor`` is dropped then) or without a progress bar (its progress-bar
+callback is dropped), and replaces LightningCLI's ``--ckpt_path``
 handling, which loads the checkpoint's hyperparameters *over* the config (so ``--model`` and
 ``--model.*`` overrides were silently dropped), by the checks of :mod:`ssl_lightning.cli.resume`:
 the config and the command line define the run, the checkpoint supplies its state.
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.accelerators import CPUAccelerator
-from pytorch_lightning.callbacks import LearningRateMonitor
+from pytorch_lightning.callbacks import LearningRateMonitor, ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
@@ -88,6 +89,11 @@ class SSLLightningCLI(LightningCLI):
         before the config is saved into it."""
         config = self._get(self.config_init, "trainer", default={})
         kwargs.setdefault("plugins", with_atomic_checkpoint_io(config.get("plugins")))
+        callbacks = config.get("callbacks")
+        if config.get("enable_progress_bar") is False and isinstance(callbacks, list):
+            # Lightning refuses a progress-bar callback with enable_progress_bar=False: the
+            # config's is dropped, so the flag works on every shipped config.
+            kwargs.setdefault("callbacks", [c for c in callbacks if not isinstance(c, ProgressBar)])
         trainer = super().instantiate_trainer(**kwargs)
         trainer.callbacks.insert(0, RunDirectoryLock())  # type: ignore[attr-defined]
         return trainer

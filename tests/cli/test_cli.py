@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from pytorch_lightning.callbacks import LearningRateMonitor
+from pytorch_lightning.callbacks import LearningRateMonitor, ProgressBar
 
 from ssl_lightning import SimCLR, SmallConvNet
 from ssl_lightning.cli import main
@@ -171,3 +171,11 @@ def test_fit_without_logger_drops_the_lr_monitor(tiny_config: Path, tmp_path: Pa
     assert not any(isinstance(c, LearningRateMonitor) for c in cli.trainer.callbacks)
     notes = [r.getMessage() for r in caplog.records if "LearningRateMonitor" in r.getMessage()]
     assert len(notes) == 1 and "dropped" in notes[0]
+
+
+def test_no_progress_bar_drops_the_configs_progress_bar(tiny_config: Path) -> None:
+    """Every shipped config names a TQDMProgressBar; ``--trainer.enable_progress_bar false``
+    drops it instead of Lightning's MisconfigurationException."""
+    cli = main(["--config", str(tiny_config), "--trainer.callbacks+=TQDMProgressBar",
+                "--trainer.enable_progress_bar", "false"], run=False)
+    assert not any(isinstance(c, ProgressBar) for c in cli.trainer.callbacks)
