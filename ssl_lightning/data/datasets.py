@@ -187,6 +187,9 @@ class ImageFolderDataset(Dataset):
         hint: Appended to the missing/empty-directory errors (how to get the data).
         unreadable: What an image that cannot be decoded does; None raises
             :class:`CorruptImageError` (``UnreadableImages()``).
+        loader: Reads a file (:func:`load_image`: RGB PIL image;
+            :func:`ssl_lightning.data.arrays.load_array`: float ``(C, H, W)`` tensor of any
+            channel count and bit depth); raises :class:`CorruptImageError` for a bad file.
 
     Raises:
         FileNotFoundError: ``root`` is missing or holds no images.
@@ -199,8 +202,10 @@ class ImageFolderDataset(Dataset):
         transform: Callable[[Image.Image], Any] | None = None,
         hint: str = "",
         unreadable: UnreadableImages | None = None,
+        loader: Callable[[str], Any] | None = None,
     ) -> None:
         self.root = check_directory(root, hint)
+        self.loader = loader if loader is not None else load_image
         self.labeled = has_class_folders(self.root) if labeled is None else labeled
         self.transform = transform
         self.unreadable = unreadable if unreadable is not None else UnreadableImages()
@@ -226,7 +231,7 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, target = self.samples[index]
         try:
-            image = load_image(path)
+            image = self.loader(path)
         except CorruptImageError as err:
             if self.unreadable.on_error == "raise":
                 raise
@@ -239,7 +244,7 @@ class ImageFolderDataset(Dataset):
     def _paths(self) -> set[str]:
         return {path for path, _ in self.samples}
 
-    def _replacement(self, index: int) -> tuple[int, Image.Image]:
+    def _replacement(self, index: int) -> tuple[int, Any]:
         """The index and image standing in for the unreadable sample ``index``."""
         seed = active_sample_seed()
         generator = torch.Generator().manual_seed(mix64(index if seed is None else seed))
@@ -248,7 +253,7 @@ class ImageFolderDataset(Dataset):
             if candidate == index or candidate in self._unreadable:
                 continue  # the same draws whether or not this process knew it was unreadable
             try:
-                return candidate, load_image(self.samples[candidate][0])
+                return candidate, self.loader(self.samples[candidate][0])
             except CorruptImageError as err:
                 self._note_unreadable(candidate, err)
         raise CorruptImageError(

@@ -1,0 +1,110 @@
+"""Images as arrays of any channel count and bit depth (remote sensing, microscopy, medical).
+
+:func:`load_array` reads a file into a float32 ``(C, H, W)`` tensor in the file's own units, with
+no scaling and no clipping: 8- and 16-bit integers are exact in float32, so a 16-bit TIFF or a
+13-band Sentinel-2 tile keeps its full range, and normalisation is left to the per-channel
+statistics of the data (:func:`channel_statistics`, ``python -m ssl_lightning channel-stats``).
+
+Formats: TIFF through ``tifffile`` (the ``multispectral`` extra; any number of bands, planar
+or interleaved, its axes read from the file), NumPy ``.npy`` arrays (``(H, W)`` or
+``(C, H, W)``), and everything PIL reads (PNG, JPEG, ... including 16-bit grayscale PNG).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from ssl_lightning.data.datasets import CorruptImageError
+
+#: Channel axes of tifffile's axes strings (S: samples per pixel, C: channels / bands).
+_CHANNEL_AXES = "SC"
+
+
+def _read_tiff(path: Path) -> np.ndarray:
+    try:
+        import tifffile
+    except ImportError as err:
+        raise ImportError(
+            f"Reading {path} needs tifffile: pip install 'ssl_lightning[multispectral]'.") from err
+    with tifffile.TiffFile(path) as tif:
+        series = tif.series[0]
+        pixels, axes = series.asarray(), series.axes
+    spatial = [axes.index("Y"), axes.index("X")]
+    channels = [i for i, axis in enumerate(axes) if axis in _CHANNEL_AXES]
+    if len(channels) > 1 or len(axes) != len(spatial) + len(channels):
+        raise ValueError(f"its axes are {axes!r}; one image of Y, X and at most one band axis "
+                         "(S or C) is read")
+    return np.moveaxis(pixels, channels + spatial, list(range(len(channels) + 2)))
+
+
+def _read_any(path: Path) -> np.ndarray:
+    suffix = path.suffix.lower()
+    if suffix in (".tif", ".tiff"):
+        return _read_tiff(path)
+    if suffix == ".npy":
+        return np.load(path, allow_pickle=False)
+    with Image.open(path) as image:
+        pixels = np.asarray(image)
+    return np.moveaxis(pixels, -1, 0) if pixels.ndim == 3 else pixels
+
+
+def load_array(path: str | Path) -> Tensor:
+    """The image at ``path`` as a float32 ``(C, H, W)`` tensor in the file's units.
+
+    Raises:
+        CorruptImageError: naming the file, when it cannot be read, is not a 2-D image of one or
+            more channels, or holds integers that float32 does not represent exactly.
+    """
+    path = Path(path)
+    try:
+        pixels = _read_any(path)
+        if pixels.ndim == 2:
+            pixels = pixels[None]
+        if pixels.ndim != 3:
+            raise ValueError(f"its shape is {pixels.shape}; (H, W) or (C, H, W) is read")
+        if pixels.dtype.kind in "iu" and pixels.dtype.itemsize > 2 and pixels.size and \
+                int(np.abs(pixels).max()) > 2**24:
+            raise ValueError(f"its {pixels.dtype} values exceed 2**24, which float32 rounds; "
+                             "convert them to float yourself")
+        if pixels.dtype.kind not in "iufb":
+            raise ValueError(f"its dtype {pixels.dtype} is not numeric")
+        return torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise CorruptImageError(
+            f"Cannot read image file {path}: {err}. Replace or delete this file.") from err
+
+
+def channel_statistics(paths: Iterable[str | Path]) -> tuple[list[float], list[float], int]:
+    """Per-channel mean and (population) standard deviation over every pixel of every image,
+    and the number of images. Sums in float64 of values shifted by the first image's channel
+    means (the shifted-data variance: no cancellation for data far from zero, e.g. 16-bit).
+
+    Raises:
+        ValueError: no images, or images with different channel counts (naming the first).
+    """
+    shift = total = squares = None
+    pixels, count = 0, 0
+    for path in paths:
+        flat = load_array(path).double().flatten(1)
+        if shift is None:
+            shift = flat.mean(1, keepdim=True)
+            total, squares = torch.zeros_like(shift[:, 0]), torch.zeros_like(shift[:, 0])
+        elif flat.shape[0] != shift.shape[0]:
+            raise ValueError(f"{path} has {flat.shape[0]} channels, the images before it "
+                             f"{shift.shape[0]}: one dataset needs one channel count.")
+        centred = flat - shift
+        total += centred.sum(1)
+        squares += centred.square().sum(1)
+        pixels += flat.shape[1]
+        count += 1
+    if shift is None or total is None or squares is None:
+        raise ValueError("No images to compute channel statistics from.")
+    offset = total / pixels
+    std = (squares / pixels - offset.square()).clamp_min(0).sqrt()
+    return (shift[:, 0] + offset).tolist(), std.tolist(), count
