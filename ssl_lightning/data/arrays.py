@@ -3,7 +3,8 @@
 :func:`load_array` reads a file into a float32 ``(C, H, W)`` tensor in the file's own units, with
 no scaling and no clipping: 8- and 16-bit integers are exact in float32, so a 16-bit TIFF or a
 13-band Sentinel-2 tile keeps its full range, and normalisation is left to the per-channel
-statistics of the data (:func:`channel_statistics`, ``python -m ssl_lightning channel-stats``).
+statistics of the data (``python -m ssl_lightning channel-stats``,
+:mod:`ssl_lightning.data.channel_stats`).
 
 Formats: TIFF through ``tifffile`` (the ``multispectral`` extra; any number of bands, planar
 or interleaved, its axes read from the file), NumPy ``.npy`` arrays (``(H, W)`` or
@@ -12,7 +13,6 @@ or interleaved, its axes read from the file), NumPy ``.npy`` arrays (``(H, W)`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -78,33 +78,3 @@ def load_array(path: str | Path) -> Tensor:
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         raise CorruptImageError(
             f"Cannot read image file {path}: {err}. Replace or delete this file.") from err
-
-
-def channel_statistics(paths: Iterable[str | Path]) -> tuple[list[float], list[float], int]:
-    """Per-channel mean and (population) standard deviation over every pixel of every image,
-    and the number of images. Sums in float64 of values shifted by the first image's channel
-    means (the shifted-data variance: no cancellation for data far from zero, e.g. 16-bit).
-
-    Raises:
-        ValueError: no images, or images with different channel counts (naming the first).
-    """
-    shift = total = squares = None
-    pixels, count = 0, 0
-    for path in paths:
-        flat = load_array(path).double().flatten(1)
-        if shift is None:
-            shift = flat.mean(1, keepdim=True)
-            total, squares = torch.zeros_like(shift[:, 0]), torch.zeros_like(shift[:, 0])
-        elif flat.shape[0] != shift.shape[0]:
-            raise ValueError(f"{path} has {flat.shape[0]} channels, the images before it "
-                             f"{shift.shape[0]}: one dataset needs one channel count.")
-        centred = flat - shift
-        total += centred.sum(1)
-        squares += centred.square().sum(1)
-        pixels += flat.shape[1]
-        count += 1
-    if shift is None or total is None or squares is None:
-        raise ValueError("No images to compute channel statistics from.")
-    offset = total / pixels
-    std = (squares / pixels - offset.square()).clamp_min(0).sqrt()
-    return (shift[:, 0] + offset).tolist(), std.tolist(), count
