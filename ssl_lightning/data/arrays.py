@@ -6,9 +6,10 @@ no scaling and no clipping: 8- and 16-bit integers are exact in float32, so a 16
 statistics of the data (``python -m ssl_lightning channel-stats``,
 :mod:`ssl_lightning.data.channel_stats`).
 
-Formats: TIFF through ``tifffile`` (the ``multispectral`` extra; any number of bands, planar
-or interleaved, its axes read from the file), NumPy ``.npy`` arrays (``(H, W)`` or
-``(C, H, W)``), and everything PIL reads (PNG, JPEG, ... including 16-bit grayscale PNG).
+Formats: TIFF through ``tifffile`` (the ``multispectral`` extra; any number of bands, planar,
+interleaved or one page per band: the one axis besides Y and X is the band axis), NumPy
+``.npy`` arrays (``(H, W)`` or ``(C, H, W)``), and everything PIL reads (PNG, JPEG, ...
+including 16-bit grayscale PNG).
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ from torch import Tensor
 
 from ssl_lightning.data.datasets import CorruptImageError
 
-#: Channel axes of tifffile's axes strings (S: samples per pixel, C: channels / bands).
-_CHANNEL_AXES = "SC"
-
 
 def _read_tiff(path: Path) -> np.ndarray:
     try:
@@ -33,14 +31,18 @@ def _read_tiff(path: Path) -> np.ndarray:
         raise ImportError(
             f"Reading {path} needs tifffile: pip install 'ssl_lightning[multispectral]'.") from err
     with tifffile.TiffFile(path) as tif:
-        series = tif.series[0]
-        pixels, axes = series.asarray(), series.axes
+        if not tif.series:
+            raise ValueError("it holds no image")
+        pixels, axes = tif.series[0].asarray(), tif.series[0].axes
+    if "Y" not in axes or "X" not in axes:
+        raise ValueError(f"its axes are {axes!r}, without Y and X")
     spatial = [axes.index("Y"), axes.index("X")]
-    channels = [i for i, axis in enumerate(axes) if axis in _CHANNEL_AXES]
-    if len(channels) > 1 or len(axes) != len(spatial) + len(channels):
-        raise ValueError(f"its axes are {axes!r}; one image of Y, X and at most one band axis "
-                         "(S or C) is read")
-    return np.moveaxis(pixels, channels + spatial, list(range(len(channels) + 2)))
+    others = [i for i in range(len(axes)) if i not in spatial and pixels.shape[i] > 1]
+    if len(others) > 1:
+        raise ValueError(f"its axes are {axes!r} of shape {pixels.shape}; one image of Y, X "
+                         "and at most one band axis (samples, channels or pages) is read")
+    pixels = np.moveaxis(pixels, others + spatial, list(range(len(others) + 2)))
+    return pixels.reshape(pixels.shape[:len(others) + 2])
 
 
 def _read_any(path: Path) -> np.ndarray:
@@ -75,6 +77,6 @@ def load_array(path: str | Path) -> Tensor:
         if pixels.dtype.kind not in "iufb":
             raise ValueError(f"its dtype {pixels.dtype} is not numeric")
         return torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+    except (OSError, ValueError, SyntaxError, IndexError, Image.DecompressionBombError) as err:
         raise CorruptImageError(
             f"Cannot read image file {path}: {err}. Replace or delete this file.") from err

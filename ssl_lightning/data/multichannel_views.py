@@ -35,6 +35,10 @@ class ChannelNormalize:
                              "(python -m ssl_lightning channel-stats --images DIR).")
         return (image - self.mean) / self.std
 
+    def probe_input(self) -> Tensor:
+        """A 256 px image of this channel count at the mean (for the data module's checks)."""
+        return self.mean.expand(-1, 256, 256).clone()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(channels={self.mean.shape[0]})"
 
@@ -106,6 +110,7 @@ class MultiChannelViews(MultiViewTransform):
             v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur_p),
             ChannelNormalize(mean, std),
         ])
+        self.probe_input = pipeline.transforms[-1].probe_input
         super().__init__([pipeline] * num_views)
 
 
@@ -118,5 +123,7 @@ class MultiChannelEval(EvalTransform):
         resize = resize_size if resize_size is not None else crop_size
         if resize < crop_size:
             raise ValueError(f"resize_size ({resize}) must be >= crop_size ({crop_size}).")
+        normalize = ChannelNormalize(mean, std)
         self.transform = v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(crop_size),
-                                     ChannelNormalize(mean, std)])
+                                     normalize])
+        self.probe_input = normalize.probe_input
