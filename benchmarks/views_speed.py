@@ -36,7 +36,8 @@ import yaml
 
 from ssl_lightning.data import DeviceViews, SimCLRViews, UInt8Image
 from ssl_lightning.data.base import BatchedViewsCollate
-from ssl_lightning.data.datasets import find_images, load_image
+from ssl_lightning.data.datasets import load_image
+from ssl_lightning.data.indexing import find_images
 from ssl_lightning.data.seeding import SeededDataset
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "simclr.yaml"

@@ -20,7 +20,8 @@ import pytorch_lightning as pl
 import yaml
 
 from ssl_lightning.data.checks import image_short_sides
-from ssl_lightning.data.datasets import check_directory, find_images
+from ssl_lightning.data.datasets import check_directory
+from ssl_lightning.data.indexing import find_images
 from ssl_lightning.data.transforms import PresetName
 
 #: Configs of ``CONFIGS_DIR`` that evaluate a checkpoint instead of pre-training.

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import inspect
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -21,6 +23,10 @@ import yaml
 from PIL import Image
 
 ImageFolderMaker = Callable[..., Path]
+
+# The suite's image indexes (ssl_lightning/data/indexing.py) are cached in a temporary folder of
+# its own (inherited by the CLI subprocesses), not in ~/.cache.
+os.environ.setdefault("SSL_LIGHTNING_CACHE_DIR", tempfile.mkdtemp(prefix="ssl_lightning_cache_"))
 
 #: The slow tier (``-m slow``; ``-m "not slow"`` is the fast inner loop, under 3 minutes on 2
 #: cores): folders and files whose tests start processes (DDP, signals, subprocess CLIs) or train

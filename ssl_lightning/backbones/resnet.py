@@ -11,6 +11,7 @@ from typing import Literal
 import torchvision
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.channels import set_input_channels
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.spec import remember_init_args
 
@@ -25,6 +26,8 @@ class ResNet(nn.Module):
         norm: ``"batch"`` (default), or ``"group"`` (GroupNorm, 32 groups) for BN-free training.
         pretrained_path: A local state-dict file to start from (torchvision ResNet keys, or our
             export); see :mod:`ssl_lightning.backbones.pretrained`.
+        in_chans: Channels of the input images (e.g. 4 or 13 bands; the first convolution reads
+            them).
     """
 
     def __init__(
@@ -34,6 +37,7 @@ class ResNet(nn.Module):
         zero_init_residual: bool = False,
         norm: Literal["batch", "group"] = "batch",
         pretrained_path: str | None = None,
+        in_chans: int = 3,
     ) -> None:
         super().__init__()
         remember_init_args(self, locals())
@@ -48,6 +52,7 @@ class ResNet(nn.Module):
         if cifar_stem:
             net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
             net.maxpool = nn.Identity()  # type: ignore[assignment]
+        set_input_channels(net, in_chans)
         self.num_features: int = net.fc.in_features
         net.fc = nn.Identity()  # type: ignore[assignment]
         self.net = net

@@ -6,6 +6,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.channels import check_in_chans
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.spec import remember_init_args
 
@@ -21,6 +22,7 @@ class SmallConvNet(nn.Module):
         norm: ``"group"`` (GroupNorm with 8 groups) or ``"none"``.
         pretrained_path: A local state-dict file to start from (our export); see
             :mod:`ssl_lightning.backbones.pretrained`.
+        in_chans: Channels of the input images.
     """
 
     def __init__(
@@ -28,11 +30,13 @@ class SmallConvNet(nn.Module):
         widths: tuple[int, ...] = (32, 64, 128),
         norm: Literal["group", "none"] = "group",
         pretrained_path: str | None = None,
+        in_chans: int = 3,
     ) -> None:
         super().__init__()
         remember_init_args(self, locals())
+        check_in_chans(in_chans)
         layers: list[nn.Module] = []
-        channels = 3
+        channels = in_chans
         for width in widths:
             layers.append(nn.Conv2d(channels, width, 3, stride=2, padding=1, bias=norm == "none"))
             if norm == "group":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torchvision
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.channels import set_input_channels
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.spec import remember_init_args
 
@@ -22,10 +23,13 @@ class TorchvisionBackbone(nn.Module):
             convolution and no max-pool, for 32 px images.
         pretrained_path: A local state-dict file to start from (the torchvision model's own
             keys, or our export); see :mod:`ssl_lightning.backbones.pretrained`.
+        in_chans: Channels of the input images; the model's first convolution is rebuilt to
+            read them (:func:`~ssl_lightning.backbones.channels.set_input_channels`).
     """
 
     def __init__(
-        self, name: str = "resnet18", cifar_stem: bool = False, pretrained_path: str | None = None
+        self, name: str = "resnet18", cifar_stem: bool = False,
+        pretrained_path: str | None = None, in_chans: int = 3,
     ) -> None:
         super().__init__()
         remember_init_args(self, locals())
@@ -44,6 +48,7 @@ class TorchvisionBackbone(nn.Module):
                 )
             net.conv1 = nn.Conv2d(3, conv1.out_channels, 3, stride=1, padding=1, bias=False)
             net.maxpool = nn.Identity()
+        set_input_channels(net, in_chans)
         self.net = net
         if pretrained_path is not None:
             load_pretrained(self.net, pretrained_path)

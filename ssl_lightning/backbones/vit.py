@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.channels import check_in_chans
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.spec import remember_init_args
 
@@ -117,6 +118,7 @@ class ViT(nn.Module):
             the patch tokens); no parameters, so checkpoints are the same for both.
         pretrained_path: A local state-dict file to start from (our export); see
             :mod:`ssl_lightning.backbones.pretrained`.
+        in_chans: Channels of the input images (the patch embedding reads them).
     """
 
     def __init__(
@@ -135,9 +137,11 @@ class ViT(nn.Module):
         mask_token: bool = False,
         pool: Literal["cls", "mean"] = "cls",
         pretrained_path: str | None = None,
+        in_chans: int = 3,
     ) -> None:
         super().__init__()
         remember_init_args(self, locals())
+        check_in_chans(in_chans)
         if arch not in VIT_SIZES:
             raise ValueError(f"ViT arch must be one of {sorted(VIT_SIZES)}, got {arch!r}.")
         dim, n_blocks, heads = VIT_SIZES[arch]
@@ -163,7 +167,7 @@ class ViT(nn.Module):
         self.num_prefix_tokens = 1 + num_registers
         self.num_features: int = dim
         self.grid = image_size // patch_size
-        self.patch_embed = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
+        self.patch_embed = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.register_tokens = (
             nn.Parameter(torch.zeros(1, num_registers, dim)) if num_registers else None

@@ -7,6 +7,7 @@ from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.image_folder import ImageFolderDataModule
 from ssl_lightning.data.mae_views import MAEViews
+from ssl_lightning.data.multichannel_views import MultiChannelEval, MultiChannelViews
 from ssl_lightning.data.multicrop import MultiCropViews
 from ssl_lightning.data.transforms import (
     EvalTransform,
@@ -30,6 +31,8 @@ __all__ = [
     "DeviceViews",
     "UInt8Image",
     "MultiCropViews",
+    "MultiChannelViews",
+    "MultiChannelEval",
     "EvalTransform",
     "LinearEvalTransform",
     "simclr_augmentation",

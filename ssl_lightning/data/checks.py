@@ -132,8 +132,11 @@ def _view_size(transform: Callable[[Any], Any], image: Image.Image) -> tuple[int
     return tuple(first.shape[-2:])
 
 
-def _grey_image() -> Image.Image:
-    return Image.new("RGB", (256, 256), (128, 128, 128))
+def _grey_image(transform: Callable[[Any], Any]) -> Any:
+    """A grey 256 px input of the kind ``transform`` reads: its ``probe_input()`` when it has one
+    (the multi-channel views read tensors), else an RGB PIL image."""
+    make = getattr(transform, "probe_input", None)
+    return make() if callable(make) else Image.new("RGB", (256, 256), (128, 128, 128))
 
 
 def train_view_size(train_transform: Callable[[Any], Any],
@@ -144,7 +147,7 @@ def train_view_size(train_transform: Callable[[Any], Any],
     if device_crop:
         return device_crop, device_crop
     with torch.random.fork_rng(devices=[]):
-        return _view_size(train_transform, _grey_image())
+        return _view_size(train_transform, _grey_image(train_transform))
 
 
 def check_view_sizes(train_transform: Callable[[Any], Any], eval_transform: Callable[[Any], Any],
@@ -156,7 +159,7 @@ def check_view_sizes(train_transform: Callable[[Any], Any], eval_transform: Call
     """
     train = train_view_size(train_transform, device_crop)
     with torch.random.fork_rng(devices=[]):
-        evaluation = _view_size(eval_transform, _grey_image())
+        evaluation = _view_size(eval_transform, _grey_image(eval_transform))
     if train != evaluation:
         rank_zero_warn(
             f"Training views are {train[0]}x{train[1]} px but the evaluation transform gives "

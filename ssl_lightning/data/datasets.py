@@ -2,8 +2,9 @@
 
 Labeled layout: ``root/<class>/<image>`` (classes sorted by name, as torchvision's ImageFolder).
 Unlabeled: every image under ``root`` (a flat folder, or class folders whose names are ignored),
-with target -1. Symbolic links are followed, each real directory and each real file once (a link
-back to a parent folder adds nothing). An image that cannot be decoded either stops the run or is
+with target -1. The file lists come from :mod:`ssl_lightning.data.indexing` (fast, cached).
+Symbolic links are followed, each real directory and each real file once (a link back to a
+parent folder adds nothing). An image that cannot be decoded either stops the run or is
 replaced by another image of the dataset (:class:`UnreadableImages`).
 """
 
@@ -22,9 +23,14 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ssl_lightning.data.indexing import (
+    IMAGE_EXTENSIONS,
+    has_loose_images,
+    index_images,
+    subfolders,
+)
 from ssl_lightning.data.seeding import active_sample_seed, mix64
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 UNLABELED = -1
 
 
@@ -109,61 +115,15 @@ def check_directory(path: str | Path, hint: str = "") -> Path:
     return path
 
 
-def _directory_key(path: str | Path) -> tuple[int, int]:
-    info = os.stat(path)
-    return info.st_dev, info.st_ino
-
-
-def _parent_keys(root: str | Path) -> set[tuple[int, int]]:
-    """The (device, inode) keys of ``root`` and of every folder above it."""
-    real = Path(os.path.realpath(root))
-    return {_directory_key(folder) for folder in (real, *real.parents)}
-
-
-def find_images(root: Path) -> list[str]:
-    """All image files under ``root`` (recursive, hidden entries skipped), sorted.
-
-    Symbolic links are followed, but every real directory is walked once (a link to a folder
-    above or already walked is skipped, so a link loop adds nothing) and every real file is
-    listed once, under the first path the sorted, top-down walk reaches it by.
-    """
-    visited = _parent_keys(root)
-    by_real_path: dict[str, str] = {}
-    for directory, subdirs, files in os.walk(root, followlinks=True):
-        kept = []
-        for name in sorted(subdirs):
-            if name.startswith("."):
-                continue
-            try:
-                key = _directory_key(os.path.join(directory, name))
-            except OSError:  # a broken link
-                continue
-            if key not in visited:
-                visited.add(key)
-                kept.append(name)
-        subdirs[:] = kept
-        for name in sorted(files):
-            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
-                path = os.path.join(directory, name)
-                by_real_path.setdefault(os.path.realpath(path), path)
-    return sorted(by_real_path.values())
-
-
 def class_folders(root: str | Path) -> list[str]:
     """The sorted names of ``root``'s sub-folders (hidden ones and links to ``root`` or a
     folder above it skipped): the classes of the labeled layout."""
-    root = Path(root)
-    above = _parent_keys(root)
-    return sorted(e.name for e in root.iterdir() if not e.name.startswith(".") and e.is_dir()
-                  and _directory_key(e) not in above)
+    return [entry.name for entry in subfolders(root)]
 
 
 def has_class_folders(root: str | Path) -> bool:
     """True if ``root`` holds sub-folders and no loose images (the labeled layout)."""
-    root = Path(root)
-    loose = any(e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)
-                for e in root.iterdir() if not e.name.startswith("."))
-    return bool(class_folders(root)) and not loose
+    return bool(subfolders(root)) and not has_loose_images(root)
 
 
 @dataclass
@@ -227,6 +187,9 @@ class ImageFolderDataset(Dataset):
         hint: Appended to the missing/empty-directory errors (how to get the data).
         unreadable: What an image that cannot be decoded does; None raises
             :class:`CorruptImageError` (``UnreadableImages()``).
+        loader: Reads a file (:func:`load_image`: RGB PIL image;
+            :func:`ssl_lightning.data.arrays.load_array`: float ``(C, H, W)`` tensor of any
+            channel count and bit depth); raises :class:`CorruptImageError` for a bad file.
 
     Raises:
         FileNotFoundError: ``root`` is missing or holds no images.
@@ -239,19 +202,17 @@ class ImageFolderDataset(Dataset):
         transform: Callable[[Image.Image], Any] | None = None,
         hint: str = "",
         unreadable: UnreadableImages | None = None,
+        loader: Callable[[str], Any] | None = None,
     ) -> None:
         self.root = check_directory(root, hint)
+        self.loader = loader if loader is not None else load_image
         self.labeled = has_class_folders(self.root) if labeled is None else labeled
         self.transform = transform
         self.unreadable = unreadable if unreadable is not None else UnreadableImages()
         self._unreadable: set[int] = set()  # indices found unreadable by this process
-        if self.labeled:
-            self.classes = class_folders(self.root)
-            self.samples = [(path, index) for index, name in enumerate(self.classes)
-                            for path in find_images(self.root / name)]
-        else:
-            self.classes = []
-            self.samples = [(path, UNLABELED) for path in find_images(self.root)]
+        self.classes, files = index_images(self.root, self.labeled)
+        self.samples = [(path, index if self.labeled else UNLABELED)
+                        for index, paths in enumerate(files) for path in paths]
         if not self.samples:
             layout = f"{self.root}/<class>/<image>" if self.labeled else f"{self.root}/<image>"
             raise FileNotFoundError(
@@ -270,7 +231,7 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, target = self.samples[index]
         try:
-            image = load_image(path)
+            image = self.loader(path)
         except CorruptImageError as err:
             if self.unreadable.on_error == "raise":
                 raise
@@ -283,7 +244,7 @@ class ImageFolderDataset(Dataset):
     def _paths(self) -> set[str]:
         return {path for path, _ in self.samples}
 
-    def _replacement(self, index: int) -> tuple[int, Image.Image]:
+    def _replacement(self, index: int) -> tuple[int, Any]:
         """The index and image standing in for the unreadable sample ``index``."""
         seed = active_sample_seed()
         generator = torch.Generator().manual_seed(mix64(index if seed is None else seed))
@@ -292,7 +253,7 @@ class ImageFolderDataset(Dataset):
             if candidate == index or candidate in self._unreadable:
                 continue  # the same draws whether or not this process knew it was unreadable
             try:
-                return candidate, load_image(self.samples[candidate][0])
+                return candidate, self.loader(self.samples[candidate][0])
             except CorruptImageError as err:
                 self._note_unreadable(candidate, err)
         raise CorruptImageError(

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torch.utils.data import Dataset, Subset
 
+from ssl_lightning.data.arrays import load_array
 from ssl_lightning.data.base import SSLDataModule
 from ssl_lightning.data.datasets import (
     ImageFolderDataset,
     check_directory,
     class_folders,
     has_class_folders,
+    load_image,
 )
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName
 
@@ -37,7 +39,16 @@ class ImageFolderDataModule(SSLDataModule):
             when ``train_dir`` holds only sub-folders, at least 2: a single folder carries no
             label). Unlabeled images get target -1.
         preset: ``"imagenet"`` (224 px) or ``"cifar"`` (32 px) default transforms.
+        image_reader: ``"rgb"``: 8-bit RGB PIL images (the default transforms); ``"array"``:
+            float ``(C, H, W)`` tensors of any channel count and bit depth in the files' units
+            (TIFF, ``.npy``, 16-bit PNG; :mod:`ssl_lightning.data.arrays`), which need
+            ``train_transform: MultiChannelViews`` and ``eval_transform: MultiChannelEval`` with
+            the data's per-channel mean and std (``python -m ssl_lightning channel-stats``).
         **kwargs: Loader and transform arguments of :class:`SSLDataModule`.
+
+    Raises:
+        ValueError: ``image_reader: array`` without both transforms, or with a
+            ``device_transform`` (the batched views make 8-bit RGB views).
     """
 
     def __init__(
@@ -46,9 +57,24 @@ class ImageFolderDataModule(SSLDataModule):
         val_dir: str | None = None,
         train_labeled: bool | None = None,
         preset: PresetName = "imagenet",
+        image_reader: Literal["rgb", "array"] = "rgb",
         **kwargs: Any,
     ) -> None:
+        if image_reader == "array":
+            missing = [name for name in ("train_transform", "eval_transform")
+                       if kwargs.get(name) is None]
+            if missing or kwargs.get("device_transform") is not None:
+                raise ValueError(
+                    "image_reader: array reads images of any channel count in their own units; "
+                    "the RGB transforms do not apply to them. Set train_transform: "
+                    "MultiChannelViews and eval_transform: MultiChannelEval with the data's "
+                    "mean and std (python -m ssl_lightning channel-stats --images DIR) and "
+                    "device_transform: null" + (f" (missing: {', '.join(missing)})." if missing
+                                                 else "."))
+        elif image_reader != "rgb":
+            raise ValueError(f"image_reader must be 'rgb' or 'array', got {image_reader!r}.")
         super().__init__(preset=preset, **kwargs)
+        self.loader = load_array if image_reader == "array" else load_image
         self.train_dir = Path(train_dir)
         self.val_dir = Path(val_dir) if val_dir is not None else None
         self.train_labeled = train_labeled
@@ -78,14 +104,15 @@ class ImageFolderDataModule(SSLDataModule):
 
     def build_train(self, transform: MultiViewTransform) -> Dataset:
         return ImageFolderDataset(self.train_dir, labeled=self._train_is_labeled(),
-                                  transform=transform, unreadable=self.unreadable)
+                                  transform=transform, unreadable=self.unreadable,
+                                  loader=self.loader)
 
     def build_eval(self, transform: EvalTransform) -> tuple[Dataset, Dataset] | None:
         if self.val_dir is None:
             return None
         val = ImageFolderDataset(self.val_dir, labeled=True, transform=transform,
-                                 unreadable=self.unreadable)
+                                 unreadable=self.unreadable, loader=self.loader)
         if self._train_is_labeled():
             return ImageFolderDataset(self.train_dir, labeled=True, transform=transform,
-                                      unreadable=self.unreadable), val
+                                      unreadable=self.unreadable, loader=self.loader), val
         return Subset(val, range(0, len(val), 2)), Subset(val, range(1, len(val), 2))

@@ -1,0 +1,211 @@
+"""Listing the images of a folder fast, with the list cached until the folder changes.
+
+:func:`find_images` walks with :func:`os.scandir`, whose entries carry their type, so a
+regular file costs no system call of its own: only folders are ``stat``-ed (to walk each real
+folder once), and only symbolic links are resolved. A million files in 1,000 folders list in a
+few seconds (``python benchmarks/index_speed.py``).
+
+A dataset's index is cached (:func:`index_images`) in ``$SSL_LIGHTNING_CACHE_DIR``
+(default ``~/.cache/ssl_lightning/image_index``), one JSON file per dataset folder, with the
+modification time of every folder walked: adding, removing or renaming a file changes its
+folder's time, so a cached index is used only while every folder still has its recorded time.
+An index with a folder changed less than :data:`SETTLE_S` seconds before the walk is not cached
+(a change within the file system's timestamp granularity would go unseen: git's "racily clean"
+index entries).
+``SSL_LIGHTNING_INDEX_CACHE=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from ssl_lightning.io.atomic import atomic_open
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+#: Folders modified this recently (seconds) are listed but not cached.
+SETTLE_S = 2.0
+_CACHE_VERSION = 1
+
+
+def is_image_name(name: str) -> bool:
+    """True for a visible file name with an image extension."""
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def directory_key(path: str | Path) -> tuple[int, int]:
+    """The (device, inode) of ``path`` (links followed): the identity of a real folder."""
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
+
+
+def parent_keys(root: str | Path) -> set[tuple[int, int]]:
+    """The (device, inode) keys of ``root`` and of every folder above it."""
+    real = Path(os.path.realpath(root))
+    return {directory_key(folder) for folder in (real, *real.parents)}
+
+
+def subfolders(root: str | Path) -> list[os.DirEntry]:
+    """``root``'s visible sub-folders (links followed; links to ``root`` or above skipped),
+    sorted by name."""
+    above = parent_keys(root)
+    with os.scandir(root) as entries:
+        found = [e for e in entries if not e.name.startswith(".") and _is_dir(e)
+                 and _entry_key(e) not in above]
+    return sorted(found, key=lambda e: e.name)
+
+
+def has_loose_images(root: str | Path) -> bool:
+    """True if ``root`` itself (not its sub-folders) holds an image file."""
+    with os.scandir(root) as entries:
+        return any(is_image_name(e.name) and _is_file(e) for e in entries)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+def _entry_key(entry: os.DirEntry) -> tuple[int, int] | None:
+    try:
+        info = entry.stat()
+    except OSError:  # a broken link
+        return None
+    return info.st_dev, info.st_ino
+
+
+def walk_images(root: str | Path) -> tuple[list[str], dict[str, int]]:
+    """The image files under ``root`` (sorted) and the folders walked with their modification
+    times (ns).
+
+    Hidden entries are skipped. Symbolic links are followed, but every real folder is walked
+    once (a link to a folder above or already walked is skipped, so a link loop adds nothing)
+    and every real file is listed once, under the first path a sorted, top-down walk reaches it
+    by.
+    """
+    root = os.fspath(root)
+    visited = parent_keys(root)
+    by_real_path: dict[str, str] = {}
+    folders: dict[str, int] = {}
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            folders[folder] = os.stat(folder).st_mtime_ns
+            with os.scandir(folder) as scan:
+                entries = sorted(scan, key=lambda e: e.name)
+        except OSError:
+            continue
+        real_folder = os.path.realpath(folder)
+        children = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if _is_dir(entry):
+                key = _entry_key(entry)
+                if key is not None and key not in visited:
+                    visited.add(key)
+                    children.append(entry.path)
+            elif is_image_name(entry.name) and _is_file(entry):
+                real = (os.path.realpath(entry.path) if entry.is_symlink()
+                        else os.path.join(real_folder, entry.name))
+                by_real_path.setdefault(real, entry.path)
+        stack.extend(reversed(children))
+    return sorted(by_real_path.values()), folders
+
+
+def find_images(root: str | Path) -> list[str]:
+    """All image files under ``root`` (recursive, hidden entries skipped), sorted; see
+    :func:`walk_images`."""
+    return walk_images(root)[0]
+
+
+def cache_directory() -> Path | None:
+    """Where the index cache lives, None when ``SSL_LIGHTNING_INDEX_CACHE=0``."""
+    if os.environ.get("SSL_LIGHTNING_INDEX_CACHE", "1") == "0":
+        return None
+    given = os.environ.get("SSL_LIGHTNING_CACHE_DIR")
+    base = Path(given) if given else Path.home() / ".cache" / "ssl_lightning"
+    return base / "image_index"
+
+
+def _walk_dataset(root: str, labeled: bool) -> tuple[list[str], list[list[str]], dict[str, int]]:
+    """The classes, each class's images (one list, class -1, when unlabeled) and the folders
+    walked with their modification times."""
+    if not labeled:
+        files, folders = walk_images(root)
+        return [], [files], folders
+    classes = [entry.name for entry in subfolders(root)]
+    folders = {root: os.stat(root).st_mtime_ns}
+    per_class = []
+    for name in classes:
+        files, walked = walk_images(os.path.join(root, name))
+        per_class.append(files)
+        folders.update(walked)
+    return classes, per_class, folders
+
+
+def _cache_file(root: str, labeled: bool, cache_dir: Path) -> Path:
+    key = f"{os.path.abspath(root)}\0{'labeled' if labeled else 'unlabeled'}"
+    return cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def _read_cache(path: Path, root: str) -> tuple[list[str], list[list[str]]] | None:
+    """The cached classes and files if ``path`` caches ``root`` and no folder changed since."""
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("version") != _CACHE_VERSION or cached.get("root") != root:
+            return None
+        for folder, mtime in cached["folders"].items():
+            if os.stat(folder).st_mtime_ns != mtime:
+                return None
+        files = [[os.path.join(root, name) for name in names] for names in cached["files"]]
+        return list(cached["classes"]), files
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def index_images(root: str | Path, labeled: bool,
+                 cache_dir: Path | None = None) -> tuple[list[str], list[list[str]]]:
+    """The classes and the image files of each (:func:`walk_images` order) of a dataset folder,
+    from the cache while no folder under ``root`` changed.
+
+    Args:
+        root: The folder.
+        labeled: ``root/<class>/...`` (classes: the sorted sub-folders, each walked); else one
+            list of every image under ``root`` and no classes.
+        cache_dir: Where to keep the index; default :func:`cache_directory` (None: no cache).
+    """
+    root = os.path.abspath(root)
+    cache_dir = cache_dir if cache_dir is not None else cache_directory()
+    if cache_dir is None:
+        return _walk_dataset(root, labeled)[:2]
+    path = _cache_file(root, labeled, cache_dir)
+    cached = _read_cache(path, root)
+    if cached is not None:
+        return cached
+    started = time.time_ns()
+    classes, files, folders = _walk_dataset(root, labeled)
+    settled = started - int(SETTLE_S * 1e9)
+    if all(mtime < settled for mtime in folders.values()):
+        prefix = len(root) + 1
+        try:
+            with atomic_open(path, "w") as out:
+                json.dump({"version": _CACHE_VERSION, "root": root, "classes": classes,
+                           "folders": folders,
+                           "files": [[name[prefix:] for name in names] for names in files]}, out)
+        except OSError:  # e.g. a read-only home: the index works, the cache does not
+            pass
+    return classes, files
