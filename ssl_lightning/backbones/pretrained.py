@@ -126,7 +126,7 @@ def load_pretrained(target: nn.Module, path: str | os.PathLike) -> None:
         ):
             state = {k[len(prefix):]: v for k, v in state.items()}
     where = f"pretrained_path {os.fspath(path)!r} does not fit {type(target).__name__}"
-    layout, origin = "ours", {}
+    origin: dict[str, str] = {}
     if any(k in expected for k in OWN_KEYS):  # our ViT: released DINOv2 / DINOv3 layouts
         try:
             state, layout, origin = to_vit_layout(state, target)
