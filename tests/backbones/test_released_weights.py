@@ -154,6 +154,11 @@ def test_released_vit_s_shapes_load_as_student_and_teacher(tmp_path):
     for name, value in method.teacher_backbone.state_dict().items():
         assert torch.equal(value, method.backbone.state_dict()[name]), name
     assert torch.equal(method.teacher_backbone.blocks[0].ls1.gamma, state["blocks.0.ls1.gamma"])
+    # the student augments its RoPE coordinates in training, the teacher (as DINOv3's) does not
+    augmented = ViT("small", image_size=224, patch_size=16, depth=1, pos_embed="rope",
+                    rope_rescale=2.0)
+    method = DINO(augmented, head_out_dim=64, head_hidden_dim=32, head_bottleneck_dim=16).train()
+    assert method.backbone.rope.augments and not method.teacher_backbone.rope.augments
     # DINOv2 ViT-S/14 keeps its 37 x 37 position table at image_size 518
     with pytest.raises(ValueError, match=r"'pos_embed' has shape \(1, 1370, 384\) in the file and "
                                          r"\(1, 197, 384\) in the model.*image_size"):
