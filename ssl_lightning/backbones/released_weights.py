@@ -45,7 +45,7 @@ _DROPPED_IF_UNUSED = ("mask_token", "local_cls_norm.weight", "local_cls_norm.bia
 
 def detect_layout(state: Mapping[str, Tensor]) -> str:
     """``"ours"``, ``"official DINOv3"``, ``"official DINOv2"``, ``"timm DINOv3 (Eva)"``,
-    ``"timm DINOv2 (VisionTransformer)"``, or ``"unknown"``, from the keys of ``state``."""
+    ``"timm VisionTransformer (DINOv2)"``, or ``"unknown"``, from the keys of ``state``."""
     if any(k in state for k in OWN_KEYS):
         return "ours"
     if "storage_tokens" in state or "rope_embed.periods" in state:
@@ -58,7 +58,7 @@ def detect_layout(state: Mapping[str, Tensor]) -> str:
     if "mask_token" in state or "register_tokens" in state or any(
             re.match(r"blocks\.\d+\.\d+\.", k) for k in state):
         return "official DINOv2"
-    return "timm DINOv2 (VisionTransformer)"
+    return "timm VisionTransformer (DINOv2)"
 
 
 def to_vit_layout(state: Mapping[str, Tensor], target: nn.Module

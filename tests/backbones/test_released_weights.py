@@ -19,9 +19,9 @@ OURS = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
 #: timm name -> (our ViT arguments, layout). fp32 features (|x| <= 2.3) agree to <= 3.6e-7
 #: (measured on these cases); the bound is 1e-5.
 TIMM_CASES = {
-    "vit_small_patch14_dinov2": (dict(layer_scale_init=1e-5), "timm DINOv2 (VisionTransformer)"),
+    "vit_small_patch14_dinov2": (dict(layer_scale_init=1e-5), "timm VisionTransformer (DINOv2)"),
     "vit_small_patch14_reg4_dinov2": (dict(layer_scale_init=1e-5, num_registers=4),
-                                      "timm DINOv2 (VisionTransformer)"),
+                                      "timm VisionTransformer (DINOv2)"),
     "vit_small_patch16_dinov3_qkvb": (dict(pos_embed="rope", num_registers=4, norm_eps=1e-5,
                                            layer_scale_init=1e-5), "timm DINOv3 (Eva)"),
     "vit_small_plus_patch16_dinov3": (dict(pos_embed="rope", num_registers=4, norm_eps=1e-5,
