@@ -22,6 +22,9 @@ TIMM_CASES = {
     "vit_small_patch14_dinov2": (dict(layer_scale_init=1e-5), "timm VisionTransformer (DINOv2)"),
     "vit_small_patch14_reg4_dinov2": (dict(layer_scale_init=1e-5, num_registers=4),
                                       "timm VisionTransformer (DINOv2)"),
+    # packed SwiGLU fc1; width 48 keeps timm's hidden int(48 · 5.33334) / 2 = 128 a multiple of 8
+    "vit_giant_patch14_dinov2": (dict(layer_scale_init=1e-5, mlp="swiglu", embed_dim=48),
+                                 "timm VisionTransformer (DINOv2)"),
     "vit_small_patch16_dinov3_qkvb": (dict(pos_embed="rope", num_registers=4, norm_eps=1e-5,
                                            layer_scale_init=1e-5), "timm DINOv3 (Eva)"),
     "vit_small_plus_patch16_dinov3": (dict(pos_embed="rope", num_registers=4, norm_eps=1e-5,
@@ -39,12 +42,13 @@ def randomised(state: dict[str, torch.Tensor], seed: int = 0) -> dict[str, torch
 @pytest.mark.parametrize("name", sorted(TIMM_CASES))
 def test_timm_dinov2_and_dinov3_models_load_and_give_timms_features(tmp_path, name):
     ours_args, layout = TIMM_CASES[name]
-    source = timm.create_model(name, pretrained=False, **TINY).eval()
+    source = timm.create_model(name, pretrained=False, **{
+        **TINY, "embed_dim": ours_args.get("embed_dim", TINY["embed_dim"])}).eval()
     source.load_state_dict(randomised(source.state_dict()))
     path = tmp_path / f"{name}.pth"
     torch.save(source.state_dict(), path)
     assert detect_layout(source.state_dict()) == layout
-    vit = ViT(**OURS, **ours_args, pretrained_path=str(path)).eval()
+    vit = ViT(**{**OURS, **ours_args}, pretrained_path=str(path)).eval()
     # the training grid, and a multi-crop size for RoPE (position tables interpolate differently)
     for size in (16, 24) if vit.rope is not None else (16,):
         x = torch.randn(2, 3, size, size)
