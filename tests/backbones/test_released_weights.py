@@ -134,7 +134,8 @@ def test_official_layouts_load_exactly(tmp_path, layout, kwargs):
 
 
 def test_released_vit_s_shapes_load_as_student_and_teacher(tmp_path):
-    """DINOv3 ViT-S/16's keys and shapes, written out from the official code (one block)."""
+    """DINOv3 ViT-S/16's and DINOv2 ViT-S/14's keys and shapes, written out from the official
+    code (one block)."""
     d, hidden = 384, 1536
     block = {"norm1.weight": (d,), "norm1.bias": (d,), "attn.qkv.weight": (3 * d, d),
              "attn.qkv.bias": (3 * d,), "attn.qkv.bias_mask": (3 * d,),
@@ -163,14 +164,18 @@ def test_released_vit_s_shapes_load_as_student_and_teacher(tmp_path):
                     rope_rescale=2.0)
     method = DINO(augmented, head_out_dim=64, head_hidden_dim=32, head_bottleneck_dim=16).train()
     assert method.backbone.rope.augments and not method.teacher_backbone.rope.augments
-    # DINOv2 ViT-S/14 keeps its 37 x 37 position table at image_size 518
+    # DINOv2 ViT-S/14: its 37 x 37 position table fits image_size 518, and names image_size else
+    dinov2 = {k: v for k, v in state.items() if k not in (
+        "storage_tokens", "rope_embed.periods", "blocks.0.attn.qkv.bias_mask")}
+    dinov2.update({"pos_embed": torch.randn(1, 1370, d), "patch_embed.proj.weight":
+                   torch.randn(d, 3, 14, 14)})
+    torch.save(dinov2, path)
+    vit = ViT("small", image_size=518, patch_size=14, depth=1, layer_scale_init=1e-5,
+              pretrained_path=str(path))
+    assert torch.equal(vit.pos_embed, dinov2["pos_embed"])
     with pytest.raises(ValueError, match=r"'pos_embed' has shape \(1, 1370, 384\) in the file and "
-                                         r"\(1, 197, 384\) in the model.*image_size"):
-        torch.save({"pos_embed": torch.zeros(1, 1370, d), "mask_token": torch.zeros(1, d),
-                    **{k: v for k, v in state.items() if k not in (
-                        "storage_tokens", "rope_embed.periods", "blocks.0.attn.qkv.bias_mask")}},
-                   path)
-        ViT("small", image_size=224, patch_size=16, depth=1, layer_scale_init=1e-5,
+                                         r"\(1, 257, 384\) in the model.*image_size"):
+        ViT("small", image_size=224, patch_size=14, depth=1, layer_scale_init=1e-5,
             pretrained_path=str(path))
 
 
