@@ -1,6 +1,8 @@
 """Initialise a backbone from a local state-dict file (continued, domain-adaptive pre-training).
 
 Accepted files: a torchvision or timm model's ``state_dict()`` (classifier weights are ignored),
+released DINOv2 / DINOv3 ViT weights for our ViT (the official and timm layouts, recognised from
+their keys: :mod:`ssl_lightning.backbones.released_weights`),
 a file written by ``python -m ssl_lightning export`` (formats ``state_dict``, ``torchvision``,
 ``timm``), or any ``{"state_dict": {...}}`` wrapper of those, saved with ``torch.save`` or as
 ``.safetensors``. Nothing is downloaded, and no file runs code: torch files are read with
@@ -19,6 +21,8 @@ import safetensors
 import safetensors.torch
 import torch
 from torch import Tensor, nn
+
+from ssl_lightning.backbones.released_weights import OWN_KEYS, argument_hint, to_vit_layout
 
 #: Top-level names of classifier layers that a backbone drops; their weights are ignored.
 CLASSIFIER_NAMES = ("fc", "classifier", "head", "heads")
@@ -121,22 +125,40 @@ def load_pretrained(target: nn.Module, path: str | os.PathLike) -> None:
             k.startswith(prefix) for k in expected
         ):
             state = {k[len(prefix):]: v for k, v in state.items()}
+    where = f"pretrained_path {os.fspath(path)!r} does not fit {type(target).__name__}"
+    origin: dict[str, str] = {}
+    if any(k in expected for k in OWN_KEYS):  # our ViT: released DINOv2 / DINOv3 layouts
+        try:
+            state, layout, origin = to_vit_layout(state, target)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from err
+        if layout not in ("ours", "unknown"):
+            where += f" (the file has the {layout} layout)"
     state = {k: v for k, v in state.items()
              if k in expected or k.split(".", 1)[0] not in CLASSIFIER_NAMES}
-    where = f"pretrained_path {os.fspath(path)!r} does not fit {type(target).__name__}"
     key, missing, unexpected = state_differences(expected, state)
     if key is not None:
         raise ValueError(
-            f"{where}: {key!r} has shape {tuple(state[key].shape)} in the file and "
-            f"{tuple(expected[key].shape)} in the model. Build the architecture the file "
-            "was saved from."
+            f"{where}: {_named(key, origin)} has shape {tuple(state[key].shape)} in the file "
+            f"and {tuple(expected[key].shape)} in the model. {_fix(key)}"
         )
     if missing or unexpected:
         first = f"first missing key {missing[0]!r}" if missing else ""
         first += (", " if missing and unexpected else "")
-        first += f"first unexpected key {unexpected[0]!r}" if unexpected else ""
+        first += f"first unexpected key {_named(unexpected[0], origin)}" if unexpected else ""
         raise ValueError(
             f"{where}: {len(missing)} missing and {len(unexpected)} unexpected keys ({first}). "
-            "Build the architecture the file was saved from."
+            f"{_fix((missing or unexpected)[0])}"
         )
     target.load_state_dict(state)
+
+
+def _named(key: str, origin: Mapping[str, str]) -> str:
+    """``'key'``, with the file's own name when the key was renamed from it."""
+    return f"{key!r} (the file's {origin[key]!r})" if key in origin else repr(key)
+
+
+def _fix(key: str) -> str:
+    hint = argument_hint(key)
+    return ("Build the architecture the file was saved from"
+            + (f" (ViT argument: {hint})." if hint else "."))

@@ -14,7 +14,13 @@ Details used by the SSL recipes:
 - :meth:`ViT.forward_tokens` runs on a per-sample subset of patches (MAE, He et al., CVPR 2022;
   I-JEPA, Assran et al., CVPR 2023) or with masked patches replaced by a learned mask token
   (iBOT, Zhou et al., ICLR 2022), and returns [CLS], register and patch tokens;
-- optional register tokens (Darcet et al., "Vision Transformers Need Registers", ICLR 2024).
+- optional register tokens (Darcet et al., "Vision Transformers Need Registers", ICLR 2024);
+- DINOv2 / DINOv3 options (Oquab et al., TMLR 2024; Siméoni et al., arXiv 2508.10104):
+  ``pos_embed="rope"`` (axial rotary embeddings, :mod:`ssl_lightning.backbones.rope`, no position
+  table), LayerScale and SwiGLU (:mod:`ssl_lightning.backbones.vit_layers`), ``norm_eps`` and
+  DINOv3's separate final norm of the local crops' [CLS] and registers; every option defaults off,
+  so existing checkpoints keep their keys. Released DINOv2 / DINOv3 weights (official and timm
+  layouts) load through ``pretrained_path`` (:mod:`ssl_lightning.backbones.released_weights`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones.channels import check_in_chans
 from ssl_lightning.backbones.pretrained import load_pretrained
+from ssl_lightning.backbones.rope import RotaryPositionEmbedding, apply_rope
 from ssl_lightning.backbones.spec import remember_init_args
+from ssl_lightning.backbones.vit_layers import MlpKind, feed_forward, layer_scale
 
 VIT_SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (192, 12, 3),
@@ -58,30 +66,39 @@ class DropPath(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + MHSA(LN(x)), then x + MLP(LN(x))."""
+    """Pre-norm transformer block: x + ls1(MHSA(LN(x))), then x + ls2(MLP(LN(x))).
+
+    ``layer_scale_init`` adds LayerScale (``ls1``/``ls2``, None: none), ``mlp`` picks the GELU
+    MLP or SwiGLU (:mod:`ssl_lightning.backbones.vit_layers`); ``rope`` tables rotate the
+    patch queries and keys (:mod:`ssl_lightning.backbones.rope`).
+    """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool,
-                 drop_path: float) -> None:
+                 drop_path: float, layer_scale_init: float | None = None,
+                 mlp: MlpKind = "gelu", norm_eps: float = 1e-6) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.ls1 = layer_scale(dim, layer_scale_init)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = feed_forward(dim, mlp_ratio, mlp)
+        self.ls2 = layer_scale(dim, layer_scale_init)
         self.drop_path = DropPath(drop_path)
 
-    def attention(self, x: Tensor) -> Tensor:
+    def attention(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, d // self.num_heads).unbind(2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        out = F.scaled_dot_product_attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.drop_path(self.attention(self.norm1(x)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        x = x + self.drop_path(self.ls1(self.attention(self.norm1(x), rope)))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
 def sincos_position_embedding(grid: int, dim: int, temperature: float = 10000.0) -> Tensor:
@@ -110,14 +127,28 @@ class ViT(nn.Module):
         mlp_ratio: MLP hidden width / embed_dim.
         qkv_bias: Bias on the query/key/value projection.
         drop_path_rate: Stochastic-depth rate of the last block (linearly increasing from 0).
-        pos_embed: ``"learned"`` (ViT, DINO) or ``"sincos"`` (fixed, MoCo v3).
+        pos_embed: ``"learned"`` (ViT, DINO), ``"sincos"`` (fixed, MoCo v3) or ``"rope"``
+            (DINOv3's rotary embeddings of the patch queries/keys; no position table).
         num_registers: Register tokens after [CLS] (no position embedding); 0: none.
         mask_token: Create a learned mask token for ``forward_tokens(x, mask=...)`` (iBOT).
             Both default off, so existing checkpoints keep their keys.
         pool: Features of ``forward``: ``"cls"`` (the [CLS] token) or ``"mean"`` (the average of
             the patch tokens); no parameters, so checkpoints are the same for both.
-        pretrained_path: A local state-dict file to start from (our export); see
+        pretrained_path: A local state-dict file to start from (our export, or released
+            DINOv2 / DINOv3 weights in the official or timm layout); see
             :mod:`ssl_lightning.backbones.pretrained`.
+        rope_base: RoPE period base (DINOv3: 100).
+        rope_shift: RoPE training-time coordinate shift range (0: off).
+        rope_jitter: RoPE training-time per-axis coordinate scale range, >= 1 (1: off).
+        rope_rescale: RoPE training-time coordinate scale range, >= 1 (1: off; DINOv3: 2).
+        layer_scale_init: Initial LayerScale value of every residual branch (DINOv2 / DINOv3:
+            1e-5); None: no LayerScale.
+        mlp: ``"gelu"`` (ViT) or SwiGLU (``"swiglu"``; ``"swiglu32"``/``"64"``/``"128"``
+            round the hidden width to that multiple, DINOv3's ViT-7B uses ``"swiglu64"``).
+        norm_eps: LayerNorm epsilon (DINOv3's released ViTs: 1e-5).
+        untie_global_and_local_cls_norm: DINOv3's ViT-7B recipe: in training, the [CLS] and
+            register tokens of ``forward_tokens(x, local_crops=True)`` go through their own final
+            norm ``local_cls_norm`` (the patch tokens and evaluation use ``norm``).
         in_chans: Channels of the input images (the patch embedding reads them).
     """
 
@@ -132,11 +163,19 @@ class ViT(nn.Module):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         drop_path_rate: float = 0.0,
-        pos_embed: Literal["learned", "sincos"] = "learned",
+        pos_embed: Literal["learned", "sincos", "rope"] = "learned",
         num_registers: int = 0,
         mask_token: bool = False,
         pool: Literal["cls", "mean"] = "cls",
         pretrained_path: str | None = None,
+        rope_base: float = 100.0,
+        rope_shift: float = 0.0,
+        rope_jitter: float = 1.0,
+        rope_rescale: float = 1.0,
+        layer_scale_init: float | None = None,
+        mlp: MlpKind = "gelu",
+        norm_eps: float = 1e-6,
+        untie_global_and_local_cls_norm: bool = False,
         in_chans: int = 3,
     ) -> None:
         super().__init__()
@@ -154,8 +193,10 @@ class ViT(nn.Module):
             raise ValueError(f"embed_dim ({dim}) must be divisible by num_heads ({heads}).")
         if not 0 <= drop_path_rate < 1:
             raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}.")
-        if pos_embed not in ("learned", "sincos"):
-            raise ValueError(f"pos_embed must be 'learned' or 'sincos', got {pos_embed!r}.")
+        if pos_embed not in ("learned", "sincos", "rope"):
+            raise ValueError(f"pos_embed must be 'learned', 'sincos' or 'rope', got {pos_embed!r}.")
+        if not norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {norm_eps}.")
         if num_registers < 0:
             raise ValueError(f"num_registers must be >= 0, got {num_registers}.")
         if pool not in ("cls", "mean"):
@@ -173,15 +214,23 @@ class ViT(nn.Module):
             nn.Parameter(torch.zeros(1, num_registers, dim)) if num_registers else None
         )
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dim)) if mask_token else None
+        self.pos_embed: nn.Parameter | None = None
+        self.rope = (RotaryPositionEmbedding(dim // heads, rope_base, rope_shift, rope_jitter,
+                                             rope_rescale) if pos_embed == "rope" else None)
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, self.grid**2 + 1, dim))
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        else:
+        elif pos_embed == "sincos":
             table = torch.cat([torch.zeros(1, dim), sincos_position_embedding(self.grid, dim)])
             self.pos_embed = nn.Parameter(table.unsqueeze(0), requires_grad=False)
         rates = torch.linspace(0, drop_path_rate, n_blocks).tolist()
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, qkv_bias, r) for r in rates)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, mlp_ratio, qkv_bias, r, layer_scale_init, mlp, norm_eps)
+            for r in rates
+        )
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.local_cls_norm = (nn.LayerNorm(dim, eps=norm_eps)
+                               if untie_global_and_local_cls_norm else None)
         for token in (self.cls_token, self.register_tokens, self.mask_token):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
@@ -191,6 +240,8 @@ class ViT(nn.Module):
 
     def position_embedding(self, grid_h: int, grid_w: int) -> Tensor:
         """Position embedding (1, 1 + grid_h·grid_w, D), interpolated when the grid differs."""
+        if self.pos_embed is None:
+            raise ValueError("A ViT with pos_embed='rope' has no position table.")
         if (grid_h, grid_w) == (self.grid, self.grid):
             return self.pos_embed
         cls_pos, patch_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
@@ -211,7 +262,8 @@ class ViT(nn.Module):
         return tokens[:, 0]
 
     def forward_tokens(
-        self, x: Tensor, keep: Tensor | None = None, mask: Tensor | None = None
+        self, x: Tensor, keep: Tensor | None = None, mask: Tensor | None = None,
+        local_crops: bool = False,
     ) -> Tensor:
         """All output tokens after the final LayerNorm: (B, prefix + patches, D).
 
@@ -225,6 +277,8 @@ class ViT(nn.Module):
             mask: (B, N) bool over the patch grid: True patches are replaced by the learned
                 mask token before the position embedding is added (iBOT); needs
                 ``mask_token=True``.
+            local_crops: ``x`` holds local crops: in training, their [CLS] and registers go
+                through ``local_cls_norm`` (``untie_global_and_local_cls_norm``, DINOv3).
         """
         if x.shape[-1] % self.patch_size or x.shape[-2] % self.patch_size:
             raise ValueError(
@@ -242,8 +296,9 @@ class ViT(nn.Module):
                     f"got {tuple(mask.shape)}."
                 )
             tokens = torch.where(mask.unsqueeze(-1), self.mask_token.to(tokens.dtype), tokens)
-        pos = self.position_embedding(grid_h, grid_w)
-        tokens = tokens + pos[:, 1:]
+        if self.rope is None:
+            pos = self.position_embedding(grid_h, grid_w)
+            tokens = tokens + pos[:, 1:]
         if keep is not None:
             if keep.dim() != 2 or keep.shape[0] != tokens.shape[0]:
                 raise ValueError(
@@ -251,12 +306,19 @@ class ViT(nn.Module):
                     f"got shape {tuple(keep.shape)}."
                 )
             tokens = tokens.gather(1, keep.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
-        prefix = [(self.cls_token + pos[:, :1]).expand(x.shape[0], -1, -1)]
+        cls = self.cls_token if self.rope is not None else self.cls_token + pos[:, :1]
+        prefix = [cls.expand(x.shape[0], -1, -1)]
         if self.register_tokens is not None:
             prefix.append(self.register_tokens.expand(x.shape[0], -1, -1))
         tokens = torch.cat([*prefix, tokens], dim=1)
-        for block in self.blocks:
-            tokens = block(tokens)
+        rope = None
+        for block in self.blocks:  # augmented RoPE: a new draw per block, as DINOv3's code does
+            if self.rope is not None and (rope is None or self.rope.augments):
+                rope = self.rope(grid_h, grid_w, tokens, keep)
+            tokens = block(tokens, rope)
+        if local_crops and self.training and self.local_cls_norm is not None:
+            head = self.local_cls_norm(tokens[:, :self.num_prefix_tokens])
+            return torch.cat([head, self.norm(tokens[:, self.num_prefix_tokens:])], dim=1)
         return self.norm(tokens)
 
 

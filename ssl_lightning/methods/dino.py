@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.multicrop import forward_by_resolution
+from ssl_lightning.backbones.rope import RotaryPositionEmbedding
 from ssl_lightning.backbones.vit import DropPath
 from ssl_lightning.heads import DINOHead
 from ssl_lightning.losses import DINOLoss
@@ -97,6 +98,8 @@ class DINO(MomentumMethod):
         for module in self.teacher_backbone.modules():
             if isinstance(module, DropPath):  # the paper's teacher has no stochastic depth
                 module.drop_prob = 0.0
+            elif isinstance(module, RotaryPositionEmbedding):  # DINOv3: nor RoPE augmentation
+                module.shift, module.jitter, module.rescale = 0.0, 1.0, 1.0
         self.teacher_head = momentum_teacher(self.head)
         self.criterion = self.build_criterion()
 

@@ -100,7 +100,10 @@ def test_drop_path_is_per_sample_and_off_in_eval():
 @pytest.mark.parametrize(
     "kwargs",
     [dict(arch="huge"), dict(image_size=30, patch_size=4), dict(embed_dim=30, num_heads=4),
-     dict(drop_path_rate=1.0), dict(pos_embed="rope")],
+     dict(drop_path_rate=1.0), dict(pos_embed="rotary"), dict(mlp="geglu"),
+     dict(layer_scale_init=0.0), dict(pos_embed="rope", embed_dim=24, num_heads=4),
+     dict(pos_embed="rope", rope_jitter=0.5), dict(pos_embed="rope", rope_shift=-1.0),
+     dict(norm_eps=0.0)],
 )
 def test_invalid_arguments_raise(kwargs):
     with pytest.raises(ValueError):
