@@ -140,7 +140,7 @@ class LinearEval(SeededSteps):
         return self.classifier(self.features(images))
 
     def training_step(self, batch: tuple, batch_idx: int) -> Tensor:
-        images, targets = batch
+        images, targets, *_ = batch  # the data modules' batches also carry the sample seeds
         logits = self(first_view(images))
         loss = F.cross_entropy(logits.float(), targets)
         check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
