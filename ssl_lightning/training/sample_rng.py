@@ -85,8 +85,10 @@ class SampleKeys:
         """Keys of a rank's batch from its samples' data seeds (``SeededDataset``) and the
         method's ``rng_seed``."""
         if sample_seeds.dim() != 1 or sample_seeds.dtype != torch.int64:
-            raise ValueError(f"sample seeds must be a (B,) int64 tensor, got {sample_seeds.dtype} "
-                             f"of shape {tuple(sample_seeds.shape)}.")
+            raise ValueError(
+                f"The third element of a training batch must be the samples' seeds, a (B,) int64 "
+                f"tensor; got {sample_seeds.dtype} of shape {tuple(sample_seeds.shape)}. Return "
+                "(views, target) items, or (views, target, int64 seed) as SeededDataset does.")
         base = _signed(mix64(rng_seed ^ _DOMAIN))
         batch = sample_seeds.shape[0]
         positions = torch.arange(batch, device=sample_seeds.device) * world_size + rank

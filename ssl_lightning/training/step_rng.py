@@ -1,9 +1,10 @@
 """Model-side randomness as a pure function of (seed, epoch, batch index, rank).
 
-Stochastic depth (ViT / timm ``drop_path_rate``), dropout, masks and any ``torch.rand*`` inside
-a method's forward draw from torch's global generators: the CPU one, and the CUDA one for
-tensors on a GPU. Lightning does not checkpoint them, so a resumed run would draw other numbers
-than the uninterrupted run. :class:`~ssl_lightning.methods.SSLMethod` therefore reseeds them
+Masks and stochastic depth are drawn per sample when the batch carries the samples' seeds
+(:mod:`ssl_lightning.training.sample_rng`). Dropout, any other ``torch.rand*`` inside a method's
+forward, and masks and stochastic depth of batches without seeds draw from torch's global
+generators: the CPU one, and the CUDA one for tensors on a GPU. Lightning does not checkpoint
+them, so a resumed run would draw other numbers than the uninterrupted run. :class:`~ssl_lightning.methods.SSLMethod` therefore reseeds them
 before every training batch from :func:`step_seed`; a batch's draws then depend only on the
 run's seed and the batch's position, never on what ran before it (earlier steps, validation,
 a restart). The hooks live in :class:`SeededSteps`, the base of ``SSLMethod`` and ``LinearEval``.
@@ -74,8 +75,8 @@ class SeededSteps(pl.LightningModule):
     """
 
     #: Seed the CPU generator without the rank, so every rank draws the same CPU stream (MAE,
-    #: I-JEPA: each rank takes its rows of the masks drawn for the global batch). The
-    #: accelerator's generator (GPU stochastic depth) is still seeded per rank.
+    #: I-JEPA on batches without sample seeds: each rank takes its rows of the masks drawn for
+    #: the global batch). The accelerator's generator is still seeded per rank.
     rng_shared_across_ranks: ClassVar[bool] = False
     _rng_seed: int | None = None
 

@@ -1,14 +1,16 @@
 """Masks and stochastic depth keyed by sample, end to end through Lightning in float64: 2 DDP
-processes = 1 process holding the global batch = 1 process in micro-batches, weights after 3
-optimiser steps to 1e-9, for iBOT and DINOv2 with masks on and DINO, all with a ViT of
-``drop_path_rate`` 0.3.
+processes = 1 process holding the global batch = 1 process in micro-batches, weights (with the
+teachers and the [CLS] and patch centres) after 3 optimiser steps to 1e-9, for iBOT (EMA
+centres) and DINOv2 (Sinkhorn, global KoLeo, registers) with masks on and DINO, all with a ViT
+of ``drop_path_rate`` 0.3.
 
 One spawn (2 gloo processes) runs every 2-process fit with Lightning's DDP strategy on the
 spawned processes; the batches carry sample seeds as the data modules' do (``(views, targets,
 sample_seeds)``). The single process sees the samples in the samplers' order (local sample j of
-rank r is global position j·2 + r), as a real 1-process run does. Known-bad: the masks and
-drop-path decisions drawn per rank (the former behaviour: torch's generator reseeded per rank)
-differ from the single process.
+rank r is global position j·2 + r), as a real 1-process run does. Known-bad variants run in the
+same workers and must differ from the single process: the masks and drop-path decisions drawn
+per rank (the former behaviour: torch's generator reseeded per rank), and KoLeo neighbours, the
+patch centre and the Sinkhorn sums / masked-patch counts of each rank's own batch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from lightning_ddp_utils import PrecomputedViews, TensorDataModule
 from torch import Tensor
 from torch.utils.data import DistributedSampler, Subset
 
+import ssl_lightning.losses.ibot_patch as ibot_patch_module
+import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.methods import DINO, IBOT, DINOv2
@@ -81,8 +85,21 @@ def fit_weights(model: pl.LightningModule, data: Any, batch: int, devices: int) 
 
 def _worker(rank: int, world: int) -> dict[str, dict]:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
-    return {kind: fit_weights(make_model(kind), KeyedViews(), BATCH, world)
-            for kind in ("dino", "ibot", "dinov2", "per_rank_ibot")}
+    out = {kind: fit_weights(make_model(kind), KeyedViews(), BATCH, world)
+           for kind in ("dino", "ibot", "dinov2", "per_rank_ibot")}
+    # Known-bad shared statistics: KoLeo neighbours, the patch centre, the Sinkhorn sums and
+    # masked-patch counts of each rank's own batch.
+    out["koleo_local"] = fit_weights(make_model("dinov2", koleo_scope="local"), KeyedViews(),
+                                     BATCH, world)
+    real_mean = ibot_patch_module.all_reduce_mean_no_grad
+    ibot_patch_module.all_reduce_mean_no_grad = lambda x: x
+    out["patch_center_local"] = fit_weights(make_model("ibot"), KeyedViews(), BATCH, world)
+    ibot_patch_module.all_reduce_mean_no_grad = real_mean
+    sinkhorn_module.all_reduce_sum_no_grad = lambda x: x
+    sinkhorn_module.world_size = lambda: 1
+    ibot_patch_module.all_reduce_sum_no_grad = lambda x: x
+    out["sinkhorn_local"] = fit_weights(make_model("dinov2"), KeyedViews(), BATCH, world)
+    return out
 
 
 def global_order() -> list[int]:
@@ -125,8 +142,12 @@ def test_micro_batches_equal_the_whole_batch(results, kind: str) -> None:
     assert_weights_close(single[f"{kind}_micro"], single[kind])
 
 
-def test_masks_and_drop_path_drawn_per_rank_differ(results) -> None:
+@pytest.mark.parametrize("bad, kind", [("per_rank_ibot", "ibot"), ("koleo_local", "dinov2"),
+                                       ("patch_center_local", "ibot"),
+                                       ("sinkhorn_local", "dinov2")])
+def test_known_bad_variants_differ(results, bad: str, kind: str) -> None:
+    """Masks and drop path drawn per rank; KoLeo, patch centre, Sinkhorn per rank."""
     ranks, single = results
-    diff = max((ranks[0]["per_rank_ibot"][k] - v).abs().max().item()
-               for k, v in single["ibot"].items() if v.is_floating_point())
-    assert diff > 1e-4
+    diff = max((ranks[0][bad][k] - v).abs().max().item()
+               for k, v in single[kind].items() if v.is_floating_point())
+    assert diff > 1e-6

@@ -64,3 +64,8 @@ def test_outside_a_keyed_forward_drop_path_uses_the_global_generator() -> None:
     assert torch.equal(drop(torch.ones(64, 2)), a)
     with keyed_forward(_keys(SEEDS)), pytest.raises(ValueError, match="view-major"):
         drop(torch.ones(12, 2))  # 12 rows are no whole crops of 8 samples
+
+
+def test_a_third_batch_element_that_is_not_int64_seeds_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="third element of a training batch"):
+        _keys(torch.ones(8))
