@@ -132,6 +132,8 @@ def test_two_processes_equal_one_process_holding_the_global_batch(results, kind:
     start = make_model(kind).double().state_dict()
     moved = (single[kind]["backbone.blocks.1.qkv.weight"] - start["backbone.blocks.1.qkv.weight"])
     assert moved.abs().max() > 1e-3  # three real steps
+    if kind == "ibot":  # the patch centre (over masked and unmasked teacher tokens) moved
+        assert single[kind]["patch_criterion.center"].abs().max() > 0
     for rank_state in ranks:
         assert_weights_close(rank_state[kind], single[kind])
 
