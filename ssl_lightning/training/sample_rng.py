@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ssl_lightning.data.seeding import mix64, mix64_tensor
+from ssl_lightning.data.seeding import _signed, mix64, mix64_tensor
 
 _DOMAIN = 0x73616D706C65726E  # "samplern": separates the model keys from the data seeds
 _ODD = 0xD6E8FEB86659FD93
@@ -42,19 +42,18 @@ _MASK64 = (1 << 64) - 1
 _SEED_BITS = (1 << 63) - 1
 
 
-def _signed(value: int) -> int:
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
 def derive(keys: Tensor, part: int) -> Tensor:
     """Keys of sub-stream ``part`` of each of ``keys`` (int64): a splitmix64 of key and part."""
-    return mix64_tensor(keys ^ _signed((part + 1) * _ODD))
+    return mix64_tensor(keys ^ _signed((part + 1) * _ODD & _MASK64))
 
 
 def keyed_uniform(keys: Tensor, columns: int, dtype: torch.dtype = torch.float64) -> Tensor:
     """(len(keys), columns) uniforms in [0, 1) with 53 random bits: column ``c`` of row ``i`` is
-    a hash of ``(keys[i], c)`` (counter-based: any row or column can be recomputed alone)."""
+    a hash of ``(keys[i], c)`` (counter-based: any row or column can be recomputed alone).
+
+    Unlike the augmentations' :func:`~ssl_lightning.data.seeding.counter_uniform` (24-bit
+    float32, at most 64 columns per counter, kept as it is so that views stay unchanged): any
+    number of columns (MAE's noise over every patch) and no ties in an argsort."""
     steps = torch.arange(1, columns + 1, device=keys.device, dtype=torch.int64)
     bits = mix64_tensor(keys.view(-1, 1) + steps * _signed(0x9E3779B97F4A7C15))
     return ((bits >> 11) & ((1 << 53) - 1)).to(torch.float64).mul_(2.0 ** -53).to(dtype)
