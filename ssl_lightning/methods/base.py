@@ -39,8 +39,8 @@ from ssl_lightning.optim import (
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.training.grad_cache import check_micro_batch_size, grad_cached_loss
-from ssl_lightning.training.sample_rng import SampleKeys, keyed_forward
-from ssl_lightning.training.step_rng import SeededSteps, step_seed
+from ssl_lightning.training.sample_rng import keyed_forward
+from ssl_lightning.training.step_rng import SeededSteps
 
 #: A training batch: ``(views, targets)``, or ``(views, targets, sample_seeds)`` (data modules).
 Batch = tuple[Sequence[Tensor], Tensor] | tuple[Sequence[Tensor], Tensor, Tensor]
@@ -378,12 +378,6 @@ class SSLMethod(SeededSteps):
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         return {"loss": loss, "features": features.detach(), "targets": targets}
-
-    def sample_keys(self, sample_seeds: Tensor, batch_idx: int) -> SampleKeys:
-        """The model-side keys of this rank's samples in training batch ``batch_idx``."""
-        world = self.trainer.world_size if self._trainer is not None else 1
-        return SampleKeys.from_seeds(sample_seeds, self.rng_seed, self.global_rank, world,
-                                     step_seed(self.rng_seed, self.current_epoch, batch_idx, 0))
 
     def _loss_scale(self) -> Tensor | float:
         """The factor Lightning's backward applies to the training_step loss: the GradScaler
