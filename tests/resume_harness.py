@@ -41,6 +41,7 @@ from ssl_lightning.evaluation import LinearEval
 from ssl_lightning.methods import (
     BYOL,
     DINO,
+    IBOT,
     BarlowTwins,
     MoCoV2,
     MoCoV3,
@@ -76,10 +77,11 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "barlow_twins": lambda: BarlowTwins(_net(), projection_hidden_dim=8, projection_dim=6, **OPT),
     "simsiam": lambda: SimSiam(_net(), projection_hidden_dim=8, projection_dim=6,
                                predictor_hidden_dim=4, **OPT),
-    # Stochastic depth draws from torch's global RNG: exact only through SSLMethod's reseeding.
-    "dino_vit": lambda: DINO(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=2, num_heads=2,
-                                 drop_path_rate=0.5), head_out_dim=16, head_hidden_dim=8,
-                             head_bottleneck_dim=4, warmup_teacher_temperature_epochs=1, **OPT),
+    # Stochastic depth and block masks, drawn from the samples' seeds (the batch carries them).
+    "ibot_vit": lambda: IBOT(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=2, num_heads=2,
+                                 drop_path_rate=0.5, mask_token=True), head_out_dim=16,
+                             head_hidden_dim=8, head_bottleneck_dim=4,
+                             warmup_teacher_temperature_epochs=1, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
@@ -87,8 +89,8 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
 
 def transform(method: str) -> MultiViewTransform:
     """The method's own kind of views (random), small."""
-    if method in ("dino", "swav", "dino_vit"):
-        return MultiCropViews(method.removesuffix("_vit"), "cifar", num_local_crops=2,
+    if method in ("dino", "swav", "ibot_vit"):
+        return MultiCropViews("swav" if method == "swav" else "dino", "cifar", num_local_crops=2,
                               global_size=SIZE, local_size=8)
     if method in ("byol", "moco_v3"):
         return BYOLViews("cifar", crop_size=SIZE)

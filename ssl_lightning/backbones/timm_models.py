@@ -6,6 +6,11 @@
 ``dynamic_img_size=True`` unless it is given, so multi-crop methods (global and local crops of
 other sizes) run on it; a model of one fixed input size refuses another size with that advice.
 Weights start random, or from a local file (``pretrained_path``); nothing is downloaded.
+timm's ``DropPath`` modules (stochastic depth, ``drop_path_rate``) are replaced by ours
+(:class:`~ssl_lightning.backbones.vit.DropPath`, same probability and scaling, no parameters),
+which draw each sample's keep decisions from its key in training
+(:mod:`ssl_lightning.training.sample_rng`); a model calling timm's functional ``drop_path``
+itself, or a ``DropPath`` with ``scale_by_keep=False``, keeps torch's generator.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.spec import remember_init_args
+from ssl_lightning.backbones.vit import DropPath
 
 
 def _import_timm() -> Any:
@@ -65,6 +71,7 @@ class TimmBackbone(nn.Module):
         if "num_classes" in options:
             raise ValueError("TimmBackbone sets num_classes=0 itself (no classifier); remove it.")
         self.net = _create(timm, name, options)
+        _keyed_drop_paths(timm, self.net)
         self.num_features: int = int(self.net.num_features)
         if pretrained_path is not None:
             load_pretrained(self.net, pretrained_path)
@@ -80,6 +87,13 @@ class TimmBackbone(nn.Module):
                 "feed crops of several sizes). Pass model_kwargs: {dynamic_img_size: true} to a "
                 "model that accepts it (timm ViTs), or give every view the model's size.")
         return self.net(x)
+
+
+def _keyed_drop_paths(timm: Any, net: nn.Module) -> None:
+    """Replace ``net``'s timm ``DropPath`` modules by ours (per-sample keyed draws)."""
+    for name, module in list(net.named_modules()):
+        if isinstance(module, timm.layers.DropPath) and module.scale_by_keep:
+            net.set_submodule(name, DropPath(module.drop_prob))
 
 
 def _create(timm: Any, name: str, options: dict[str, Any]) -> Any:

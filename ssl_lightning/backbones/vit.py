@@ -37,6 +37,7 @@ from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.rope import RotaryPositionEmbedding, apply_rope
 from ssl_lightning.backbones.spec import remember_init_args
 from ssl_lightning.backbones.vit_layers import MlpKind, feed_forward, layer_scale
+from ssl_lightning.training.sample_rng import row_uniforms
 
 VIT_SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (192, 12, 3),
@@ -48,7 +49,12 @@ VIT_SIZES: dict[str, tuple[int, int, int]] = {
 class DropPath(nn.Module):
     """Stochastic depth: drop the whole residual branch of a sample with probability ``drop_prob``.
 
-    Set ``drop_prob = 0`` to disable it (e.g. in a DINO teacher copied from a student).
+    Inside a keyed forward (:func:`~ssl_lightning.training.sample_rng.keyed_forward`, which
+    every ``SSLMethod`` training step runs) each row's keep decision is drawn from its sample's
+    key, its crop and the number of this call in the forward
+    (:func:`~ssl_lightning.training.sample_rng.row_uniforms`), so it is the same for any number
+    of processes and micro-batches; outside one, from torch's global generator. Set
+    ``drop_prob = 0`` to disable it (e.g. in a DINO teacher copied from a student).
     """
 
     def __init__(self, drop_prob: float = 0.0) -> None:
@@ -61,7 +67,12 @@ class DropPath(nn.Module):
         if self.drop_prob == 0 or not self.training:
             return x
         keep = 1 - self.drop_prob
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1)
+        uniforms = row_uniforms(x.shape[0], x.device)
+        if uniforms is None:
+            mask = x.new_empty(shape).bernoulli_(keep)
+        else:
+            mask = (uniforms < keep).to(x.dtype).view(shape)
         return x * mask / keep
 
 

@@ -36,8 +36,10 @@ from ssl_lightning.data.worker_signals import ignore_stop_signals
 class SSLDataModule(pl.LightningDataModule):
     """Base data module for self-supervised pre-training.
 
-    Training batches are ``(views, targets)``: ``views`` a list of (B, C, H, W) tensors from
-    ``train_transform``, ``targets`` a LongTensor (-1 for unlabeled images). ``val_dataloader``
+    Training batches are ``(views, targets, sample_seeds)``: ``views`` a list of (B, C, H, W)
+    tensors from ``train_transform``, ``targets`` a LongTensor (-1 for unlabeled images),
+    ``sample_seeds`` the (B,) int64 seeds of the samples (the methods' masks and stochastic
+    depth derive from them, :mod:`ssl_lightning.training.sample_rng`). ``val_dataloader``
     returns ``[train_eval_loader, val_loader]`` of single eval-transformed labeled images:
     dataloader 0 is the kNN memory bank / probe reference (train split), 1 the queries (val
     split), both in a fixed class-balanced order (:func:`~ssl_lightning.data.checks.balanced_order`,
@@ -191,10 +193,10 @@ class SSLDataModule(pl.LightningDataModule):
         """Turn the uint8 training batch into views when ``device_transform`` is set."""
         if self.device_transform is None or self.trainer is None or not self.trainer.training:
             return batch
-        views, targets = batch  # [images] or [images, per-sample seeds] (SeededDataset)
+        views, targets, *seeds = batch  # (views, targets, per-sample seeds) of SeededDataset
         if views[0].dtype != torch.uint8:
             return batch  # the views were made in the loader workers (BatchedViewsCollate)
-        return self.device_transform(views[0], seeds=views[1] if len(views) > 1 else None), targets
+        return self.device_transform(views[0], seeds=seeds[0] if seeds else None), targets, *seeds
 
     def state_dict(self) -> dict[str, Any]:
         """The order/augmentation seed and the train loader's position.
@@ -243,7 +245,7 @@ class SSLDataModule(pl.LightningDataModule):
                 "its beginning, with other samples and augmentations than an uninterrupted run.")
         workers = self.num_workers > 0
         loader = StatefulDataLoader(
-            SeededDataset(dataset, self.train_seed, with_seed=self.device_transform is not None),
+            SeededDataset(dataset, self.train_seed),
             batch_size=self.batch_size,
             sampler=sampler,
             drop_last=self.drop_last,
@@ -313,15 +315,15 @@ class SSLDataModule(pl.LightningDataModule):
 
 
 class BatchedViewsCollate:
-    """Collate ``([uint8 image, seed], target)`` items, then make the views batched on the CPU
+    """Collate ``([uint8 image], target, seed)`` items, then make the views batched on the CPU
     with ``views`` (:class:`DeviceViews`; runs in the loader workers)."""
 
     def __init__(self, views: DeviceViews) -> None:
         self.views = views
 
-    def __call__(self, items: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        (images, seeds), targets = default_collate(items)
-        return self.views(images, seeds=seeds), targets
+    def __call__(self, items: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        (images,), targets, seeds = default_collate(items)
+        return self.views(images, seeds=seeds), targets, seeds
 
 
 def _saved_sampler_state(state: dict[str, Any]) -> tuple[int, dict[str, Any]]:

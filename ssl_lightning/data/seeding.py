@@ -62,19 +62,22 @@ def active_sample_seed() -> int | None:
 
 
 class SeededDataset(Dataset):
-    """Items ``(epoch, index) -> dataset[index]`` drawn with the global RNG seeded per sample.
+    """Items ``(epoch, index) -> (views, target, sample seed)``: ``dataset[index]`` drawn with
+    the global RNG seeded per sample, and that seed as an int64 scalar tensor.
+
+    The seed travels with the sample into the batch ``(views, targets, sample_seeds)``: the
+    batched :class:`~ssl_lightning.data.DeviceViews` derives its draws from it, and the
+    methods their masks and stochastic depth (:mod:`ssl_lightning.training.sample_rng`).
 
     Args:
-        dataset: Map-style dataset whose ``__getitem__`` applies the random transform.
+        dataset: Map-style dataset whose ``__getitem__`` applies the random transform and
+            returns ``(views, target)``.
         seed: Run seed; the sample seed is ``sample_seed(seed, epoch, index)``.
-        with_seed: Append the sample seed as an int64 scalar tensor to the item's views (the
-            batched :class:`~ssl_lightning.data.DeviceViews` derives its draws from it).
     """
 
-    def __init__(self, dataset: Dataset, seed: int, with_seed: bool = False) -> None:
+    def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset = dataset
         self.seed = seed
-        self.with_seed = with_seed
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -96,10 +99,8 @@ class SeededDataset(Dataset):
         finally:
             _active_seed.reset(token)
             generator.set_state(state)
-        if self.with_seed:
-            views, target = item
-            item = [*views, torch.tensor(seed, dtype=torch.int64)], target
-        return item
+        views, target = item
+        return views, target, torch.tensor(seed, dtype=torch.int64)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.dataset}, seed={self.seed})"

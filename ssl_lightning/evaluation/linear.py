@@ -32,6 +32,7 @@ from ssl_lightning.optim import (
     split_decay_groups,
 )
 from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
+from ssl_lightning.training.sample_rng import keyed_forward
 from ssl_lightning.training.step_rng import SeededSteps
 
 
@@ -140,8 +141,9 @@ class LinearEval(SeededSteps):
         return self.classifier(self.features(images))
 
     def training_step(self, batch: tuple, batch_idx: int) -> Tensor:
-        images, targets = batch
-        logits = self(first_view(images))
+        images, targets, *seeds = batch  # the data modules' batches carry the sample seeds
+        with keyed_forward(self.sample_keys(seeds[0], batch_idx) if seeds else None):
+            logits = self(first_view(images))  # fine-tuning's drop path drawn per sample
         loss = F.cross_entropy(logits.float(), targets)
         check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,

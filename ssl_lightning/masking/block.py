@@ -8,8 +8,12 @@ Zhou et al., "iBOT: Image BERT Pre-Training with Online Tokenizer", ICLR 2022, �
 only a fraction of the images is masked (``probability`` 0.5), each with a ratio drawn uniformly
 from a range (0.1–0.5); DINOv2 (Oquab et al., TMLR 2024) uses the same range and probability.
 
-All randomness comes from torch's default CPU generator, so restoring its state reproduces the
-masks (gradient-caching replays, exact resume when the caller seeds it per step).
+Given per-image seeds, each image draws from a generator of its own (the masks of a sample are
+then the same for any number of processes or micro-batches, see
+:mod:`ssl_lightning.training.sample_rng`); without them, from torch's default CPU generator, so
+restoring its state reproduces the masks. DINOv2 (``dinov2/data/collate.py``) stratifies the
+ratios instead: of the ``n`` images of a batch, ``int(n · probability)`` are masked with ratios
+from consecutive equal slices of the range, assigned in a random order (``order``/``total``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+_MASK64 = (1 << 64) - 1
 
 
 class BlockMasking:
@@ -65,23 +71,45 @@ class BlockMasking:
         self.log_aspect = (math.log(aspect[0]), math.log(aspect[1]))
         self.max_attempts, self.patience = max_attempts, patience
 
-    def __call__(self, num_images: int, grid: tuple[int, int]) -> Tensor:
-        """Masks (num_images, grid_h · grid_w) on the CPU."""
+    def __call__(self, num_images: int, grid: tuple[int, int], seeds: Tensor | None = None,
+                 order: Tensor | None = None, total: int | None = None) -> Tensor:
+        """Masks (num_images, grid_h · grid_w) on the CPU.
+
+        Args:
+            num_images: Images to mask.
+            grid: (grid_h, grid_w) patches.
+            seeds: (num_images,) int64 seeds, one generator per image; None: torch's CPU
+                generator.
+            order: (num_images,) place of each image in a random order of ``total`` images (the
+                step's): the first ``int(total · probability)`` places are masked, place ``k``
+                with a ratio from the ``k``-th of as many equal slices of ``ratio`` (DINOv2's
+                stratified ratios); None: each image masked with ``probability``.
+            total: Images in that order (with ``order``).
+        """
         grid_h, grid_w = grid
         masks = torch.zeros(num_images, grid_h, grid_w, dtype=torch.bool)
-        draws = torch.rand(num_images, 2).tolist()
+        generators = ([torch.Generator().manual_seed(int(s) & _MASK64) for s in seeds.tolist()]
+                      if seeds is not None else [None] * num_images)
         low, high = self.ratio
-        for image, (u_apply, u_ratio) in enumerate(draws):
+        masked = int((total or 0) * self.probability)
+        for image, generator in enumerate(generators):
+            u_apply, u_ratio = torch.rand(2, generator=generator).tolist()
+            if order is not None:
+                place = int(order[image])
+                if place >= masked:
+                    continue
+                u_apply, u_ratio = 0.0, (place + u_ratio) / masked
             if u_apply < self.probability:
                 target = round((low + (high - low) * u_ratio) * grid_h * grid_w)
-                self._fill(masks[image], target)
+                self._fill(masks[image], target, generator)
         return masks.flatten(1)
 
-    def _fill(self, mask: Tensor, target: int) -> None:
+    def _fill(self, mask: Tensor, target: int, generator: torch.Generator | None) -> None:
         """Add rectangles to ``mask`` (grid_h, grid_w) in place until ``target`` are masked."""
         grid_h, grid_w = mask.shape
         count, misses = 0, 0
-        for u_area, u_aspect, u_top, u_left in torch.rand(self.max_attempts, 4).tolist():
+        draws = torch.rand(self.max_attempts, 4, generator=generator).tolist()
+        for u_area, u_aspect, u_top, u_left in draws:
             remaining = target - count
             if remaining <= 0 or misses >= self.patience:
                 return

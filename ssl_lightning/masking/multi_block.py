@@ -4,12 +4,12 @@
 Joint-Embedding Predictive Architecture", CVPR 2023, §3): M target blocks and one context block
 with the target patches removed.
 
-Like :class:`~ssl_lightning.masking.RandomMasking`, it draws the masks of the *global* batch
-(``world_size × B`` samples) from the global CPU RNG and returns this rank's rows. Ranks share
-one RNG stream (in training, ``SSLMethod`` reseeds the CPU generator before each batch
-identically on every rank for MAE and I-JEPA), so every rank draws the same table: ranks get
-different masks, and 2 processes × B use exactly the masks of 1 process × 2B. A replay of the
-RNG state (gradient caching) redraws the same masks.
+Given per-sample seeds, a sample's block positions and context subset are counter-based
+hashes of its seed (:func:`~ssl_lightning.training.sample_rng.keyed_uniform`, one draw per
+placement try): the same for any number of processes or micro-batches. Without them, like
+:class:`~ssl_lightning.masking.RandomMasking`, it draws the masks of the *global* batch
+(``world_size × B`` samples) from the global CPU RNG and returns this rank's rows (ranks share
+one stream: ``SSLMethod`` reseeds the CPU generator identically on every rank for I-JEPA).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import random
 
 import torch
 from torch import Tensor
+
+from ssl_lightning.training.sample_rng import derive, keyed_uniform
 
 Range = tuple[float, float]
 
@@ -107,30 +109,43 @@ class MultiBlockMasking:
         (th, tw), (ch, cw) = sizes
         return max(self.min_context, ch * cw - self.num_targets * th * tw)
 
-    def _boxes(self, n: int, h: int, w: int, count: int) -> Tensor:
-        """(n, count, grid²) bool masks of ``count`` random h×w blocks per sample."""
-        top = torch.randint(0, self.grid - h + 1, (n, count, 1, 1))
-        left = torch.randint(0, self.grid - w + 1, (n, count, 1, 1))
+    def _boxes(self, n: int, h: int, w: int, count: int, uniforms: Tensor | None) -> Tensor:
+        """(n, count, grid²) bool masks of ``count`` random h×w blocks per sample, placed by
+        ``uniforms`` (n, count, 2) when given, else by torch's RNG."""
+        if uniforms is None:
+            top = torch.randint(0, self.grid - h + 1, (n, count, 1, 1))
+            left = torch.randint(0, self.grid - w + 1, (n, count, 1, 1))
+        else:
+            top = (uniforms[..., 0] * (self.grid - h + 1)).long().view(n, count, 1, 1)
+            left = (uniforms[..., 1] * (self.grid - w + 1)).long().view(n, count, 1, 1)
         rows = torch.arange(self.grid).view(1, 1, -1, 1)
         cols = torch.arange(self.grid).view(1, 1, 1, -1)
         inside = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
         return inside.flatten(2)
 
     def __call__(
-        self, batch: int, step: int, world_size: int = 1, rank: int = 0
+        self, batch: int, step: int, world_size: int = 1, rank: int = 0,
+        seeds: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``(context, targets)``: (B, K) sorted context indices and (B, M, h·w) target indices
-        (each target block in raster order) of this rank's samples."""
+        (each target block in raster order) of this rank's samples, from their (B,) int64
+        ``seeds`` when given."""
         sizes = self.block_sizes(step)
         (th, tw), (ch, cw) = sizes
         keep = self.context_count(sizes)
+        if seeds is not None:
+            seeds, world_size, rank = seeds.cpu(), 1, 0
         n = world_size * batch
         targets = torch.zeros(n, self.num_targets, self.grid ** 2, dtype=torch.bool)
         free = torch.zeros(n, self.grid ** 2, dtype=torch.bool)
         todo = torch.arange(n)
-        for _ in range(self.max_tries):
-            boxes = self._boxes(len(todo), th, tw, self.num_targets)
-            context = self._boxes(len(todo), ch, cw, 1)[:, 0] & ~boxes.any(dim=1)
+        m = self.num_targets
+        for attempt in range(self.max_tries):
+            u = None if seeds is None else keyed_uniform(
+                derive(seeds[todo], attempt), 2 * m + 2).view(len(todo), m + 1, 2)
+            boxes = self._boxes(len(todo), th, tw, m, None if u is None else u[:, :m])
+            context = self._boxes(len(todo), ch, cw, 1, None if u is None else u[:, m:])[:, 0] \
+                & ~boxes.any(dim=1)
             ok = context.sum(dim=1) >= keep
             targets[todo[ok]], free[todo[ok]] = boxes[ok], context[ok]
             todo = todo[~ok]
@@ -145,7 +160,9 @@ class MultiBlockMasking:
             )
         rows = slice(rank * batch, (rank + 1) * batch)
         # A random subset of `keep` free patches: free ones get noise in [0, 1), others 2.
-        noise = torch.rand(n, self.grid ** 2).masked_fill(~free, 2.0)[rows]
+        noise = (torch.rand(n, self.grid ** 2) if seeds is None else keyed_uniform(
+            derive(seeds, self.max_tries), self.grid ** 2, torch.float32))
+        noise = noise.masked_fill(~free, 2.0)[rows]
         context_idx = noise.argsort(dim=1)[:, :keep].sort(dim=1).values
         target_idx = targets[rows].nonzero()[:, 2].view(batch, self.num_targets, th * tw)
         return context_idx, target_idx

@@ -1,11 +1,12 @@
 """MAE's per-sample uniform masks, drawn on the CPU from torch's RNG.
 
 He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022, §3: a random subset of
-the patches is kept, by argsort of uniform noise. The masks of the *global* batch
-(``world_size × B`` samples) are drawn from the global CPU RNG and this rank's rows returned.
-Ranks share one RNG stream (in training, ``SSLMethod`` reseeds the CPU generator before each
-batch identically on every rank for MAE), so 2 processes × B use exactly the masks of
-1 process × 2B, and a replay of the RNG state (gradient caching) redraws the same masks.
+the patches is kept, by argsort of uniform noise. Given per-sample seeds, each sample's noise is
+a counter-based hash of its seed (:func:`~ssl_lightning.training.sample_rng.keyed_uniform`): its
+mask is the same for any number of processes or micro-batches. Without them, the masks of the
+*global* batch (``world_size × B`` samples) are drawn from the global CPU RNG and this rank's
+rows returned (ranks share one stream: ``SSLMethod`` reseeds the CPU generator identically on
+every rank for MAE).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import warnings
 
 import torch
 from torch import Tensor
+
+from ssl_lightning.training.sample_rng import keyed_uniform
 
 
 class RandomMasking:
@@ -38,9 +41,15 @@ class RandomMasking:
                              "at least one.")
         self.num_patches, self.mask_ratio, self.num_keep = num_patches, mask_ratio, num_keep
 
-    def __call__(self, batch: int, world_size: int = 1, rank: int = 0) -> tuple[Tensor, Tensor]:
-        """``(keep, masked)`` patch indices, (B, K) and (B, N − K), of this rank's samples."""
-        noise = torch.rand(world_size * batch, self.num_patches)[rank * batch:(rank + 1) * batch]
+    def __call__(self, batch: int, world_size: int = 1, rank: int = 0,
+                 seeds: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(keep, masked)`` patch indices, (B, K) and (B, N − K), of this rank's samples:
+        from their (B,) int64 ``seeds`` when given, else from torch's CPU RNG."""
+        if seeds is not None:
+            noise = keyed_uniform(seeds.cpu(), self.num_patches)
+        else:
+            noise = torch.rand(world_size * batch, self.num_patches)[
+                rank * batch:(rank + 1) * batch]
         order = noise.argsort(dim=1)
         return order[:, :self.num_keep], order[:, self.num_keep:]
 

@@ -39,9 +39,11 @@ from ssl_lightning.optim import (
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.training.grad_cache import check_micro_batch_size, grad_cached_loss
+from ssl_lightning.training.sample_rng import keyed_forward
 from ssl_lightning.training.step_rng import SeededSteps
 
-Batch = tuple[Sequence[Tensor], Tensor]
+#: A training batch: ``(views, targets)``, or ``(views, targets, sample_seeds)`` (data modules).
+Batch = tuple[Sequence[Tensor], Tensor] | tuple[Sequence[Tensor], Tensor, Tensor]
 #: Head arguments a method may take as modules (kept out of the saved hyperparameters, like the
 #: backbone; their weights are in the state dict).
 INJECTED_HEADS = ("projector", "predictor", "expander")
@@ -85,8 +87,11 @@ class SSLMethod(SeededSteps):
             still sees the whole batch (gradient caching, Gao et al. 2021; exact large-batch
             gradients in the memory of a micro-batch, see docs/gradient_caching.md). Must divide
             the per-device batch size. ``None``: the whole batch at once.
-        rng_seed: Seed of the model-side randomness (stochastic depth, dropout, masks), which
-            is reseeded before every training batch from (seed, epoch, batch index, rank)
+        rng_seed: Seed of the model-side randomness. Masks and stochastic depth are drawn per
+            sample from (this seed, the sample's seed) when the batch carries sample seeds
+            (:mod:`~ssl_lightning.training.sample_rng`, docs/distributed.md); the rest (dropout,
+            and everything for ``(views, targets)`` batches) from torch's generators reseeded
+            before every training batch from (seed, epoch, batch index, rank)
             (:class:`~ssl_lightning.training.step_rng.SeededSteps`, docs/resume.md). ``None``:
             ``seed_everything``'s seed, else torch's initial seed. Saved in checkpoints; the
             saved seed wins on resume.
@@ -352,15 +357,21 @@ class SSLMethod(SeededSteps):
             )
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
-        views, targets = batch
+        """The step on ``(views, targets)`` or ``(views, targets, sample_seeds)``: with the
+        seeds (the data modules' batches) the networks run inside a keyed forward, so masks
+        and stochastic depth are drawn per sample (:mod:`~ssl_lightning.training.sample_rng`);
+        without them from torch's generator reseeded per (seed, epoch, batch, rank)."""
+        views, targets, *seeds = batch
         self.warn_unused_views(views)
+        keys = self.sample_keys(seeds[0], batch_idx) if seeds else None
         self._step_targets = targets  # read by training_loss / loss_from_outputs; this step only
         try:
             micro = self.hparams.get("micro_batch_size")
             if micro is not None and micro < len(targets):
-                loss, features = grad_cached_loss(self, views, micro, self._loss_scale())
+                loss, features = grad_cached_loss(self, views, micro, self._loss_scale(), keys)
             else:
-                loss, features = self.training_loss(views)
+                with keyed_forward(keys):
+                    loss, features = self.training_loss(views)
         finally:
             self._step_targets = None
         check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf

@@ -39,6 +39,8 @@ class DINOv2(IBOT):
         koleo_weight: Weight of the KoLeo term (0.1); 0 disables it.
         koleo_scope: ``"global"`` (neighbours among all ranks' samples) or ``"local"``.
         num_local_crops: Local crops the data must provide (8 in DINOv2); None: any number.
+        mask_ratio_stratified: True (DINOv2's stratified mask ratios over the global batch,
+            see :class:`IBOT`).
         momentum_base: Teacher EMA momentum at step 0 (0.992 in DINOv2), cosine to 1.
         **kwargs: Other arguments of :class:`IBOT` / :class:`~ssl_lightning.methods.DINO`.
     """
@@ -53,6 +55,7 @@ class DINOv2(IBOT):
         koleo_weight: float = 0.1,
         koleo_scope: KoLeoScope = "global",
         num_local_crops: int | None = 8,
+        mask_ratio_stratified: bool = True,
         momentum_base: float = 0.992,
         **kwargs: Any,
     ) -> None:
@@ -65,7 +68,9 @@ class DINOv2(IBOT):
                              f"(or None), got {num_local_crops}.")
         super().__init__(backbone, head_out_dim=head_out_dim, patch_out_dim=patch_out_dim,
                          shared_head=shared_head, centering=centering,
-                         num_local_crops=num_local_crops, momentum_base=momentum_base, **kwargs)
+                         num_local_crops=num_local_crops,
+                         mask_ratio_stratified=mask_ratio_stratified,
+                         momentum_base=momentum_base, **kwargs)
         self.koleo = KoLeoLoss()
 
     def koleo_loss(self, global_features: Tensor) -> Tensor:

@@ -26,16 +26,18 @@ from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.training.ema import momentum_teacher
+from ssl_lightning.training.sample_rng import active_keys
 
 
 class IBOT(DINO):
     """iBOT self-distillation on [CLS] and masked patch tokens.
 
     The backbone must be a :class:`~ssl_lightning.backbones.ViT` built with ``mask_token=True``.
-    Masks are drawn in :meth:`forward_views` from torch's RNG, which
-    :meth:`SSLMethod.on_train_batch_start` reseeds from ``(rng_seed, epoch, batch index, rank)``:
-    masks (and stochastic depth) differ across ranks and a resumed run draws the same ones as an
-    uninterrupted run.
+    Masks are drawn in :meth:`forward_views` per sample, from the sample's key (batches with
+    sample seeds, :mod:`~ssl_lightning.training.sample_rng`): 1 process, N processes and
+    micro-batches mask the same patches of a sample, and a resumed run the same as an
+    uninterrupted one. Batches without seeds draw from torch's RNG, reseeded per
+    ``(rng_seed, epoch, batch index, rank)``.
 
     Args:
         backbone: A ViT with ``forward_tokens`` and a mask token.
@@ -55,6 +57,11 @@ class IBOT(DINO):
         mask_ratio: Range of the per-image mask ratio ((0.1, 0.5)).
         mask_probability: Fraction of global-crop images that are masked (0.5).
         mask_min_patches: Smallest masking rectangle in patches (4).
+        mask_ratio_stratified: DINOv2's ratios: of the step's global-crop images,
+            ``int(n · mask_probability)`` are masked, with ratios from consecutive equal slices
+            of ``mask_ratio`` in a random order drawn from the step seed (the same on every
+            rank; docs/ibot_dinov2.md). False: each image is masked with ``mask_probability``
+            and a uniform ratio (iBOT).
         num_local_crops: Local crops the data must provide (checked before training and at
             every step); None: any number.
         **kwargs: Other arguments of :class:`DINO` (head widths, temperatures, schedules, ...).
@@ -76,6 +83,7 @@ class IBOT(DINO):
         mask_ratio: tuple[float, float] = (0.1, 0.5),
         mask_probability: float = 0.5,
         mask_min_patches: int = 4,
+        mask_ratio_stratified: bool = False,
         num_local_crops: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -143,8 +151,17 @@ class IBOT(DINO):
         return end if epoch >= warmup else start + (end - start) * epoch / warmup
 
     def draw_masks(self, batch: int, grid: tuple[int, int]) -> Tensor:
-        """Block masks (B, 2, grid_h · grid_w) for the two global crops, from torch's RNG."""
-        return self.masking(2 * batch, grid).view(2, batch, -1).transpose(0, 1)
+        """Block masks (B, 2, grid_h · grid_w) for the two global crops: from each sample's key
+        inside a keyed forward, else from torch's RNG (stratified over this rank's batch)."""
+        keys, stratified = active_keys(), self.hparams["mask_ratio_stratified"]
+        if keys is None:
+            order = torch.randperm(2 * batch) if stratified else None
+            masks = self.masking(2 * batch, grid, order=order, total=2 * batch)
+        else:
+            seeds = torch.cat([keys.streams(crop) for crop in range(2)]).cpu()
+            order = keys.global_order(2, stream=0).flatten() if stratified else None
+            masks = self.masking(2 * batch, grid, seeds, order, 2 * keys.global_batch)
+        return masks.view(2, batch, -1).transpose(0, 1)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         expected = self.hparams["num_local_crops"]

@@ -38,6 +38,7 @@ from ssl_lightning.masking import MultiBlockMasking, Range
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.ema import momentum_teacher
+from ssl_lightning.training.sample_rng import active_keys
 
 
 class IJEPA(MomentumMethod):
@@ -69,7 +70,8 @@ class IJEPA(MomentumMethod):
 
     #: A mean of per-sample terms: gradient accumulation keeps the objective (no warning).
     batch_coupled_loss = False
-    #: Every rank draws the global batch's masks from one CPU stream and takes its rows.
+    #: Batches without sample seeds: every rank draws the global batch's masks from one CPU
+    #: stream and takes its rows.
     rng_shared_across_ranks = True
 
     def __init__(
@@ -118,7 +120,11 @@ class IJEPA(MomentumMethod):
 
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
         """``(context, targets)``: (B, K) and (B, M, n) patch indices of this rank's samples,
-        block sizes of the current optimiser step."""
+        block sizes of the current optimiser step; positions from the samples' keys inside a
+        keyed forward, else from the CPU stream shared by the ranks."""
+        keys = active_keys()
+        if keys is not None:
+            return self.masking(batch, self.global_step, seeds=keys.streams(0))
         world, rank = layout(self)
         return self.masking(batch, self.global_step, world, rank)
 

@@ -32,6 +32,7 @@ from ssl_lightning.losses import MAELoss
 from ssl_lightning.masking import RandomMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.optim import OptimizerName
+from ssl_lightning.training.sample_rng import active_keys
 
 
 def patchify(images: Tensor, patch: int) -> Tensor:
@@ -63,7 +64,8 @@ class MAE(SSLMethod):
 
     #: A mean of per-sample terms: gradient accumulation keeps the objective (no warning).
     batch_coupled_loss = False
-    #: Every rank draws the global batch's masks from one CPU stream and takes its rows.
+    #: Batches without sample seeds: every rank draws the global batch's masks from one CPU
+    #: stream and takes its rows.
     rng_shared_across_ranks = True
 
     def __init__(
@@ -96,7 +98,11 @@ class MAE(SSLMethod):
         return MAELoss(self.hparams["norm_pix_loss"])
 
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
-        """``(keep, masked)`` patch indices (B, K), (B, N − K) of this rank's samples."""
+        """``(keep, masked)`` patch indices (B, K), (B, N − K) of this rank's samples: from
+        their keys inside a keyed forward, else from the CPU stream shared by the ranks."""
+        keys = active_keys()
+        if keys is not None:
+            return self.masking(batch, seeds=keys.streams(0))
         world, rank = layout(self)
         return self.masking(batch, world, rank)
 

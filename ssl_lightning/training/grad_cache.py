@@ -12,6 +12,11 @@ outputs) and ``loss_from_outputs`` (gathers, the loss, state updates), as every
 3. pass 2: every micro-batch again with autograd, from the same random state and buffers, and
    the backward of the cached output gradients.
 
+Masks and stochastic depth drawn per sample (the batch's keys, split with the samples, see
+:mod:`~ssl_lightning.training.sample_rng`) are those of the whole batch in every pass; the saved
+random state is replayed only for what still draws from torch's generator (dropout, batches
+without sample seeds).
+
 The parameter gradients of all but the last micro-batch are summed with ``torch.autograd.grad``
 (no ``.grad`` writes, so no DDP hook fires and Lightning's ``zero_grad`` between
 ``training_step`` and backward loses nothing). The returned surrogate has the value of the loss;
@@ -31,6 +36,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from ssl_lightning.training.sample_rng import SampleKeys, keyed_forward
 
 
 class SplitStep(Protocol):
@@ -61,6 +68,7 @@ def grad_cached_loss(
     views: Sequence[Tensor],
     micro_batch_size: int,
     loss_scale: Tensor | float = 1.0,
+    keys: SampleKeys | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``method``'s training loss of the whole batch with micro-batched networks.
 
@@ -71,12 +79,16 @@ def grad_cached_loss(
         loss_scale: The factor the caller's backward multiplies the returned loss by (Lightning:
             ``GradScaler`` scale / ``accumulate_grad_batches``); the cached gradients are
             computed at this scale, like the gradients of an ordinary backward.
+        keys: The batch's per-sample keys, split with the samples: each micro-batch draws the
+            masks and stochastic depth of its own samples, as the whole batch would
+            (:mod:`~ssl_lightning.training.sample_rng`).
 
     Returns:
         ``(loss, features)``: a scalar equal to the whole-batch loss whose ``backward()`` leaves
         the whole-batch parameter gradients, and the first view's backbone features (detached).
     """
     chunks = [list(c) for c in zip(*(v.split(micro_batch_size) for v in views), strict=True)]
+    chunk_keys = keys.split(micro_batch_size) if keys is not None else [None] * len(chunks)
     device = views[0].device
     params = [p for p in method.parameters() if p.requires_grad]
     saved_buffers = {name: b.detach().clone() for name, b in method.named_buffers()}
@@ -86,8 +98,8 @@ def grad_cached_loss(
     structure: list[tuple[str, int | None]] = []
     for i, chunk in enumerate(chunks):
         rng_states.append(_rng_state(device))
-        with torch.set_grad_enabled(i == 0):  # the first learns which outputs need a gradient
-            leaves, structure = _flatten(method.forward_views(chunk))
+        with torch.set_grad_enabled(i == 0), keyed_forward(chunk_keys[i]):
+            leaves, structure = _flatten(method.forward_views(chunk))  # i == 0: which need grad
         if i == 0:
             needs_grad = [isinstance(t, Tensor) and t.requires_grad for t in leaves]
         cached.append([t.detach() if isinstance(t, Tensor) else t for t in leaves])
@@ -118,7 +130,8 @@ def grad_cached_loss(
     last_grads: list[Tensor] = []
     for i, chunk in enumerate(chunks):
         _set_rng_state(device, rng_states[i])
-        leaves, _ = _flatten(method.forward_views(chunk))
+        with keyed_forward(chunk_keys[i]):
+            leaves, _ = _flatten(method.forward_views(chunk))
         pairs = [(leaves[j], g[i]) for j, g in leaf_grads.items() if leaves[j].requires_grad]
         if i == len(chunks) - 1:
             last_outputs, last_grads = [o for o, _ in pairs], [g for _, g in pairs]

@@ -1,12 +1,15 @@
 """Model-side randomness as a pure function of (seed, epoch, batch index, rank).
 
-Stochastic depth (ViT / timm ``drop_path_rate``), dropout, masks and any ``torch.rand*`` inside
-a method's forward draw from torch's global generators: the CPU one, and the CUDA one for
-tensors on a GPU. Lightning does not checkpoint them, so a resumed run would draw other numbers
-than the uninterrupted run. :class:`~ssl_lightning.methods.SSLMethod` therefore reseeds them
-before every training batch from :func:`step_seed`; a batch's draws then depend only on the
-run's seed and the batch's position, never on what ran before it (earlier steps, validation,
-a restart). The hooks live in :class:`SeededSteps`, the base of ``SSLMethod`` and ``LinearEval``.
+Masks and stochastic depth are drawn per sample when the batch carries the samples' seeds
+(:mod:`ssl_lightning.training.sample_rng`). Dropout, any other ``torch.rand*`` inside a method's
+forward, and masks and stochastic depth of batches without seeds draw from torch's global
+generators: the CPU one, and the CUDA one for tensors on a GPU. Lightning does not checkpoint
+them, so a resumed run would draw other numbers than the uninterrupted run.
+:class:`~ssl_lightning.methods.SSLMethod` therefore reseeds them before every training batch
+from :func:`step_seed`; a batch's draws then depend only on the run's seed and the batch's
+position, never on what ran before it (earlier steps, validation, a restart). The hooks live in
+:class:`SeededSteps`, the base of ``SSLMethod`` and ``LinearEval``, with
+:meth:`SeededSteps.sample_keys` (the per-sample keys of a batch).
 
 The data pipeline is not affected: it seeds and restores the CPU generator around each sample
 (:mod:`ssl_lightning.data.seeding`), and its seeds are derived in another domain, so no model
@@ -20,8 +23,10 @@ from typing import Any, ClassVar
 
 import pytorch_lightning as pl
 import torch
+from torch import Tensor
 
 from ssl_lightning.data.seeding import mix64
+from ssl_lightning.training.sample_rng import SampleKeys
 
 _DOMAIN = 0x6D6F64656C726E67  # "modelrng": separates these seeds from the data pipeline's
 _ODD = 0xD6E8FEB86659FD93  # a 64-bit odd multiplier spreading the small integers apart
@@ -74,8 +79,8 @@ class SeededSteps(pl.LightningModule):
     """
 
     #: Seed the CPU generator without the rank, so every rank draws the same CPU stream (MAE,
-    #: I-JEPA: each rank takes its rows of the masks drawn for the global batch). The
-    #: accelerator's generator (GPU stochastic depth) is still seeded per rank.
+    #: I-JEPA on batches without sample seeds: each rank takes its rows of the masks drawn for
+    #: the global batch). The accelerator's generator is still seeded per rank.
     rng_shared_across_ranks: ClassVar[bool] = False
     _rng_seed: int | None = None
 
@@ -100,6 +105,13 @@ class SeededSteps(pl.LightningModule):
         cpu_seed = step_seed(seed, epoch, batch_idx, 0) if self.rng_shared_across_ranks \
             else device_seed
         reseed_global_rng(cpu_seed, device_seed, self.device)
+
+    def sample_keys(self, sample_seeds: Tensor, batch_idx: int) -> SampleKeys:
+        """The model-side keys (:mod:`~ssl_lightning.training.sample_rng`) of this rank's
+        samples in training batch ``batch_idx``, from their data seeds."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        return SampleKeys.from_seeds(sample_seeds, self.rng_seed, self.global_rank, world,
+                                     step_seed(self.rng_seed, self.current_epoch, batch_idx, 0))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[RNG_SEED_KEY] = self.rng_seed

@@ -127,3 +127,28 @@ def test_pretrained_file_of_another_architecture_names_the_first_bad_key(tmp_pat
         SmallConvNet(pretrained_path=str(path))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         ViT(pretrained_path=str(tmp_path / "nothing.pt"))
+
+
+def test_timm_drop_paths_are_ours_keyed_by_sample_and_off_in_the_dino_teacher():
+    from ssl_lightning.backbones.vit import DropPath
+    from ssl_lightning.methods import DINO
+    from ssl_lightning.training.sample_rng import SampleKeys, keyed_forward
+
+    torch.manual_seed(0)
+    backbone = TimmBackbone("vit_tiny_patch16_224", model_kwargs={
+        "img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2,
+        "drop_path_rate": 0.5}).double().train()
+    drops = [m for m in backbone.modules() if isinstance(m, DropPath)]
+    assert len(drops) == 2 and not any(isinstance(m, timm.layers.DropPath)
+                                       for m in backbone.modules())
+    x, seeds = torch.randn(6, 3, 16, 16, dtype=torch.float64), torch.arange(6) * 977 + 5
+
+    def features(rows: list[int]) -> torch.Tensor:
+        with torch.no_grad(), keyed_forward(SampleKeys.from_seeds(seeds[rows], 0, 0, 1, 0)):
+            return backbone(x[rows])
+
+    whole = features(list(range(6)))
+    torch.testing.assert_close(features([4, 1]), whole[[4, 1]], atol=1e-12, rtol=0)
+    dino = DINO(backbone, head_out_dim=8, head_hidden_dim=8, head_bottleneck_dim=4)
+    assert all(m.drop_prob == 0 for m in dino.teacher_backbone.modules()
+               if isinstance(m, DropPath))

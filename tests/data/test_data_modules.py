@@ -32,7 +32,7 @@ def test_cifar_folder_layout_batches_and_val_pair(tiny_image_folder: Path) -> No
     dm = CIFAR10DataModule(root=str(tiny_image_folder), **LOADER)
     assert dm.layout() == "folder" and dm.num_classes == 10
     dm.setup("fit")
-    views, targets = next(iter(dm.train_dataloader()))
+    views, targets, _ = next(iter(dm.train_dataloader()))
     assert isinstance(views, list) and len(views) == 2
     assert all(v.shape == (4, 3, 32, 32) and v.dtype == torch.float32 for v in views)
     assert targets.dtype == torch.long and set(targets.tolist()) <= {0, 1}
@@ -107,7 +107,7 @@ def test_cifar_torchvision_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert dm.layout() == "torchvision"
     dm.setup("fit")
     assert len(dm.train_dataset) == 20 and len(dm.eval_datasets[1]) == 4
-    views, targets = next(iter(dm.train_dataloader()))
+    views, targets, _ = next(iter(dm.train_dataloader()))
     assert [v.shape for v in views] == [(4, 3, 32, 32)] * 2
     assert sorted(_labels(dm.val_dataloader()[1])) == [1, 2, 3, 5]
 
@@ -128,7 +128,7 @@ def test_image_folder_unlabeled_train_uses_split_val(
     dm = ImageFolderDataModule(str(flat), str(tiny_image_folder / "test"), preset="cifar",
                                **LOADER)
     dm.setup("fit")
-    _, targets = next(iter(dm.train_dataloader()))
+    _, targets, _ = next(iter(dm.train_dataloader()))
     assert targets.tolist() == [-1] * 4
     bank, queries = dm.eval_datasets
     assert set(bank.indices).isdisjoint(queries.indices)
@@ -169,7 +169,7 @@ def test_multi_size_views_collate_per_position(tiny_image_folder: Path) -> None:
     transform = MultiViewTransform([*big.transforms, *small.transforms, *small.transforms])
     dm = CIFAR10DataModule(root=str(tiny_image_folder), train_transform=transform, **LOADER)
     dm.setup("fit")
-    views, _ = next(iter(dm.train_dataloader()))
+    views, *_ = next(iter(dm.train_dataloader()))
     assert [tuple(v.shape) for v in views] == [(4, 3, 32, 32), (4, 3, 16, 16), (4, 3, 16, 16)]
 
 

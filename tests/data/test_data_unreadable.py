@@ -31,7 +31,7 @@ def _module(folder: Path, **kwargs) -> ImageFolderDataModule:
 
 def _epoch(dm: ImageFolderDataModule) -> list[torch.Tensor]:
     return [torch.cat([*views, targets.view(-1, 1, 1, 1).float().expand(-1, 3, 32, 1)], -1)
-            for views, targets in dm.train_dataloader()]
+            for views, targets, _ in dm.train_dataloader()]
 
 
 def test_skip_trains_to_the_end_and_lists_the_file(tmp_path: Path, make_image_folder) -> None:

@@ -248,7 +248,7 @@ def test_auto_makes_the_views_in_the_loader_without_an_accelerator(
     """"auto" without a trainer (or on CPU): the loader yields the normalised float views."""
     dm = CIFAR10DataModule(root=str(tiny_image_folder), batch_size=4, num_workers=0,
                            device_transform=DeviceViews("cifar"))
-    views, targets = next(iter(dm.train_dataloader()))
+    views, targets, _ = next(iter(dm.train_dataloader()))
     assert len(views) == 2 and views[0].shape == (4, 3, 32, 32)
     assert views[0].dtype == torch.float32 and targets.shape == (4,)
     assert dm.on_after_batch_transfer((views, targets), 0) == (views, targets)

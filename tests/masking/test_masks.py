@@ -127,3 +127,45 @@ def test_mae_views_is_one_view_of_the_crop_size() -> None:
     assert math.isclose(float(views[0][0, 0, 0]), (120 / 255 - 0.4914) / 0.2470, rel_tol=1e-5)
     with pytest.raises(ValueError, match="flip_p"):
         MAEViews(flip_p=2.0)
+
+
+def _seeds(n: int) -> torch.Tensor:
+    return torch.arange(1, n + 1, dtype=torch.int64) * 0x5851F42D4C957F2D
+
+
+def test_seeded_masks_belong_to_the_sample_not_to_the_batch_layout() -> None:
+    from ssl_lightning.masking import BlockMasking
+
+    seeds, rows = _seeds(8), torch.tensor([5, 2, 7])
+    block = BlockMasking(probability=0.5)
+    whole = block(8, (6, 6), seeds)
+    assert torch.equal(block(3, (6, 6), seeds[rows]), whole[rows])
+    assert 0 < int(whole.any(1).sum()) < 8  # some images masked, some not
+    keep, masked = RandomMasking(64, 0.75)(8, seeds=seeds)
+    part = RandomMasking(64, 0.75)(3, seeds=seeds[rows])
+    assert torch.equal(part[0], keep[rows]) and torch.equal(part[1], masked[rows])
+    assert len({tuple(r) for r in keep.sort(1).values.tolist()}) == 8
+    ijepa = MultiBlockMasking(8, min_context=4)
+    context, targets = ijepa(8, step=3, seeds=seeds)
+    sub_context, sub_targets = ijepa(3, step=3, seeds=seeds[rows])
+    assert torch.equal(sub_context, context[rows]) and torch.equal(sub_targets, targets[rows])
+    for c, t in zip(context.tolist(), targets.tolist(), strict=True):
+        assert not set(c) & {i for block_ in t for i in block_}  # context avoids the targets
+        assert len(set(c)) == len(c) == ijepa.context_count(ijepa.block_sizes(3))
+
+
+def test_stratified_block_masks_mask_int_n_p_images_with_ratios_from_their_slices() -> None:
+    from ssl_lightning.masking import BlockMasking
+
+    n, grid = 12, (10, 10)
+    block = BlockMasking(ratio=(0.1, 0.5), probability=0.5, patience=50)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    masks = block(n, grid, _seeds(n), order, n)
+    counts = masks.sum(1)
+    masked = int(n * 0.5)
+    assert torch.equal(counts > 0, order < masked)  # exactly the first int(n p) places
+    width = 0.4 / masked
+    for place, count in zip(order.tolist(), counts.tolist(), strict=True):
+        if place < masked:  # the place's slice of the ratio range (+- BEiT's fill shortfall)
+            low, high = 0.1 + place * width, 0.1 + (place + 1) * width
+            assert round(low * 100) - 3 <= count <= round(high * 100)

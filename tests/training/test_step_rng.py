@@ -2,7 +2,7 @@
 function, per-rank streams (different stochastic depth on each rank, one shared CPU stream for
 MAE / I-JEPA's global-batch masks), fine-tuning ``LinearEval``, the seed's resolution and its
 round trip through a checkpoint. The exact resume with stochastic depth is in
-``tests/resume/test_resume_exact.py`` (``dino_vit``)."""
+``tests/resume/test_resume_exact.py`` (``ibot_vit``)."""
 
 from __future__ import annotations
 
