@@ -15,9 +15,11 @@ uses an axial 2-D variant without learned weights:
   per axis, then multiplied by a log-uniform factor in ``[1/jitter, jitter]`` per axis, then by
   one log-uniform factor in ``[1/rescale, rescale]`` (DINOv3's recipes use ``rescale = 2``).
 
-The [CLS] token and the registers are not rotated. Tables are computed in float64 on the CPU
-(the draws come from torch's CPU generator, which :class:`~ssl_lightning.methods.SSLMethod`
-reseeds before every batch) and cast to the queries' precision (at least float32).
+The [CLS] token and the registers are not rotated. Tables are computed in float64 on the CPU and
+cast to the queries' precision (at least float32). The augmentation is a decision of the whole
+step: inside a method's keyed forward it is drawn from the step seed
+(:func:`~ssl_lightning.training.sample_rng.step_uniforms`), the same on every rank and
+micro-batch; elsewhere from torch's CPU generator.
 """
 
 from __future__ import annotations
@@ -26,6 +28,17 @@ import math
 
 import torch
 from torch import Tensor, nn
+
+from ssl_lightning.training.sample_rng import step_uniforms
+
+
+def _uniform(count: int, low: float, high: float) -> Tensor:
+    """``count`` float64 uniforms in [low, high): the step's (:func:`step_uniforms`) inside a
+    keyed forward, else torch's CPU generator's."""
+    shared = step_uniforms(count)
+    if shared is None:
+        return torch.empty(count, dtype=torch.float64).uniform_(low, high)
+    return low + (high - low) * shared
 
 
 class RotaryPositionEmbedding(nn.Module):
@@ -74,13 +87,13 @@ class RotaryPositionEmbedding(nn.Module):
         if not self.training:
             return coords
         if self.shift > 0:
-            coords = coords + torch.empty(2, dtype=torch.float64).uniform_(-self.shift, self.shift)
+            coords = coords + _uniform(2, -self.shift, self.shift)
         if self.jitter > 1:
             log_j = math.log(self.jitter)
-            coords = coords * torch.empty(2, dtype=torch.float64).uniform_(-log_j, log_j).exp()
+            coords = coords * _uniform(2, -log_j, log_j).exp()
         if self.rescale > 1:
             log_r = math.log(self.rescale)
-            coords = coords * torch.empty(1, dtype=torch.float64).uniform_(-log_r, log_r).exp()
+            coords = coords * _uniform(1, -log_r, log_r).exp()
         return coords
 
     def forward(self, grid_h: int, grid_w: int, like: Tensor,

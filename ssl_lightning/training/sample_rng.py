@@ -157,3 +157,16 @@ def row_uniforms(rows: int, device: torch.device) -> Tensor | None:
     keys.calls += 1
     row_keys = mix64_tensor(call_keys ^ crops * _signed(0xD1B54A32D192ED03))
     return keyed_uniform(row_keys, 1)[:, 0]
+
+
+def step_uniforms(count: int) -> Tensor | None:
+    """``count`` float64 uniforms in [0, 1) that belong to the whole step, not to a sample (e.g.
+    RoPE's coordinate augmentation): drawn from the step seed and the active forward's draw
+    number, so every rank and every micro-batch of the step draws the same values; None outside
+    a keyed forward."""
+    keys = _active.get()
+    if keys is None:
+        return None
+    key = torch.tensor([_signed(mix64(keys.step_seed ^ (2_000_000 + keys.calls) * _ODD))])
+    keys.calls += 1
+    return keyed_uniform(key, count)[0]

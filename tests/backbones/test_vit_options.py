@@ -206,3 +206,26 @@ def test_options_give_every_parameter_a_gradient(kwargs):
     vit = ViT(image_size=16, patch_size=4, embed_dim=DIM, depth=1, num_heads=HEADS, **kwargs)
     vit(torch.randn(2, 3, 16, 16)).sum().backward()
     assert all(p.grad is not None for p in vit.parameters() if p.requires_grad)
+
+
+def test_rope_augmentation_is_a_decision_of_the_step_on_every_rank_and_micro_batch():
+    """Inside a keyed forward the coordinate augmentation comes from the step seed: the halves
+    of a batch on two ranks, and micro-batches, draw what the whole batch draws; the rank's own
+    CPU generator plays no part."""
+    from ssl_lightning.training.sample_rng import SampleKeys, keyed_forward
+
+    vit = rope_vit(depth=2, rope_shift=0.3, rope_jitter=1.2, rope_rescale=2.0).train()
+    x = torch.randn(4, 3, 16, 16, dtype=torch.float64)
+    seeds = torch.arange(10, 14)
+
+    def run(rows: slice, rank: int, world: int, step_seed: int = 7) -> torch.Tensor:
+        keys = SampleKeys.from_seeds(seeds[rows], rng_seed=1, rank=rank, world_size=world,
+                                     step_seed=step_seed)
+        torch.manual_seed(100 + rank)  # per-rank CPU streams, as under DDP
+        with keyed_forward(keys):
+            return vit.forward_tokens(x[rows])
+
+    whole = run(slice(0, 4), 0, 1)
+    halves = torch.cat([run(slice(0, 2), 0, 2), run(slice(2, 4), 1, 2)])
+    torch.testing.assert_close(halves, whole, rtol=0, atol=1e-12)
+    assert not torch.allclose(run(slice(0, 4), 0, 1, step_seed=8), whole)
