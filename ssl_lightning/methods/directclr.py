@@ -26,7 +26,8 @@ class DirectCLR(SSLMethod):
         backbone: Feature extractor (see :class:`SSLMethod`).
         loss_dim: d0, the leading feature coordinates the loss sees (360 of ResNet-50's 2048 in
             the paper); at most the backbone's feature size.
-        temperature: NT-Xent temperature (0.1, the paper's SimCLR setting).
+        temperature: NT-Xent temperature (0.5: lightly's ``DirectCLRLoss`` and SimCLR's CIFAR-10
+            value, B.9).
         loss_chunk_size: Anchor rows per block of the chunked NT-Xent; ``None`` for dense logits.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
@@ -41,7 +42,7 @@ class DirectCLR(SSLMethod):
         self,
         backbone: nn.Module,
         loss_dim: int = 360,
-        temperature: float = 0.1,
+        temperature: float = 0.5,
         loss_chunk_size: int | None = 1024,
         **kwargs: Any,
     ) -> None:
