@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.losses import FastSiamLoss, IBOTPatchLoss, NegativeCosineLoss
-from ssl_lightning.methods import NNBYOL, DirectCLR, MoCoV2Plus, NNSiam
+from ssl_lightning.methods import NNBYOL, DirectCLR, FastSiam, MoCoV2Plus, NNSiam
 
 B, D, QUEUE = 4, 5, 8
 
@@ -136,9 +136,15 @@ def test_fastsiam_with_two_views_is_simsiam() -> None:
                                NegativeCosineLoss()(p1, p2, z1, z2), rtol=1e-14, atol=1e-14)
 
 
-def test_fastsiam_loss_refuses_mismatched_views() -> None:
+def test_fastsiam_refuses_fewer_than_two_views() -> None:
     with pytest.raises(ValueError, match="K >= 2"):
         FastSiamLoss()([torch.randn(B, D)], [torch.randn(B, D)])
+    with pytest.raises(ValueError, match="num_views >= 2 .* got 1"):
+        FastSiam(SmallConvNet((4, 8)), num_views=1)
+    model = FastSiam(SmallConvNet((4, 8)), num_views=3, projection_hidden_dim=8,
+                     projection_dim=D, predictor_hidden_dim=8)
+    with pytest.raises(ValueError, match="needs 3 views per sample, got 2"):
+        model.training_loss([torch.randn(B, 3, 8, 8)] * 2)
 
 
 # ----------------------------------------------------------------------- NNSiam / NNBYOL
