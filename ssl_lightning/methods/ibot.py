@@ -50,8 +50,7 @@ class IBOT(DINO):
             ``warmup_teacher_temperature_epochs``, like the [CLS] τ_t.
         patch_center_momentum: Momentum of the patch centre (0.9).
         patch_loss_weight: λ of the patch loss (1.0).
-        patch_visible_weight: Weight of the patch loss on the visible patches, iBOT++ (TIPSv2;
-            1.0 there); 0: iBOT, masked patches only (see :class:`IBOTPatchLoss`).
+        patch_visible_weight: iBOT++ visible-patch weight (0: iBOT).
         centering: ``"center"`` (EMA centres, iBOT) or ``"sinkhorn"`` (DINOv2) for both losses.
         sinkhorn_iterations: Sinkhorn-Knopp rounds (3).
         mask_ratio: Range of the per-image mask ratio ((0.1, 0.5)).
