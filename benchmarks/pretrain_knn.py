@@ -1,7 +1,9 @@
 """kNN top-1 on the CIFAR-10 test split: random-init backbone vs a short pre-training.
 
-``--method`` picks SimCLR (default), SimCLR with an NT-Xent memory bank, NNCLR, DCL, DCLW or
-SupCon, each with the same backbone, projection size, optimiser and schedule.
+``--method`` picks SimCLR (default), SimCLR with an NT-Xent memory bank, NNCLR, DCL, DCLW,
+SupCon, MoCo v2+, FastSiam (4 views), NNSiam, NNBYOL or DirectCLR, each with the same backbone,
+projection size, optimiser and schedule (the methods without a temperature ignore
+``--temperature``).
 
 Both numbers come from this one script, with the same backbone architecture, data module,
 kNN bank and :class:`~ssl_lightning.callbacks.KNNCallback` (weighted cosine kNN, k=200,
@@ -27,7 +29,18 @@ import torch
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.callbacks import KNNCallback, OnlineProbe
 from ssl_lightning.data import CIFAR10DataModule, DeviceViews, UInt8Image
-from ssl_lightning.methods import DCL, NNCLR, SimCLR, SSLMethod, SupCon
+from ssl_lightning.methods import (
+    DCL,
+    NNBYOL,
+    NNCLR,
+    DirectCLR,
+    FastSiam,
+    MoCoV2Plus,
+    NNSiam,
+    SimCLR,
+    SSLMethod,
+    SupCon,
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,7 +84,22 @@ METHODS = {
     "dcl": lambda b, q, c: DCL(b, projection_dim=128, **c),
     "dclw": lambda b, q, c: DCL(b, projection_dim=128, weight_sigma=0.5, **c),
     "supcon": lambda b, q, c: SupCon(b, projection_dim=128, **c),
+    "moco_v2_plus": lambda b, q, c: MoCoV2Plus(b, projection_dim=128, queue_size=q, **c),
+    "fastsiam": lambda b, q, c: FastSiam(b, projection_dim=128, predictor_hidden_dim=128,
+                                         **_no_temperature(c)),
+    "nnsiam": lambda b, q, c: NNSiam(b, projection_dim=128, predictor_hidden_dim=128,
+                                     queue_size=q, **_no_temperature(c)),
+    "nnbyol": lambda b, q, c: NNBYOL(b, projection_dim=128, queue_size=q, **_no_temperature(c)),
+    "directclr": lambda b, q, c: DirectCLR(
+        b, loss_dim=b.num_features // 2,
+        **{k: v for k, v in c.items() if k != "projection_hidden_dim"}),
 }
+#: Views per image of a method when it is not 2.
+VIEWS = {"fastsiam": 4}
+
+
+def _no_temperature(common: dict) -> dict:
+    return {k: v for k, v in common.items() if k != "temperature"}
 
 
 def main() -> None:
@@ -82,7 +110,8 @@ def main() -> None:
         root=args.data_root, batch_size=args.batch_size, num_workers=args.workers,
         persistent_workers=args.workers > 0, knn_train_subset=args.knn_bank, eval_batch_size=512,
         # Views made batch-wise from uint8 images: on CPU much cheaper than per-image PIL ops.
-        train_transform=UInt8Image(), device_transform=DeviceViews(preset="cifar"),
+        train_transform=UInt8Image(),
+        device_transform=DeviceViews(preset="cifar", num_views=VIEWS.get(args.method, 2)),
     )
     model = _method(args.method, args)
     out_dir = os.path.dirname(os.path.abspath(args.out))

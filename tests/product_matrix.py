@@ -39,6 +39,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "mae.yaml": ["--model.init_args.decoder_depth", "1", "--model.init_args.decoder_heads", "2"],
     "ijepa.yaml": ["--model.init_args.predictor_depth", "1",
                    "--model.init_args.predictor_heads", "2"],
+    "directclr.yaml": ["--model.init_args.loss_dim", "8"],  # of SmallConvNet's 16 features
 }
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
 SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}

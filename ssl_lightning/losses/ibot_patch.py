@@ -9,6 +9,10 @@ official iBOT and DINOv2 code). ``P_s = softmax(s/τ_s)``; ``P_t`` is a centred,
 softmax with the loss's own EMA centre (iBOT; the centre is the mean over all teacher patch
 tokens) or Sinkhorn-Knopp over the masked patches of the global batch (DINOv2).
 
+iBOT++ (TIPSv2, Cao et al. 2026, arXiv:2604.12012; lightly ``IBOTPlusPlusPatchLoss``) distils the
+visible patches too: ``L = mean_b(masked_b + w·visible_b)``, with ``visible_b`` the same
+cross-entropy averaged over the patches the student saw unmasked (0 when none). ``w = 0`` is iBOT.
+
 Under DDP each rank averages over its own images, the centre and the Sinkhorn sums run over all
 ranks, so the mean of the rank losses, its gradients and the centre equal one process's.
 """
@@ -22,13 +26,15 @@ from torch import Tensor
 from ssl_lightning.distributed import all_reduce_mean_no_grad, all_reduce_sum_no_grad
 from ssl_lightning.losses.centering import (
     CenteredDistillationLoss,
+    Centering,
     teacher_targets,
 )
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
 class IBOTPatchLoss(CenteredDistillationLoss):
-    """Cross-entropy between teacher and student patch distributions at the masked positions.
+    """Cross-entropy between teacher and student patch distributions at the masked positions
+    (and, with ``visible_weight``, at the visible ones: iBOT++).
 
     Args:
         out_dim: Prototypes K of the patch head.
@@ -36,7 +42,30 @@ class IBOTPatchLoss(CenteredDistillationLoss):
         center_momentum: m in [0, 1) of the patch-centre EMA (0.9).
         centering: ``"center"`` (iBOT) or ``"sinkhorn"`` (DINOv2).
         sinkhorn_iterations: Sinkhorn rounds (3).
+        visible_weight: w >= 0 of the visible-patch term (0: iBOT; iBOT++: 1.0, lightly's
+            default). Needs ``centering="center"`` (the Sinkhorn targets cover masked patches).
     """
+
+    def __init__(
+        self,
+        out_dim: int,
+        student_temperature: float = 0.1,
+        center_momentum: float = 0.9,
+        centering: Centering = "center",
+        sinkhorn_iterations: int = 3,
+        visible_weight: float = 0.0,
+    ) -> None:
+        super().__init__(out_dim, student_temperature, center_momentum, centering,
+                         sinkhorn_iterations)
+        if not visible_weight >= 0:
+            raise ValueError(f"visible_weight (IBOT: patch_visible_weight) must be >= 0 "
+                             f"(0: iBOT), got {visible_weight}.")
+        if visible_weight > 0 and centering != "center":
+            raise ValueError(f"visible_weight={visible_weight} (iBOT++; IBOT: "
+                             f"patch_visible_weight) needs centering='center', got "
+                             f"{centering!r}: the Sinkhorn targets are drawn over the masked "
+                             "patches only. Set visible_weight 0 or centering center.")
+        self.visible_weight = visible_weight
 
     def forward(
         self, student: Tensor, teacher: Tensor, masks: Tensor, teacher_temperature: float
@@ -73,8 +102,13 @@ class IBOTPatchLoss(CenteredDistillationLoss):
                 targets = teacher_targets(teacher_fp32, teacher_temperature, "center",
                                           self.center)
             log_p = F.log_softmax(at_least_fp32(student) / self.student_temperature, dim=-1)
-            per_patch = torch.where(masks, -(targets * log_p).sum(dim=-1), 0.0)
+            cross_entropy = -(targets * log_p).sum(dim=-1)
+            per_patch = torch.where(masks, cross_entropy, 0.0)
             per_image = per_patch.sum(dim=-1) / masks.sum(dim=-1).clamp(min=1)
+            if self.visible_weight > 0:
+                visible = torch.where(masks, 0.0, cross_entropy).sum(dim=-1)
+                per_image = per_image + self.visible_weight * visible / (~masks).sum(
+                    dim=-1).clamp(min=1)
             loss = per_image.mean()
         if self.training and self.centering == "center":
             self.update_center(teacher_fp32)

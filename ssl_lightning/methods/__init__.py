@@ -6,13 +6,18 @@ from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
+from ssl_lightning.methods.directclr import DirectCLR
+from ssl_lightning.methods.fastsiam import FastSiam
 from ssl_lightning.methods.ibot import IBOT
 from ssl_lightning.methods.ijepa import IJEPA
 from ssl_lightning.methods.mae import MAE
 from ssl_lightning.methods.moco_v2 import MoCoV2
+from ssl_lightning.methods.moco_v2_plus import MoCoV2Plus
 from ssl_lightning.methods.moco_v3 import MoCoV3
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.nnbyol import NNBYOL
 from ssl_lightning.methods.nnclr import NNCLR
+from ssl_lightning.methods.nnsiam import NNSiam
 from ssl_lightning.methods.simclr import SimCLR
 from ssl_lightning.methods.simsiam import SimSiam
 from ssl_lightning.methods.supcon import SupCon
@@ -21,4 +26,5 @@ from ssl_lightning.methods.vicreg import VICReg
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
-           "SupCon", "IBOT", "DINOv2"]
+           "SupCon", "IBOT", "DINOv2", "MoCoV2Plus", "FastSiam",
+           "NNBYOL", "NNSiam", "DirectCLR"]

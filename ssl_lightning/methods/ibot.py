@@ -52,6 +52,7 @@ class IBOT(DINO):
             ``warmup_teacher_temperature_epochs``, like the [CLS] τ_t.
         patch_center_momentum: Momentum of the patch centre (0.9).
         patch_loss_weight: λ of the patch loss (1.0).
+        patch_visible_weight: iBOT++ visible-patch weight (0: iBOT).
         centering: ``"center"`` (EMA centres, iBOT) or ``"sinkhorn"`` (DINOv2) for both losses.
         sinkhorn_iterations: Sinkhorn-Knopp rounds (3).
         mask_ratio: Range of the per-image mask ratio ((0.1, 0.5)).
@@ -78,6 +79,7 @@ class IBOT(DINO):
         warmup_patch_teacher_temperature: float = 0.04,
         patch_center_momentum: float = 0.9,
         patch_loss_weight: float = 1.0,
+        patch_visible_weight: float = 0.0,
         centering: Centering = "center",
         sinkhorn_iterations: int = 3,
         mask_ratio: tuple[float, float] = (0.1, 0.5),
@@ -127,7 +129,7 @@ class IBOT(DINO):
             self.teacher_patch_head = momentum_teacher(self.patch_head)
         self.patch_criterion = IBOTPatchLoss(patch_dim, patch_student_temperature,
                                              patch_center_momentum, centering,
-                                             sinkhorn_iterations)
+                                             sinkhorn_iterations, patch_visible_weight)
 
     training_loss = SSLMethod.training_loss  # the forward_views / loss_from_outputs seam
 

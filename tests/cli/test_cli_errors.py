@@ -91,7 +91,7 @@ def test_unknown_class_path_suggests_the_closest_name(fit, capsys, args, suggest
      "Arguments of --trainer: accelerator, "),
     (["--model.backbone.widht", "3"],
      "--model.backbone (SmallConvNet): unknown argument 'widht'. Did you mean 'widths'?",
-     "Arguments of SmallConvNet: norm, pretrained_path, widths."),
+     "Arguments of SmallConvNet: in_chans, norm, pretrained_path, widths."),
     (["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitr", "x"],
      "--trainer.callbacks (ModelCheckpoint): unknown argument 'monitr'. Did you mean 'monitor'?",
      "Arguments of ModelCheckpoint: "),
@@ -154,10 +154,9 @@ def test_backbone_must_be_a_module_instance(backbone, got) -> None:
 
 def test_a_trainer_misconfiguration_is_printed_as_its_own_message(fit, capsys) -> None:
     """Raised by ``Trainer.__init__`` itself (not through jsonargparse): still one line."""
-    err = _stderr(capsys, fit, "--trainer.callbacks+=TQDMProgressBar",
-                  "--trainer.enable_progress_bar", "false", code=1)
-    assert err.startswith("error: MisconfigurationException: Trainer was configured with "
-                          "`enable_progress_bar=False` but found `TQDMProgressBar`"), err
+    err = _stderr(capsys, fit, "--trainer.max_epochs", "-2", code=1)
+    assert err.startswith("error: MisconfigurationException: `max_epochs` must be a "
+                          "non-negative integer or -1. You passed in -2."), err
 
 
 @pytest.mark.parametrize("args", [["--optimizer", "torch.optim.Adam"],

@@ -57,6 +57,11 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
                                                         torch.arange(B * 2 * 4).view(B, 2, 4) % 3
                                                         == 0, 0.04)),
     "KoLeoLoss": lambda: (losses.KoLeoLoss(), (_randn(B, D),)),
+    "FastSiamLoss": lambda: (losses.FastSiamLoss(), ([_randn(B, D) for _ in range(3)],
+                                                     [_randn(B, D) for _ in range(3)])),
+    "IBOTPatchLoss(iBOT++)": lambda: (losses.IBOTPatchLoss(K, visible_weight=1.0),
+                                      (_randn(B, 2, 4, K), _randn(B, 2, 4, K),
+                                       torch.arange(B * 2 * 4).view(B, 2, 4) % 3 == 0, 0.04)),
 }
 
 

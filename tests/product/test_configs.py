@@ -24,6 +24,8 @@ from conftest import read_config
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
+SMALL_BACKBONE = ["--model.init_args.backbone",
+                  '{"class_path": "ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}']
 EXTRA_ARGS: dict[str, list[str]] = {
     "simclr.yaml": [],
     "moco_v2.yaml": ["--model.init_args.projection_hidden_dim", "64"],
@@ -31,6 +33,14 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "byol.yaml": ["--model.init_args.projection_hidden_dim", "64"],
     "nnclr.yaml": ["--model.init_args.projection_hidden_dim", "64",
                    "--model.init_args.predictor_hidden_dim", "64"],
+    # issue 26's methods: a small backbone (the ResNet-18 path is the other configs' test)
+    "moco_v2_plus.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64"],
+    "nnbyol.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64"],
+    "directclr.yaml": [*SMALL_BACKBONE, "--model.init_args.loss_dim", "8"],
+    **{name: [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
+              "--model.init_args.projection_dim", "64",
+              "--model.init_args.predictor_hidden_dim", "32"]
+       for name in ("fastsiam.yaml", "nnsiam.yaml")},
     "moco_v3_vit.yaml": ["--model.init_args.projection_hidden_dim", "64",
                          "--model.init_args.backbone.init_args.depth", "2"],
     "mae.yaml": ["--model.init_args.backbone.init_args.depth", "1",
@@ -42,7 +52,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.head_out_dim", "64", "--model.init_args.patch_out_dim", "64",
               "--model.init_args.head_hidden_dim", "32",
               "--model.init_args.head_bottleneck_dim", "16"]
-       for name in ("ibot.yaml", "dinov2.yaml")},
+       for name in ("ibot.yaml", "dinov2.yaml", "ibot_plus_plus.yaml")},
 }
 
 

@@ -1,0 +1,44 @@
+"""NNBYOL (solo-learn ``nnbyol``): BYOL whose targets are nearest neighbours of the momentum
+projections.
+
+The NNCLR idea (Dwibedi et al., ICCV 2021) on BYOL (Grill et al., NeurIPS 2020): the target of
+view 1's prediction is the nearest neighbour of view 2's *momentum* projection in a support set,
+a FIFO queue of normalised view-1 momentum projections of earlier global batches, and vice versa:
+``L = (2 − 2·cos(p1, NN(z2'))) + (2 − 2·cos(p2, NN(z1')))``. The support set is filled from the
+gathered batch, so it is the same on every rank and resumes with the checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ssl_lightning.methods.byol import BYOL
+from ssl_lightning.queue import FeatureQueue
+
+
+class NNBYOL(BYOL):
+    """NNBYOL: :class:`BYOL` with nearest-neighbour targets from a support set.
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        queue_size: Size of the support set (solo-learn: 65536); a multiple of the global batch.
+        **kwargs: Head, momentum and optimiser arguments of :class:`BYOL`.
+    """
+
+    batch_coupled_loss: ClassVar[bool] = True  # the step's neighbours come from earlier batches
+
+    def __init__(self, backbone: nn.Module, queue_size: int = 65536, **kwargs: Any) -> None:
+        if queue_size < 1:
+            raise ValueError(f"queue_size (the support set) must be >= 1, got {queue_size}.")
+        super().__init__(backbone, **kwargs)
+        self.support_set = FeatureQueue(queue_size, self.hparams["projection_dim"])
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z1, z2 = outputs["z1"], outputs["z2"]  # momentum projections (no gradient)
+        loss = self.criterion(outputs["p1"], outputs["p2"], self.support_set.nearest(z1),
+                              self.support_set.nearest(z2))
+        self.support_set.enqueue(F.normalize(self.gather_no_grad(z1), dim=1))
+        return loss

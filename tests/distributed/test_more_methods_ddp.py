@@ -1,0 +1,146 @@
+"""MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR and iBOT++ trained by Lightning on 2 CPU
+processes (``strategy="ddp"``, gloo, float64) end with the weights, teachers, queues and pointers
+of one process trained on the concatenated rank batches, to 1e-9.
+
+One spawn (``run_in_processes``) runs every method: each worker already holds the process group,
+so Lightning's DDP strategy joins it (``LOCAL_RANK`` / ``WORLD_SIZE`` set: processes launched
+externally) and several Trainer fits share the two processes. The known-bad variant, an NNSiam
+support set filled from the rank's own projections only, must differ.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from distributed_utils import run_in_processes
+from lightning_ddp_utils import PrecomputedViews, TensorDataModule, ddp_global_order
+from torch import Tensor
+from torch.utils.data import Subset
+
+from ssl_lightning.backbones import SmallConvNet, ViT
+from ssl_lightning.methods import (
+    IBOT,
+    NNBYOL,
+    DirectCLR,
+    FastSiam,
+    MoCoV2Plus,
+    NNSiam,
+    SSLMethod,
+)
+
+BATCH, STEPS, SAMPLES = 4, 3, 24
+OPTIM = dict(optimizer="sgd", lr=0.5, lr_scaling="none", warmup_epochs=0)
+HEADS = dict(projection_hidden_dim=16, projection_dim=8)
+
+
+class _LocalSupportSetNNSiam(NNSiam):
+    """Known-bad: the support set receives this rank's projections only."""
+
+    def gather(self, x: Tensor) -> Tensor:
+        return x if not x.requires_grad else super().gather(x)
+
+
+class _FixedMasksIBOT(IBOT):
+    """iBOT++ with masks that are a function of the sample's place in the global batch (the
+    same in both runs; the method's own masks come from a per-rank stream)."""
+
+    def draw_masks(self, batch: int, grid: tuple[int, int]) -> Tensor:
+        patches = grid[0] * grid[1]
+        first = self.rank_offset(batch)
+        index = torch.arange(first, first + batch)[:, None, None]
+        view, patch = torch.arange(2)[None, :, None], torch.arange(patches)[None, None, :]
+        return (index + view + patch) % 3 == 0
+
+
+def _convnet() -> SmallConvNet:
+    return SmallConvNet((4, 8), norm="group")
+
+
+def _ibot() -> IBOT:
+    vit = ViT(image_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, mask_token=True)
+    return _FixedMasksIBOT(vit, head_out_dim=16, head_hidden_dim=16, head_bottleneck_dim=8,
+                           warmup_teacher_temperature_epochs=0, patch_visible_weight=0.5,
+                           momentum_base=0.9, **OPTIM)
+
+
+METHODS: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...]]] = {
+    "moco_v2_plus": (lambda: MoCoV2Plus(_convnet(), queue_size=16, momentum_base=0.9, **HEADS,
+                                        **OPTIM), (8, 8)),
+    "fastsiam": (lambda: FastSiam(_convnet(), num_views=3, predictor_hidden_dim=8,
+                                  head_batch_norm=False, **HEADS, **OPTIM), (8, 8, 8)),
+    "nnsiam": (lambda: NNSiam(_convnet(), queue_size=16, predictor_hidden_dim=8,
+                              head_batch_norm=False, **HEADS, **OPTIM), (8, 8)),
+    "nnbyol": (lambda: NNBYOL(_convnet(), queue_size=16, head_batch_norm=False,
+                              momentum_base=0.9, **HEADS, **OPTIM), (8, 8)),
+    "directclr": (lambda: DirectCLR(_convnet(), loss_dim=5, temperature=0.2, **OPTIM), (8, 8)),
+    "ibot_plus_plus": (_ibot, (16, 16)),
+    "nnsiam_local_support": (lambda: _LocalSupportSetNNSiam(
+        _convnet(), queue_size=16, predictor_hidden_dim=8, head_batch_norm=False, **HEADS,
+        **OPTIM), (8, 8)),
+}
+
+
+def _fit(name: str, batch_size: int, world: int, order: list[int] | None = None) -> dict:
+    make, sizes = METHODS[name]
+    pl.seed_everything(0, verbose=False)
+    model = make()
+    data: Any = PrecomputedViews(SAMPLES, sizes)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto",
+        precision="64-true", max_steps=STEPS, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=TensorDataModule(
+        data if order is None else Subset(data, order), batch_size))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {"model": state, "loss": float(trainer.callback_metrics["train/loss_epoch"])}
+
+
+def _worker(rank: int, world: int) -> dict[str, dict]:
+    os.environ.update(LOCAL_RANK=str(rank), WORLD_SIZE=str(world), NODE_RANK="0")
+    return {name: _fit(name, BATCH, world) for name in METHODS}
+
+
+def _differences(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> dict[str, float]:
+    """Entries differing by more than 1e-9 -> their largest difference."""
+    problems = {}
+    for key, want in expected.items():
+        if key == "shuffle_step":  # MoCo's shuffle-BN counter only moves under DDP
+            continue
+        difference = float((actual[key].double() - want.double()).abs().max())
+        if difference > 1e-9:
+            problems[key] = difference
+    return problems
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple[list[dict], dict]:
+    ranks = run_in_processes(_worker, 2)
+    order = ddp_global_order(SAMPLES, 2, BATCH)
+    single = {name: _fit(name, 2 * BATCH, 1, order) for name in METHODS
+              if not name.endswith("_local_support")}
+    return ranks, single
+
+
+@pytest.mark.parametrize("name", [n for n in METHODS if not n.endswith("_local_support")])
+def test_two_processes_equal_one_process(runs, name: str) -> None:
+    ranks, single = runs
+    pl.seed_everything(0, verbose=False)
+    initial = METHODS[name][0]().state_dict()
+    moved = _differences(single[name]["model"], initial)
+    assert any(not k.startswith("teacher") for k in moved)  # training happened
+    queues = [k for k in initial if k.endswith(".queue")]
+    assert all(k in moved for k in queues), "a queue kept its initial content"
+    for rank in ranks:
+        assert not _differences(rank[name]["model"], single[name]["model"])
+        assert rank[name]["loss"] == pytest.approx(single[name]["loss"], abs=1e-9)
+
+
+def test_per_rank_support_set_is_caught(runs) -> None:
+    ranks, single = runs
+    problems = _differences(ranks[0]["nnsiam_local_support"]["model"], single["nnsiam"]["model"])
+    assert "support_set.queue" in problems, problems

@@ -1,0 +1,63 @@
+"""Exact resume of the queues of MoCo v2+ (one per view), NNSiam and NNBYOL (support sets). A
+2-epoch run and the same run stopped after epoch 1 and resumed from its last.ckpt end with
+identical weights, teachers, optimizer state, queue contents and pointers (Lightning Trainer,
+CPU, precomputed views; the queues wrap around in epoch 2)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from lightning_ddp_utils import (
+    PrecomputedViews,
+    TensorDataModule,
+    assert_states_close,
+    fit_and_dump,
+)
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.methods import NNBYOL, MoCoV2Plus, NNSiam
+
+
+class _StopAfterEpoch(pl.Callback):
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            trainer.should_stop = True
+
+
+def _model(name: str) -> pl.LightningModule:
+    torch.manual_seed(0)
+    common = dict(projection_hidden_dim=16, projection_dim=8, queue_size=12, optimizer="sgd",
+                  lr=0.5, warmup_epochs=0.5)
+    backbone = SmallConvNet(widths=(4, 8))
+    if name == "moco_v2_plus":
+        return MoCoV2Plus(backbone, **common)
+    if name == "nnsiam":
+        return NNSiam(backbone, predictor_hidden_dim=8, **common)
+    return NNBYOL(backbone, **common)
+
+
+def _data() -> TensorDataModule:
+    return TensorDataModule(PrecomputedViews(8), batch_size=4)
+
+
+@pytest.mark.parametrize("name", ["moco_v2_plus", "nnsiam", "nnbyol"])
+def test_stop_and_resume_equals_uninterrupted_run(name: str, tmp_path) -> None:
+    straight = fit_and_dump(_model(name), _data(), max_epochs=2)[0]
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    first = fit_and_dump(_model(name), _data(), max_epochs=2, enable_checkpointing=True,
+                         callbacks=[checkpoint, _StopAfterEpoch()])[0]
+    assert first["global_step"] == 2
+    resumed = fit_and_dump(_model(name), _data(), max_epochs=2,
+                           ckpt_path=os.path.join(tmp_path, "last.ckpt"))[0]
+    assert straight["global_step"] == resumed["global_step"] == 4
+    queues = [k for k in straight["model"] if k.endswith("queue")]
+    assert len(queues) == (2 if name == "moco_v2_plus" else 1)
+    for key in queues:  # epoch 2 rewrote the queue, so equality below is not the trivial one
+        assert not torch.equal(first["model"][key], straight["model"][key])
+        assert int(straight["model"][key + "_ptr"]) == 16 % 12
+    for part in ("model", "optimizer", "scheduler"):
+        assert_states_close(resumed[part], straight[part], atol=0.0, path=part)
