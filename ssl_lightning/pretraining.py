@@ -26,11 +26,12 @@ from ssl_lightning.data.transforms import PresetName
 #: Configs of ``CONFIGS_DIR`` that evaluate a checkpoint instead of pre-training.
 EVALUATION_CONFIGS = ("knn", "linear")
 
-#: Images whose median shorter side is at most this get the ``"cifar"`` preset (32 px views).
-CIFAR_MAX_SIDE = 64
-
 #: Crop size and ViT patch size of the ``"imagenet"`` preset.
 IMAGENET_CROP, IMAGENET_PATCH = 224, 16
+
+#: Images whose median shorter side is below this get the ``"cifar"`` preset (32 px views):
+#: half the ``"imagenet"`` crop, below which the image-size check finds its views upsampled.
+CIFAR_BELOW_SIDE = IMAGENET_CROP // 2
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ def data_splits(data: Path) -> tuple[Path, Path | None]:
 
 
 def preset_for(folder: Path) -> PresetName:
-    """``"cifar"`` when the median shorter side of a sample of ``folder``'s images is at most
-    :data:`CIFAR_MAX_SIDE` px, else ``"imagenet"``.
+    """``"cifar"`` when the median shorter side of a sample of ``folder``'s images is below
+    :data:`CIFAR_BELOW_SIDE` px, else ``"imagenet"``.
 
     Raises:
         FileNotFoundError: no readable image under ``folder``.
@@ -94,7 +95,7 @@ def preset_for(folder: Path) -> PresetName:
     if not sides:
         raise FileNotFoundError(f"No readable images found under {folder}: give a folder of "
                                 "images (any tree of .jpg / .png / ... files).")
-    return "cifar" if statistics.median(sides) <= CIFAR_MAX_SIDE else "imagenet"
+    return "cifar" if statistics.median(sides) < CIFAR_BELOW_SIDE else "imagenet"
 
 
 def backbone_spec(name: str, preset: PresetName) -> dict[str, Any]:
@@ -167,7 +168,7 @@ def pretrain(
             ``["--trainer.limit_train_batches", "10"]``).
 
     The transforms' preset follows the images: ``"cifar"`` (32 px views) when the median
-    shorter side of a sample of their headers is at most :data:`CIFAR_MAX_SIDE` px, else
+    shorter side of a sample of their headers is below :data:`CIFAR_BELOW_SIDE` px (112), else
     ``"imagenet"`` (224 px).
 
     Raises:

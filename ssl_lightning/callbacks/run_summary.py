@@ -101,7 +101,7 @@ def end_lines(trainer: pl.Trainer, run_dir: str | None,
         lines.append("   resume: python -m ssl_lightning fit --config "
                      f"{shlex.quote(str(config))} --ckpt_path {shlex.quote(last)}")
         if suggest_evaluation:
-            lines.append("   evaluate: python -m ssl_lightning fit --config configs/linear.yaml "
+            lines.append("   evaluate: python -m ssl_lightning fit --config linear "
                          f"--model.checkpoint {shlex.quote(last)}")
     return lines
 

@@ -66,7 +66,11 @@ def test_the_end_summary_reports_results_and_commands(finished_run) -> None:
     assert command[:3] == ["python", "-m", "ssl_lightning"]
     assert Path(command[command.index("--config") + 1]).is_file()
     assert command[command.index("--ckpt_path") + 1] == str(last)
-    assert f"--model.checkpoint {last}" in text
+    evaluate = next(line for line in summary.lines_at_end if "evaluate:" in line)
+    command = shlex.split(evaluate.split("evaluate: ", 1)[1])
+    # a shipped config's name, which --config finds from any working directory
+    assert command[command.index("--config") + 1] == "linear"
+    assert command[command.index("--model.checkpoint") + 1] == str(last)
     exported = runs / "simclr" / "version_0" / "export" / "backbone.pt"
     assert f"exported backbone: {exported}" in text and exported.is_file()
 

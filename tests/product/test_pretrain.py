@@ -49,7 +49,7 @@ def test_flat_folder_of_mixed_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_large_images_get_the_imagenet_preset(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    photos = _flat_folder(tmp_path / "photos", [80, 100, 100, 120])
+    photos = _flat_folder(tmp_path / "photos", [110, 130, 150, 200])
     result = ssl_lightning.pretrain(data=photos, epochs=1, batch_size=4, out="runs/big",
                                     overrides=SHORT)
     data = result.module.trainer.datamodule
@@ -77,7 +77,9 @@ def test_train_test_folder_evaluates_on_test(tmp_path: Path, tiny_image_folder: 
 
 def test_preset_backbone_and_method_choices(tmp_path: Path) -> None:
     assert preset_for(_flat_folder(tmp_path / "small", [32, 32, 64])) == "cifar"
-    assert preset_for(_flat_folder(tmp_path / "large", [40, 100, 300])) == "imagenet"
+    assert preset_for(_flat_folder(tmp_path / "large", [40, 112, 300])) == "imagenet"
+    # 91 px photos: 224 px views would upsample them (the image-size check warns), 32 px do not
+    assert preset_for(_flat_folder(tmp_path / "medium", [60, 91, 111])) == "cifar"
     assert backbone_spec("resnet50", "imagenet") == {
         "class_path": "ssl_lightning.ResNet", "init_args": {"depth": 50, "cifar_stem": False}}
     assert backbone_spec("mobilenet_v3_small", "cifar")["class_path"] == (
