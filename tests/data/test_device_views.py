@@ -160,8 +160,8 @@ def test_data_module_hook_makes_views_only_while_training():
 
 @pytest.mark.parametrize(("size", "wh"), [(32, (93, 140)), (256, (140, 91)), (32, (49, 49))])
 def test_uint8_image_takes_sides_whose_scale_rounds(size: int, wh: tuple[int, int]) -> None:
-    # size / (size / m) != m in floating point for these shorter sides m: the centre crop's box
-    # must still lie inside the image (PIL refused a negative offset, "box offset can't be negative")
+    # size / (size / m) != m in floating point for these shorter sides m: the centre crop's
+    # box must still lie inside the image (PIL refuses a negative offset)
     image = Image.new("RGB", wh, (10, 200, 30))
     (square,) = UInt8Image(size)(image)
     assert square.shape == (3, size, size) and square[:, 0, 0].tolist() == [10, 200, 30]
