@@ -98,3 +98,21 @@ def test_a_resumed_run_writes_into_its_own_run_directory(finished_run,
     assert f"run directory: {version}" in "\n".join(summary.lines_at_start)
     assert torch.load(version / "checkpoints" / "last.ckpt", weights_only=True)[
         "global_step"] == 10
+
+
+def test_the_printed_evaluate_command_runs_and_says_when_no_validation_ran(
+        finished_run, tiny_image_folder: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, summary, _ = finished_run
+    evaluate = next(line for line in summary.lines_at_end if "evaluate:" in line)
+    monkeypatch.chdir(tmp_path)  # the shipped config is found from any directory
+    command = shlex.split(evaluate.split("evaluate: ", 1)[1])[3:]
+    cli = main([*command, "--data.root", str(tiny_image_folder), "--data.batch_size", "8",
+                "--data.num_workers", "0", "--trainer.accelerator", "cpu",
+                "--trainer.max_epochs", "1", "--trainer.num_sanity_val_steps", "0",
+                "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    lines = next(cb for cb in cli.trainer.callbacks
+                 if type(cb).__name__ == "RunSummary").lines_at_end
+    # configs/linear.yaml validates every 5 epochs: a 1-epoch run logs no val/top1
+    assert ("   no validation ran: check_val_every_n_epoch=5 and the run ended after 1 epoch(s); "
+            "--trainer.check_val_every_n_epoch 1 validates every epoch") in lines

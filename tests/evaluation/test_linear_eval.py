@@ -264,3 +264,15 @@ def test_a_wrong_prefix_lists_the_checkpoints_backbones_before_training(tmp_path
     teacher = LinearEval(None, NUM_CLASSES, checkpoint=path, checkpoint_prefix="teacher_backbone.")
     for key, value in byol.teacher_backbone.state_dict().items():
         assert torch.equal(teacher.backbone.state_dict()[key], value), key
+
+
+def test_num_classes_other_than_the_datas_fails_before_training(tiny_image_folder):
+    from ssl_lightning.data import ImageFolderDataModule
+
+    data = ImageFolderDataModule(str(tiny_image_folder / "train"),
+                                 str(tiny_image_folder / "test"), preset="cifar", batch_size=4,
+                                 num_workers=0)
+    model = LinearEval(SmallConvNet((8, 16)), 10, checkpoint="random")  # linear.yaml's CIFAR 10
+    with pytest.raises(ValueError, match=r"num_classes=10, but the data \(ImageFolderDataModule"
+                                         r"\) has 2 classes: pass --model.num_classes 2"):
+        tiny_trainer(max_steps=1).fit(model, datamodule=data)
