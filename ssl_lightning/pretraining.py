@@ -56,9 +56,9 @@ class PretrainResult:
 
 def method_names() -> list[str]:
     """The methods :func:`pretrain` knows: the pre-training configs shipped in ``configs/``."""
-    from ssl_lightning.commands import CONFIGS_DIR
+    from ssl_lightning.commands import shipped_configs
 
-    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml") if p.stem not in EVALUATION_CONFIGS)
+    return [p.stem for p in shipped_configs() if p.stem not in EVALUATION_CONFIGS]
 
 
 def method_config(method: str) -> Path:

@@ -44,7 +44,7 @@ def _shipped_config(value: str) -> str:
     is_name = _CONFIG_NAME.fullmatch(value) is not None
     if Path(value).exists() or not (is_name or _CONFIG_FILE.fullmatch(value)):
         return value
-    shipped = sorted(p.stem for p in commands.CONFIGS_DIR.glob("*.yaml"))
+    shipped = [p.stem for p in commands.shipped_configs()]
     name = Path(value).stem
     if is_name and name in shipped:
         return str(commands.CONFIGS_DIR / f"{name}.yaml")
