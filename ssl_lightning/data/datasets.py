@@ -320,7 +320,7 @@ class ImageFolderDataset(Dataset):
                 f"{len(bad)} of the {len(self.samples)} images under {self.root} are "
                 f"unreadable, more than max_corrupt_fraction={policy.max_fraction:g} (the last: "
                 f"{path}{listing}): replace or delete them, or raise max_corrupt_fraction "
-                f"(--data.max_corrupt_fraction {admits:g} skips these {len(bad)}).")
+                f"(--data.max_corrupt_fraction {admits:g} allows {len(bad)}).")
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"
