@@ -40,6 +40,12 @@ EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # shipped with the package
 
 
+def shipped_configs() -> list[Path]:
+    """The configs shipped in :data:`CONFIGS_DIR` (``*.yaml``, sorted; ``shared/`` pieces are
+    not among them)."""
+    return sorted(CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else []
+
+
 def project_description() -> str:
     """The top of ``python -m ssl_lightning --help``: what this is, methods, configs, commands."""
     import ssl_lightning
@@ -49,14 +55,14 @@ def project_description() -> str:
                      if isinstance(getattr(ssl_lightning, name), type)
                      and issubclass(getattr(ssl_lightning, name), SSLMethod)
                      and name not in ("SSLMethod", "MomentumMethod"))
-    configs = sorted(p.name for p in CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else []
+    configs = [p.name for p in shipped_configs()]
     return "\n".join([
         "ssl_lightning: self-supervised learning methods for images as PyTorch Lightning "
         "modules, exact under DDP.",
         f"Methods: {', '.join(methods)}.",
         f"Configs ({CONFIGS_DIR}): {', '.join(configs) or 'none found (installed package)'}.",
         "Commands: fit/validate/test/predict (LightningCLI, e.g. `fit --config "
-        "configs/simclr.yaml`), embed (`embed --help`), export (`export --help`), "
+        "simclr`), embed (`embed --help`), export (`export --help`), "
         "list (`list methods|backbones|configs [--filter TEXT]`), channel-stats "
         "(`channel-stats --images DIR`: per-channel mean/std of multi-channel images).",
     ])

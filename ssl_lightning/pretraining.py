@@ -22,16 +22,19 @@ import yaml
 from ssl_lightning.data.checks import image_short_sides
 from ssl_lightning.data.datasets import check_directory
 from ssl_lightning.data.indexing import find_images
-from ssl_lightning.data.transforms import PresetName
+from ssl_lightning.data.transforms import PresetName, get_preset
 
 #: Configs of ``CONFIGS_DIR`` that evaluate a checkpoint instead of pre-training.
 EVALUATION_CONFIGS = ("knn", "linear")
 
-#: Images whose median shorter side is at most this get the ``"cifar"`` preset (32 px views).
-CIFAR_MAX_SIDE = 64
-
 #: Crop size and ViT patch size of the ``"imagenet"`` preset.
 IMAGENET_CROP, IMAGENET_PATCH = 224, 16
+#: Our ViT's patch size under the ``"cifar"`` preset (8x8 tokens on 32 px, as in the configs).
+CIFAR_PATCH = 4
+
+#: Images whose median shorter side is below this get the ``"cifar"`` preset (32 px views):
+#: half the ``"imagenet"`` crop, below which the image-size check finds its views upsampled.
+CIFAR_BELOW_SIDE = IMAGENET_CROP // 2
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,9 @@ class PretrainResult:
 
 def method_names() -> list[str]:
     """The methods :func:`pretrain` knows: the pre-training configs shipped in ``configs/``."""
-    from ssl_lightning.commands import CONFIGS_DIR
+    from ssl_lightning.commands import shipped_configs
 
-    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml") if p.stem not in EVALUATION_CONFIGS)
+    return [p.stem for p in shipped_configs() if p.stem not in EVALUATION_CONFIGS]
 
 
 def method_config(method: str) -> Path:
@@ -85,8 +88,8 @@ def data_splits(data: Path) -> tuple[Path, Path | None]:
 
 
 def preset_for(folder: Path) -> PresetName:
-    """``"cifar"`` when the median shorter side of a sample of ``folder``'s images is at most
-    :data:`CIFAR_MAX_SIDE` px, else ``"imagenet"``.
+    """``"cifar"`` when the median shorter side of a sample of ``folder``'s images is below
+    :data:`CIFAR_BELOW_SIDE` px, else ``"imagenet"``.
 
     Raises:
         FileNotFoundError: no readable image under ``folder``.
@@ -95,23 +98,52 @@ def preset_for(folder: Path) -> PresetName:
     if not sides:
         raise FileNotFoundError(f"No readable images found under {folder}: give a folder of "
                                 "images (any tree of .jpg / .png / ... files).")
-    return "cifar" if statistics.median(sides) <= CIFAR_MAX_SIDE else "imagenet"
+    return "cifar" if statistics.median(sides) < CIFAR_BELOW_SIDE else "imagenet"
 
 
 def backbone_spec(name: str, preset: PresetName) -> dict[str, Any]:
     """The config of a backbone named ``"resnet18"`` / ``"resnet34"`` / ``"resnet50"`` (ours,
-    with the CIFAR stem under the ``"cifar"`` preset), else a torchvision or timm model name."""
+    with the CIFAR stem under the ``"cifar"`` preset), ``"vit_tiny"`` / ``"vit_small"`` /
+    ``"vit_base"`` (our :class:`~ssl_lightning.ViT` for the preset's crops: 4 px patches on
+    32 px, 16 px on 224 px), else a torchvision or timm model name (a timm model of one input
+    size, such as a ViT, built for the preset's crop size)."""
     import torchvision
 
     cifar = preset == "cifar"
+    crop = get_preset(preset).crop_size
     ours = re.fullmatch(r"resnet(18|34|50)", name)
     if ours:
         return {"class_path": "ssl_lightning.ResNet",
                 "init_args": {"depth": int(ours.group(1)), "cifar_stem": cifar}}
+    vit = re.fullmatch(r"vit_(tiny|small|base)", name)
+    if vit:
+        return {"class_path": "ssl_lightning.ViT",
+                "init_args": {"arch": vit.group(1), "image_size": crop,
+                              "patch_size": CIFAR_PATCH if cifar else IMAGENET_PATCH}}
     if name in torchvision.models.list_models(module=torchvision.models):
         return {"class_path": "ssl_lightning.TorchvisionBackbone",
                 "init_args": {"name": name, "cifar_stem": cifar}}
-    return {"class_path": "ssl_lightning.TimmBackbone", "init_args": {"name": name}}
+    sized = {"model_kwargs": {"img_size": crop}} if _timm_takes_img_size(name, crop) else {}
+    return {"class_path": "ssl_lightning.TimmBackbone", "init_args": {"name": name, **sized}}
+
+
+def _timm_takes_img_size(name: str, size: int) -> bool:
+    """Whether the timm model ``name`` is built for one input size (``img_size``: ViTs and the
+    like, whose position embeddings are made for it); tried on the meta device, no weights."""
+    import torch
+
+    try:
+        import timm
+    except ImportError:
+        return False  # TimmBackbone says how to install it
+    if not timm.is_model(name):
+        return False  # TimmBackbone names the unknown model, with close matches
+    try:
+        with torch.device("meta"):
+            timm.create_model(name, pretrained=False, num_classes=0, img_size=size)
+    except TypeError:
+        return False
+    return True
 
 
 def _with_preset(spec: Any, preset: PresetName) -> Any:
@@ -168,7 +200,7 @@ def pretrain(
             ``["--trainer.limit_train_batches", "10"]``).
 
     The transforms' preset follows the images: ``"cifar"`` (32 px views) when the median
-    shorter side of a sample of their headers is at most :data:`CIFAR_MAX_SIDE` px, else
+    shorter side of a sample of their headers is below :data:`CIFAR_BELOW_SIDE` px (112), else
     ``"imagenet"`` (224 px).
 
     Raises:

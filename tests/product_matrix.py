@@ -138,7 +138,7 @@ def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
     cli = main(args + probe_arg(stop_after_epochs=1))
     last = _last_checkpoint(workdir)
     checkpoints[config.name] = last
-    saved_step = int(torch.load(last, map_location="cpu", weights_only=False)["global_step"])
+    saved_step = int(torch.load(last, map_location="cpu", weights_only=True)["global_step"])
     result.update(first_step=cli.trainer.global_step, saved_step=saved_step)
     MatrixProbe.start_step = None
     cli = main(args + probe_arg(stop_after_epochs=0) + ["--ckpt_path", last])

@@ -88,6 +88,7 @@ def end_lines(trainer: pl.Trainer, run_dir: str | None,
         if name in metrics:
             lines.append(f"   {name}: {float(metrics[name]):.4g} (last)"
                          + _best(trainer, name))
+    lines += _no_validation(trainer)
     last = _last_checkpoint(trainer)
     best = [cb.best_model_path for cb in _checkpoints(trainer) if cb.best_model_path]
     if last:
@@ -101,9 +102,23 @@ def end_lines(trainer: pl.Trainer, run_dir: str | None,
         lines.append("   resume: python -m ssl_lightning fit --config "
                      f"{shlex.quote(str(config))} --ckpt_path {shlex.quote(last)}")
         if suggest_evaluation:
-            lines.append("   evaluate: python -m ssl_lightning fit --config configs/linear.yaml "
+            lines.append("   evaluate: python -m ssl_lightning fit --config linear "
                          f"--model.checkpoint {shlex.quote(last)}")
     return lines
+
+
+def _no_validation(trainer: pl.Trainer) -> list[str]:
+    """A line saying why no ``val/`` metric exists when the data has a validation split."""
+    if (any(name.startswith("val/") for name in trainer.callback_metrics)
+            or trainer.limit_val_batches == 0
+            or getattr(trainer.datamodule, "eval_datasets", None) is None):  # type: ignore[attr-defined]
+        return []
+    every = trainer.check_val_every_n_epoch
+    if every is not None and trainer.current_epoch < every:
+        return [f"   no validation ran: check_val_every_n_epoch={every} and the run ended after "
+                f"{trainer.current_epoch} epoch(s); --trainer.check_val_every_n_epoch 1 "
+                "validates every epoch"]
+    return ["   no validation metric was logged"]
 
 
 def _millions(module: Any, trainable: bool = False) -> str:

@@ -26,6 +26,9 @@ from ssl_lightning.data.datasets import CorruptImageError
 
 __all__ = ["SSLLightningCLI", "main", "resolve_config_names"]
 
+#: The command name in usage lines and advice (the same with the ``ssl-lightning`` script).
+PROG = "python -m ssl_lightning"
+
 #: A ``--config`` value that may name a shipped config: a bare name, with or without ``.yaml``.
 _CONFIG_NAME = re.compile(r"[\w-]+(?:\.ya?ml)?")
 #: A ``--config`` value meant as a file (not a config given inline as text).
@@ -41,7 +44,7 @@ def _shipped_config(value: str) -> str:
     is_name = _CONFIG_NAME.fullmatch(value) is not None
     if Path(value).exists() or not (is_name or _CONFIG_FILE.fullmatch(value)):
         return value
-    shipped = sorted(p.stem for p in commands.CONFIGS_DIR.glob("*.yaml"))
+    shipped = [p.stem for p in commands.shipped_configs()]
     name = Path(value).stem
     if is_name and name in shipped:
         return str(commands.CONFIGS_DIR / f"{name}.yaml")
@@ -109,7 +112,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
             run=run,
             save_config_callback=RunConfigSaver,  # config.yaml in the run's own directory
             save_config_kwargs={"overwrite": True},
-            parser_kwargs={"description": project_description()},
+            parser_kwargs={"prog": PROG, "description": project_description()},
         )
     except (CLIError, CorruptImageError) as err:  # an unreadable image file, also during fit
         if debug_mode():

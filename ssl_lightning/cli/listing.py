@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ssl_lightning.commands import CONFIGS_DIR
+from ssl_lightning.commands import shipped_configs
 
 OUR_BACKBONES = {
     "ResNet": "ResNet-18/34/50/... with an optional CIFAR stem (--model.backbone ResNet "
@@ -45,7 +45,7 @@ def method_rows() -> list[tuple[str, str]]:
 
 
 def config_models() -> Iterable[tuple[Path, str]]:
-    for path in sorted(CONFIGS_DIR.glob("*.yaml")):
+    for path in shipped_configs():
         model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
         yield path, str(model.get("class_path", "")).rpartition(".")[2]
 

@@ -10,6 +10,7 @@ replaced by another image of the dataset (:class:`UnreadableImages`).
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -275,10 +276,12 @@ class ImageFolderDataset(Dataset):
         bad = {self.samples[i][0] for i in self._unreadable} | (listed & self._paths)
         if len(bad) > policy.max_fraction * len(self.samples):
             listing = f"; all listed in {policy.record}" if policy.record is not None else ""
+            admits = math.ceil(100 * len(bad) / len(self.samples)) / 100
             raise CorruptImageError(
                 f"{len(bad)} of the {len(self.samples)} images under {self.root} are "
                 f"unreadable, more than max_corrupt_fraction={policy.max_fraction:g} (the last: "
-                f"{path}{listing}): replace or delete them, or raise max_corrupt_fraction.")
+                f"{path}{listing}): replace or delete them, or raise max_corrupt_fraction "
+                f"(--data.max_corrupt_fraction {admits:g} allows {len(bad)}).")
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"

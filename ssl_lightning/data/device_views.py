@@ -66,11 +66,10 @@ class UInt8Image(MultiViewTransform):
     def _decode(self, image: Image.Image) -> Tensor:
         if self.size is not None and image.size != (self.size, self.size):
             w, h = image.size
-            scale = self.size / min(w, h)
-            crop_w, crop_h = self.size / scale, self.size / scale
-            left, top = (w - crop_w) / 2, (h - crop_h) / 2
+            side = min(w, h)  # the centre square, in whole pixels: its box lies inside the image
+            left, top = (w - side) / 2, (h - side) / 2
             image = image.resize((self.size, self.size), Image.Resampling.BILINEAR,
-                                 box=(left, top, left + crop_w, top + crop_h))
+                                 box=(left, top, left + side, top + side))
         return _pil_to_uint8(image)
 
 

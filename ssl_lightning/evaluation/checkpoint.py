@@ -10,6 +10,7 @@ evaluate the teacher instead.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -97,15 +98,28 @@ def backbone_state_dict(
     state = load_checkpoint_state_dict(path)
     rename_state_keys(state)
     wanted = renamed_prefix(prefix)
-    backbone = {k[len(wanted):]: v for k, v in state.items() if k.startswith(wanted)}
+    backbone = {k[len(wanted):]: v for k, v in state.items()
+                if k.startswith(wanted) and wanted.endswith(".")}
     if not backbone:
-        tops = sorted({k.split(".", 1)[0] + "." for k in state})
-        raise ValueError(
-            f"Checkpoint {os.fspath(path)!r} has no weights under {prefix!r} (its state_dict has "
-            f"{tops}). Is it a checkpoint of an ssl_lightning method? Choose the prefix of the "
-            "backbone to evaluate with checkpoint_prefix."
-        )
+        raise ValueError(_prefix_not_found(path, prefix, state))
     return backbone
+
+
+def _prefix_not_found(path: str | os.PathLike, prefix: str, state: Mapping[str, Any]) -> str:
+    """The message for a ``prefix`` that names no module of ``state``: the checkpoint's
+    backbone prefixes (``backbone.``, ``teacher_backbone.``, ...), a close match, all prefixes."""
+    tops = sorted({k.split(".", 1)[0] + "." for k in state})
+    backbones = [top for top in tops if top.endswith("backbone.")]
+    close = difflib.get_close_matches(prefix, tops, n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    if backbones:
+        choice = (f"Its backbones are under {', '.join(map(repr, backbones))}: pass one as "
+                  f"checkpoint_prefix (e.g. --model.checkpoint_prefix {backbones[-1]}).")
+    else:
+        choice = ("It has no *backbone. prefix: is it a checkpoint of an ssl_lightning method? "
+                  "Choose the prefix of the backbone to evaluate with checkpoint_prefix.")
+    return (f"Checkpoint {os.fspath(path)!r} has no weights under {prefix!r} "
+            f"(checkpoint_prefix).{hint} {choice} All its prefixes: {tops}.")
 
 
 def check_compatible(module: nn.Module, state: Mapping[str, Tensor], source: str) -> None:
@@ -168,6 +182,7 @@ def backbone_from_checkpoint(
                 "Give the backbone explicitly (--model.backbone / backbone=...)."
             )
         if prefix != DEFAULT_PREFIX and not prefix.endswith("backbone."):
+            backbone_state_dict(path, prefix)  # a prefix that names nothing: list the prefixes
             raise ValueError(
                 f"The checkpoint's spec describes its backbone, not the module under "
                 f"{prefix!r}; give that module explicitly."

@@ -129,6 +129,17 @@ class LinearEval(SeededSteps):
             self.backbone.eval()
         return self
 
+    def setup(self, stage: str) -> None:
+        """Refuse, before training, a classifier whose class count is not the data's."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        classes = getattr(datamodule, "num_classes", None)
+        wanted = self.classifier.out_features
+        if isinstance(classes, int) and classes != wanted:
+            raise ValueError(
+                f"LinearEval has num_classes={wanted}, but the data ({type(datamodule).__name__})"
+                f" has {classes} classes: pass --model.num_classes {classes} "
+                f"(num_classes={classes} in Python).")
+
     def features(self, images: Tensor) -> Tensor:
         """Backbone features, without autograd when the backbone is frozen."""
         if self.finetune:

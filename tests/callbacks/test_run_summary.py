@@ -66,7 +66,11 @@ def test_the_end_summary_reports_results_and_commands(finished_run) -> None:
     assert command[:3] == ["python", "-m", "ssl_lightning"]
     assert Path(command[command.index("--config") + 1]).is_file()
     assert command[command.index("--ckpt_path") + 1] == str(last)
-    assert f"--model.checkpoint {last}" in text
+    evaluate = next(line for line in summary.lines_at_end if "evaluate:" in line)
+    command = shlex.split(evaluate.split("evaluate: ", 1)[1])
+    # a shipped config's name, which --config finds from any working directory
+    assert command[command.index("--config") + 1] == "linear"
+    assert command[command.index("--model.checkpoint") + 1] == str(last)
     exported = runs / "simclr" / "version_0" / "export" / "backbone.pt"
     assert f"exported backbone: {exported}" in text and exported.is_file()
 
@@ -109,3 +113,21 @@ def test_ckpt_path_last_starts_a_run_then_resumes_it(tiny_image_folder: Path,
     assert any("continues at step 4" in line for line in summary.lines_at_start)
     assert again.trainer.global_step == 6
     assert sorted(p.name for p in (tmp_path / "simclr").iterdir()) == ["version_0"]
+
+
+def test_the_printed_evaluate_command_runs_and_says_when_no_validation_ran(
+        finished_run, tiny_image_folder: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, summary, _ = finished_run
+    evaluate = next(line for line in summary.lines_at_end if "evaluate:" in line)
+    monkeypatch.chdir(tmp_path)  # the shipped config is found from any directory
+    command = shlex.split(evaluate.split("evaluate: ", 1)[1])[3:]
+    cli = main([*command, "--data.root", str(tiny_image_folder), "--data.batch_size", "8",
+                "--data.num_workers", "0", "--trainer.accelerator", "cpu",
+                "--trainer.max_epochs", "1", "--trainer.num_sanity_val_steps", "0",
+                "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    lines = next(cb for cb in cli.trainer.callbacks
+                 if type(cb).__name__ == "RunSummary").lines_at_end
+    # configs/linear.yaml validates every 5 epochs: a 1-epoch run logs no val/top1
+    assert ("   no validation ran: check_val_every_n_epoch=5 and the run ended after 1 epoch(s); "
+            "--trainer.check_val_every_n_epoch 1 validates every epoch") in lines

@@ -104,6 +104,8 @@ def test_an_unknown_argument_suggests_the_closest_one(fit, capsys, args, message
     err = _stderr(capsys, fit, *args, code=2)
     assert err.startswith(f"error: {message} "), err
     assert listed in err.splitlines()[0]
+    # a command that runs as written (it said "__main__.py fit --help" under python -m)
+    assert err.splitlines()[1] == "(all options: python -m ssl_lightning fit --help)"
 
 
 def test_an_unknown_argument_lists_no_deprecated_name(fit, capsys) -> None:

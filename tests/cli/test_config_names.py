@@ -66,3 +66,22 @@ def test_an_unknown_name_lists_the_shipped_configs(elsewhere, capsys, value, sug
     assert err.startswith(f"error: --config {value!r}: no such file in {elsewhere}, nor a "
                           f"shipped config of that name.{suggestion} Shipped configs "), err
     assert "byol, dcl, dino, dinov2," in err and "simclr, simsiam" in err
+
+
+def test_every_listing_of_configs_reads_one_folder(monkeypatch, tmp_path: Path) -> None:
+    """``--config NAME``, ``list configs``, ``pretrain``'s methods and ``--help`` all read the
+    configs from ``commands.shipped_configs()``."""
+    from ssl_lightning.cli.listing import config_rows
+    from ssl_lightning.pretraining import method_names
+
+    shipped = tmp_path / "packaged"
+    (shipped / "shared").mkdir(parents=True)
+    (shipped / "mine.yaml").write_text("# Mine.\nmodel: {class_path: SimCLR}\n")
+    (shipped / "linear.yaml").write_text("model: {class_path: LinearEval}\n")
+    (shipped / "shared" / "piece.yaml").write_text("[]\n")
+    monkeypatch.setattr(commands, "CONFIGS_DIR", shipped)
+    assert commands.shipped_configs() == [shipped / "linear.yaml", shipped / "mine.yaml"]
+    assert [name for name, _ in config_rows()] == ["linear.yaml", "mine.yaml"]
+    assert method_names() == ["mine"]
+    assert f"Configs ({shipped}): linear.yaml, mine.yaml." in commands.project_description()
+    assert resolve_config_names(["fit", "--config", "mine"])[2] == str(shipped / "mine.yaml")

@@ -72,7 +72,9 @@ def test_replacement_depends_only_on_the_sample(tmp_path: Path, make_image_folde
 def test_too_many_unreadable_images_stop_the_run(tmp_path: Path, make_image_folder) -> None:
     folder = _folder(tmp_path / "data", make_image_folder, corrupt=2)  # 2 of 10
     with pytest.raises(CorruptImageError, match=r"2 of the 10 images under .* are unreadable, "
-                                                r"more than max_corrupt_fraction=0.1"):
+                                                r"more than max_corrupt_fraction=0.1 .*"
+                                                r"\(--data.max_corrupt_fraction 0.2 allows "
+                                                r"2\)"):
         _epoch(_module(folder, max_corrupt_fraction=0.1, batch_size=2))
 
 

@@ -156,3 +156,12 @@ def test_data_module_hook_makes_views_only_while_training():
     views, targets = dm.on_after_batch_transfer(batch, 0)
     assert len(views) == 2 and views[0].shape == (4, 3, 32, 32) and views[0].dtype == torch.float32
     assert torch.equal(targets, torch.arange(4))
+
+
+@pytest.mark.parametrize(("size", "wh"), [(32, (93, 140)), (256, (140, 91)), (32, (49, 49))])
+def test_uint8_image_takes_sides_whose_scale_rounds(size: int, wh: tuple[int, int]) -> None:
+    # size / (size / m) != m in floating point for these shorter sides m: the centre crop's
+    # box must still lie inside the image (PIL refuses a negative offset)
+    image = Image.new("RGB", wh, (10, 200, 30))
+    (square,) = UInt8Image(size)(image)
+    assert square.shape == (3, size, size) and square[:, 0, 0].tolist() == [10, 200, 30]

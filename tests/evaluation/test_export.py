@@ -226,3 +226,18 @@ def test_the_default_format_follows_the_backbone(small_checkpoint, tmp_path, cap
     assert "pretrained_path=" in capsys.readouterr().out
     state = torch.load(out, weights_only=True)
     assert state.keys() == backbone.state_dict().keys()
+
+
+def test_the_docs_format_table_names_the_commands_default(capsys):
+    """docs/evaluation.md's ``--format`` table marks the default that ``export --help`` has
+    (it said ``torchvision (default)`` once the default had become ``auto``)."""
+    from pathlib import Path
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    default = capsys.readouterr().out.split("{", 1)[1].split("}", 1)[1]
+    assert "auto (default)" in " ".join(default.split())
+    page = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
+    marked = [line.split("|")[1].strip() for line in page.splitlines()
+              if line.startswith("| `") and "(default)" in line.split("|")[1]]
+    assert marked == ["`auto` (default)"]

@@ -242,3 +242,37 @@ def test_a_non_finite_loss_stops_linear_eval_at_that_step(tmp_path):
         trainer.fit(model, DataLoader(separable_data(32, 0), batch_size=8))
     assert trainer.global_step == 2  # the NaN step was not applied
     assert all(torch.isfinite(p).all() for p in model.classifier.parameters())
+
+
+def test_a_wrong_prefix_lists_the_checkpoints_backbones_before_training(tmp_path):
+    # BYOL holds its student under backbone. and its EMA teacher under teacher_backbone.
+    from lightning_ddp_utils import PrecomputedViews
+
+    from ssl_lightning.methods import BYOL
+
+    byol = BYOL(SmallConvNet((8, 16), norm="group"), projection_hidden_dim=16, projection_dim=8,
+                optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)
+    trainer = tiny_trainer(max_steps=1)
+    trainer.fit(byol, DataLoader(PrecomputedViews(8, (8, 8)), batch_size=4))
+    path = str(tmp_path / "byol.ckpt")
+    trainer.save_checkpoint(path)
+    backbones = r"Its backbones are under 'backbone\.', 'teacher_backbone\.'"
+    for prefix, hint in [("teacher.", ""), ("teacher_backbone", "Did you mean 'teacher_backbone.'"),
+                         ("student_backbone.", "Did you mean 'teacher_backbone.'")]:
+        with pytest.raises(ValueError, match=rf"no weights under '{prefix}'.*{hint}.*{backbones}"):
+            LinearEval(None, NUM_CLASSES, checkpoint=path, checkpoint_prefix=prefix)
+    teacher = LinearEval(None, NUM_CLASSES, checkpoint=path, checkpoint_prefix="teacher_backbone.")
+    for key, value in byol.teacher_backbone.state_dict().items():
+        assert torch.equal(teacher.backbone.state_dict()[key], value), key
+
+
+def test_num_classes_other_than_the_datas_fails_before_training(tiny_image_folder):
+    from ssl_lightning.data import ImageFolderDataModule
+
+    data = ImageFolderDataModule(str(tiny_image_folder / "train"),
+                                 str(tiny_image_folder / "test"), preset="cifar", batch_size=4,
+                                 num_workers=0)
+    model = LinearEval(SmallConvNet((8, 16)), 10, checkpoint="random")  # linear.yaml's CIFAR 10
+    with pytest.raises(ValueError, match=r"num_classes=10, but the data \(ImageFolderDataModule"
+                                         r"\) has 2 classes: pass --model.num_classes 2"):
+        tiny_trainer(max_steps=1).fit(model, datamodule=data)

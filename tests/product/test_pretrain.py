@@ -49,7 +49,7 @@ def test_flat_folder_of_mixed_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_large_images_get_the_imagenet_preset(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    photos = _flat_folder(tmp_path / "photos", [80, 100, 100, 120])
+    photos = _flat_folder(tmp_path / "photos", [110, 130, 150, 200])
     result = ssl_lightning.pretrain(data=photos, epochs=1, batch_size=4, out="runs/big",
                                     overrides=SHORT)
     data = result.module.trainer.datamodule
@@ -77,7 +77,9 @@ def test_train_test_folder_evaluates_on_test(tmp_path: Path, tiny_image_folder: 
 
 def test_preset_backbone_and_method_choices(tmp_path: Path) -> None:
     assert preset_for(_flat_folder(tmp_path / "small", [32, 32, 64])) == "cifar"
-    assert preset_for(_flat_folder(tmp_path / "large", [40, 100, 300])) == "imagenet"
+    assert preset_for(_flat_folder(tmp_path / "large", [40, 112, 300])) == "imagenet"
+    # 91 px photos: 224 px views would upsample them (the image-size check warns), 32 px do not
+    assert preset_for(_flat_folder(tmp_path / "medium", [60, 91, 111])) == "cifar"
     assert backbone_spec("resnet50", "imagenet") == {
         "class_path": "ssl_lightning.ResNet", "init_args": {"depth": 50, "cifar_stem": False}}
     assert backbone_spec("mobilenet_v3_small", "cifar")["class_path"] == (
@@ -92,3 +94,28 @@ def test_preset_backbone_and_method_choices(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="No readable images found under"):
         preset_for(tmp_path / "empty")
+
+
+def test_a_vit_backbone_follows_the_methods_crops(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timm ViT is built for the preset's crop size (32 px), not its default 160, and takes
+    DINO's 16 px local crops (dynamic_img_size); ``vit_tiny`` is our ViT for those crops."""
+    pytest.importorskip("timm")
+    monkeypatch.chdir(tmp_path)
+    photos = _flat_folder(tmp_path / "photos", [40, 48, 60, 90])  # median 54 px: cifar preset
+    small_head = ["--model.head_out_dim", "32", "--model.head_hidden_dim", "32",
+                  "--model.head_bottleneck_dim", "16",
+                  "--data.train_transform.init_args.num_local_crops", "2"]
+    result = ssl_lightning.pretrain(data=photos, method="dino", backbone="test_vit",
+                                    epochs=1, batch_size=4, out="runs/vit",
+                                    overrides=SHORT + small_head)
+    assert result.module.trainer.global_step == 1
+    net = result.module.backbone.net
+    assert tuple(net.patch_embed.img_size) == (32, 32) and net.dynamic_img_size
+    assert backbone_spec("vit_tiny_patch16_224", "imagenet")["init_args"] == {
+        "name": "vit_tiny_patch16_224", "model_kwargs": {"img_size": 224}}
+    assert backbone_spec("convnext_atto", "cifar")["init_args"] == {"name": "convnext_atto"}
+    for preset, size, patch in [("cifar", 32, 4), ("imagenet", 224, 16)]:
+        assert backbone_spec("vit_tiny", preset) == {
+            "class_path": "ssl_lightning.ViT",
+            "init_args": {"arch": "tiny", "image_size": size, "patch_size": patch}}

@@ -147,7 +147,7 @@ def test_divergence_exits_non_zero_naming_step_lr_and_advice(matrix: dict[str, A
         assert part in message, (part, message)
     step = int(message.split("at global step ")[1].split()[0])
     (last,) = Path(workdir).glob("**/last.ckpt")
-    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
     assert 0 < checkpoint["global_step"] <= step
     assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values()
                if v.is_floating_point())

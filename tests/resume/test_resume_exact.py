@@ -82,7 +82,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
     sigterm = _sigterm_run(job("sigterm", "simclr", 2, preempt_dir=str(root / "preempt"),
                                wait_step=SIGTERM_AT), root / "sigterm.json")
 
-    old = torch.load(root / "ckpt_simclr" / "step=3.ckpt", weights_only=False)
+    old = torch.load(root / "ckpt_simclr" / "step=3.ckpt", weights_only=True)
     del old["ImageFolderDataModule"]  # as written before the data module had a state
     old["loops"]["fit_loop"]["state_dict"].pop("combined_loader")
     torch.save(old, root / "old.ckpt")
@@ -94,7 +94,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
                     resume=str(root / "ckpt_dv/step=9.ckpt")),
                 job("old_resumed", "simclr", 0, resume=str(root / "old.ckpt"))]
     stderr = _run_jobs(resumes, root / "resumes.json")
-    load = lambda name: torch.load(root / f"{name}.pt", weights_only=False)  # noqa: E731
+    load = lambda name: torch.load(root / f"{name}.pt", weights_only=True)  # noqa: E731
     return {"load": load, "sigterm": sigterm, "resume_stderr": stderr, "root": root}
 
 
@@ -137,7 +137,7 @@ def test_sigterm_saves_at_the_next_step_and_exits_preempted(runs: dict[str, Any]
     sigterm = runs["sigterm"]
     assert sigterm["returncode"] == 143, sigterm["stderr"][-3000:]
     assert f"at step {SIGTERM_AT + 1}" in sigterm["stderr"]  # within one optimizer step
-    saved = torch.load(sigterm["checkpoint"], weights_only=False)
+    saved = torch.load(sigterm["checkpoint"], weights_only=True)
     assert saved["global_step"] == SIGTERM_AT + 1
     assert sigterm["saved_s"] is not None and sigterm["exit_s"] < 120
     _assert_identical(runs["load"]("sigterm_resumed"), runs["load"]("simclr"))
