@@ -8,6 +8,7 @@ from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.methods.ibot import IBOT
 from ssl_lightning.methods.ijepa import IJEPA
+from ssl_lightning.methods.lejepa import LeJEPA
 from ssl_lightning.methods.mae import MAE
 from ssl_lightning.methods.moco_v2 import MoCoV2
 from ssl_lightning.methods.moco_v3 import MoCoV3
@@ -21,4 +22,4 @@ from ssl_lightning.methods.vicreg import VICReg
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
-           "SupCon", "IBOT", "DINOv2"]
+           "SupCon", "IBOT", "DINOv2", "LeJEPA"]

@@ -40,6 +40,7 @@ from ssl_lightning.methods import (
     DINO,
     NNCLR,
     BarlowTwins,
+    LeJEPA,
     MoCoV2,
     MoCoV3,
     SimCLR,
@@ -101,6 +102,8 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                              head_batch_norm=False, **kw), TWO_VIEWS),
     "supcon": (lambda **kw: SupCon(_backbone(), projection_hidden_dim=16, projection_dim=8,
                                    head_batch_norm=False, **kw), TWO_VIEWS),
+    "lejepa": (lambda **kw: LeJEPA(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                                   head_batch_norm=False, num_slices=16, **kw), MULTI_CROP),
 }
 
 

@@ -1,0 +1,32 @@
+"""Exact resume of LeJEPA, TiCo, MMCR, W-MSE and VIbCReg: a 2-epoch run and the same run
+resumed from its epoch-0 checkpoint by a differently initialised model end with identical
+weights and buffers (Lightning Trainer, CPU, fixed views). What each method carries across the
+restart: LeJEPA's SIGReg directions (from the saved ``rng_seed``, epoch and batch index)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import pytorch_lightning as pl
+from momentum_utils import fit_and_resume, views_loader
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.methods import LeJEPA
+
+OPTIM = dict(optimizer="sgd", lr=0.5, lr_scaling="none", warmup_epochs=0.5)
+
+MODELS: dict[str, tuple[Callable[[], pl.LightningModule], int]] = {
+    "lejepa": (lambda: LeJEPA(SmallConvNet((4, 8)), projection_hidden_dim=16, projection_dim=8,
+                              num_slices=16, **OPTIM), 3),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_resume_equals_uninterrupted_run(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    make, views = MODELS[name]
+    full, resumed = fit_and_resume(
+        make, lambda: views_loader(n=8, batch_size=4, num_views=views, size=8), str(tmp_path))
+    assert full.keys() == resumed.keys()
+    for key, value in full.items():
+        assert (resumed[key] == value).all(), key
