@@ -8,7 +8,8 @@ Each known-bad variant must differ from the single-process run:
 
 - LeJEPA with a plain ``dist.all_reduce`` of the SIGReg sums (lightly#1920): the SIGReg
   gradient is 1/world_size of the true one;
-- LeJEPA with directions drawn per rank: every rank tests other projections.
+- LeJEPA with directions drawn per rank: every rank tests other projections;
+- TiCo with its running covariance updated from the local batch (not the gathered one).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.utils.data import Dataset, Subset
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.losses.sigreg import sigreg_directions
-from ssl_lightning.methods import LeJEPA, SSLMethod
+from ssl_lightning.methods import LeJEPA, SSLMethod, TiCo
 
 BATCH, STEPS, SAMPLES, TOLERANCE = 4, 3, 24, 1e-9
 OPTIM = dict(optimizer="sgd", lr=0.5, lr_scaling="none", warmup_epochs=0, weight_decay=1e-4)
@@ -59,6 +60,13 @@ class _PerRankDirectionsLeJEPA(LeJEPA):
                                  like.dtype)
 
 
+class _LocalCovarianceTiCo(TiCo):
+    """Known-bad: the running covariance follows this rank's batch only."""
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        return self.criterion(outputs["z_a"], outputs["z_b"])
+
+
 def _backbone() -> SmallConvNet:
     return SmallConvNet((4, 8), norm="group")  # BatchNorm-free: exact under DDP
 
@@ -68,11 +76,18 @@ def _lejepa(cls: type[LeJEPA] = LeJEPA) -> Callable[[], SSLMethod]:
                        head_batch_norm=False, num_slices=16, **OPTIM)
 
 
+def _tico(cls: type[TiCo] = TiCo) -> Callable[[], SSLMethod]:
+    return lambda: cls(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                       head_batch_norm=False, momentum_base=0.9, **OPTIM)
+
+
 #: name -> (model factory, view sizes, must equal the single-process run)
 CASES: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...], bool]] = {
     "lejepa": (_lejepa(), (8, 8, 4, 4), True),
     "lejepa_plain_all_reduce": (_lejepa(_PlainAllReduceLeJEPA), (8, 8, 4, 4), False),
     "lejepa_per_rank_directions": (_lejepa(_PerRankDirectionsLeJEPA), (8, 8, 4, 4), False),
+    "tico": (_tico(), (8, 8), True),
+    "tico_local_covariance": (_tico(_LocalCovarianceTiCo), (8, 8), False),
 }
 
 

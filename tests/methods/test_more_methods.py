@@ -11,12 +11,16 @@ import pytest
 import torch
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.methods import LeJEPA, SSLMethod
+from ssl_lightning.methods import LeJEPA, SSLMethod, TiCo
 
 
 def _lejepa(**kw: Any) -> LeJEPA:
     return LeJEPA(SmallConvNet((4, 8)), **{"projection_hidden_dim": 16, "projection_dim": 8,
                                            "num_slices": 8, **kw})
+
+
+def _tico(**kw: Any) -> TiCo:
+    return TiCo(SmallConvNet((4, 8)), **{"projection_hidden_dim": 16, "projection_dim": 8, **kw})
 
 
 #: name -> (factory, bad settings and the message each must raise)
@@ -27,6 +31,11 @@ BAD: dict[str, tuple[Callable[..., SSLMethod], list[tuple[dict[str, Any], str]]]
         ({"sigreg_knots": 1}, "knots must be >= 2, got 1"),
         ({"sigreg_t_max": -3.0}, "t_max must be > 0, got -3.0"),
         ({"num_global_views": 0}, "num_global_views must be >= 1, got 0"),
+    ]),
+    "tico": (_tico, [
+        ({"beta": 1.5}, r"beta must be in \[0, 1\), got 1.5"),
+        ({"rho": -8.0}, "rho must be >= 0, got -8.0"),
+        ({"momentum_base": 1.5}, "1.5"),
     ]),
 }
 

@@ -48,6 +48,7 @@ from ssl_lightning.methods import (
     SSLMethod,
     SupCon,
     SwAV,
+    TiCo,
     VICReg,
 )
 from ssl_lightning.training.grad_cache import grad_cached_loss
@@ -104,6 +105,8 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                                    head_batch_norm=False, **kw), TWO_VIEWS),
     "lejepa": (lambda **kw: LeJEPA(_backbone(), projection_hidden_dim=16, projection_dim=8,
                                    head_batch_norm=False, num_slices=16, **kw), MULTI_CROP),
+    "tico": (lambda **kw: TiCo(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                               head_batch_norm=False, momentum_base=0.9, **kw), TWO_VIEWS),
 }
 
 
