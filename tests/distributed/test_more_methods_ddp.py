@@ -9,7 +9,8 @@ Each known-bad variant must differ from the single-process run:
 - LeJEPA with a plain ``dist.all_reduce`` of the SIGReg sums (lightly#1920): the SIGReg
   gradient is 1/world_size of the true one;
 - LeJEPA with directions drawn per rank: every rank tests other projections;
-- TiCo with its running covariance updated from the local batch (not the gathered one).
+- TiCo with its running covariance updated from the local batch (not the gathered one);
+- MMCR with a centroid gather whose backward keeps only this rank's slice.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
 from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.distributed import all_gather_no_grad
+from ssl_lightning.losses.mmcr import centroids
 from ssl_lightning.losses.sigreg import sigreg_directions
-from ssl_lightning.methods import LeJEPA, SSLMethod, TiCo
+from ssl_lightning.methods import MMCR, LeJEPA, SSLMethod, TiCo
 
 BATCH, STEPS, SAMPLES, TOLERANCE = 4, 3, 24, 1e-9
 OPTIM = dict(optimizer="sgd", lr=0.5, lr_scaling="none", warmup_epochs=0, weight_decay=1e-4)
@@ -67,6 +70,18 @@ class _LocalCovarianceTiCo(TiCo):
         return self.criterion(outputs["z_a"], outputs["z_b"])
 
 
+class _LocalGradientMMCR(MMCR):
+    """Known-bad: the gathered centroids carry a gradient only in this rank's own slice."""
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z = outputs["z"]
+        local = centroids(z)
+        everything = all_gather_no_grad(local.detach())
+        start = self.global_rank * len(local)
+        c_all = torch.cat([everything[:start], local, everything[start + len(local):]])
+        return self.criterion(z, c_all)
+
+
 def _backbone() -> SmallConvNet:
     return SmallConvNet((4, 8), norm="group")  # BatchNorm-free: exact under DDP
 
@@ -81,6 +96,11 @@ def _tico(cls: type[TiCo] = TiCo) -> Callable[[], SSLMethod]:
                        head_batch_norm=False, momentum_base=0.9, **OPTIM)
 
 
+def _mmcr(cls: type[MMCR] = MMCR) -> Callable[[], SSLMethod]:
+    return lambda: cls(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                       head_batch_norm=False, lambda_views=0.1, **OPTIM)
+
+
 #: name -> (model factory, view sizes, must equal the single-process run)
 CASES: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...], bool]] = {
     "lejepa": (_lejepa(), (8, 8, 4, 4), True),
@@ -88,6 +108,8 @@ CASES: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...], bool]] = {
     "lejepa_per_rank_directions": (_lejepa(_PerRankDirectionsLeJEPA), (8, 8, 4, 4), False),
     "tico": (_tico(), (8, 8), True),
     "tico_local_covariance": (_tico(_LocalCovarianceTiCo), (8, 8), False),
+    "mmcr": (_mmcr(), (8, 8, 8), True),
+    "mmcr_local_gradient": (_mmcr(_LocalGradientMMCR), (8, 8, 8), False),
 }
 
 

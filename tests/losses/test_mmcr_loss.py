@@ -1,8 +1,9 @@
-"""MMCR's loss equals a float64 loop of the paper's Eq. (4) (centroids of the unit-normalised
-views as loops, nuclear norms as the sum of the square roots of the eigenvalues of M Mᵀ, an
-algorithm other than the loss's SVD; the smaller Gram matrix, whose eigenvalues are all
-non-zero, as √ of a rounding-level zero eigenvalue would cost 1e-8); closed forms: identical views give ||Z_b||_* = √k, a
-collapsed batch ||C||_* = 1, orthonormal centroids ||C||_* = N; bad settings are refused."""
+"""MMCR's loss equals a float64 loop of the paper's Eq. (4): centroids of the unit-normalised
+views as loops, nuclear norms as the sum of the square roots of the eigenvalues of the smaller
+Gram matrix (an algorithm other than the loss's SVD; the smaller one has no zero eigenvalue,
+whose rounding-level square root would cost 1e-8). Closed forms: identical views give
+||Z_b||_* = √k, a collapsed batch ||C||_* = √N, orthonormal centroids ||C||_* = N; bad settings
+are refused."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_closed_forms() -> None:
     same_views = eye.unsqueeze(1).expand(4, 3, 4)  # orthonormal centroids, identical views
     assert abs(float(MMCRLoss(1.0)(same_views)) - (-4.0 + math.sqrt(3))) < 1e-12
     collapsed = torch.ones(5, 2, 4, dtype=torch.float64)
-    assert abs(float(MMCRLoss(0.0)(collapsed)) + 1.0) < 1e-12
+    assert abs(float(MMCRLoss(0.0)(collapsed)) + math.sqrt(5)) < 1e-12  # rank 1: √N, not N
 
 
 def test_gradient_flows_and_bad_settings_are_refused() -> None:

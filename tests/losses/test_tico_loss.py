@@ -24,7 +24,8 @@ def _tico_reference(z_a, z_b, z_all, cov, beta, rho):  # type: ignore[no-untyped
     dim = len(a[0])
     new = [[beta * cov[i][j] + (1 - beta) * sum(z[i] * z[j] for z in every) / len(every)
             for j in range(dim)] for i in range(dim)]
-    invariance = 1 - sum(sum(x * y for x, y in zip(p, q)) for p, q in zip(a, b)) / len(a)
+    invariance = 1 - sum(sum(x * y for x, y in zip(p, q, strict=True))
+                         for p, q in zip(a, b, strict=True)) / len(a)
     contrast = sum(sum(z[i] * new[i][j] * z[j] for i in range(dim) for j in range(dim))
                    for z in a) / len(a)
     return invariance + rho * contrast, new

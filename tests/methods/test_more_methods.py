@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.methods import LeJEPA, SSLMethod, TiCo
+from ssl_lightning.methods import MMCR, LeJEPA, SSLMethod, TiCo
 
 
 def _lejepa(**kw: Any) -> LeJEPA:
@@ -21,6 +21,10 @@ def _lejepa(**kw: Any) -> LeJEPA:
 
 def _tico(**kw: Any) -> TiCo:
     return TiCo(SmallConvNet((4, 8)), **{"projection_hidden_dim": 16, "projection_dim": 8, **kw})
+
+
+def _mmcr(**kw: Any) -> MMCR:
+    return MMCR(SmallConvNet((4, 8)), **{"projection_hidden_dim": 16, "projection_dim": 8, **kw})
 
 
 #: name -> (factory, bad settings and the message each must raise)
@@ -37,6 +41,7 @@ BAD: dict[str, tuple[Callable[..., SSLMethod], list[tuple[dict[str, Any], str]]]
         ({"rho": -8.0}, "rho must be >= 0, got -8.0"),
         ({"momentum_base": 1.5}, "1.5"),
     ]),
+    "mmcr": (_mmcr, [({"lambda_views": -0.5}, "lambda_views must be >= 0, got -0.5")]),
 }
 
 

@@ -15,7 +15,8 @@ from momentum_utils import fit_and_resume, views_loader
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.losses import TiCoLoss
-from ssl_lightning.methods import LeJEPA, TiCo
+from ssl_lightning.methods import MMCR, LeJEPA, TiCo
+
 
 class _UnsavedCovarianceTiCo(TiCo):
     """Known-bad: the running covariance is not in the checkpoint."""
@@ -37,6 +38,8 @@ MODELS: dict[str, tuple[Callable[[], pl.LightningModule], int]] = {
     "lejepa": (lambda: LeJEPA(SmallConvNet((4, 8)), projection_hidden_dim=16, projection_dim=8,
                               num_slices=16, **OPTIM), 3),
     "tico": (_tico, 2),
+    "mmcr": (lambda: MMCR(SmallConvNet((4, 8)), projection_hidden_dim=16, projection_dim=8,
+                          **OPTIM), 3),
 }
 
 

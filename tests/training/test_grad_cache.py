@@ -38,6 +38,7 @@ from ssl_lightning.methods import (
     BYOL,
     DCL,
     DINO,
+    MMCR,
     NNCLR,
     BarlowTwins,
     LeJEPA,
@@ -107,6 +108,8 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                                    head_batch_norm=False, num_slices=16, **kw), MULTI_CROP),
     "tico": (lambda **kw: TiCo(_backbone(), projection_hidden_dim=16, projection_dim=8,
                                head_batch_norm=False, momentum_base=0.9, **kw), TWO_VIEWS),
+    "mmcr": (lambda **kw: MMCR(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                               head_batch_norm=False, **kw), (8, 8, 8)),
 }
 
 
