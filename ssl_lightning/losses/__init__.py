@@ -21,9 +21,10 @@ from ssl_lightning.losses.supcon import SupConLoss
 from ssl_lightning.losses.swav import SwAVLoss
 from ssl_lightning.losses.tico import TiCoLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
+from ssl_lightning.losses.wmse import WMSELoss
 
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
            "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss", "DCLLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss", "SIGRegLoss",
-           "LeJEPALoss", "TiCoLoss", "MMCRLoss"]
+           "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss"]

@@ -10,7 +10,8 @@ Each known-bad variant must differ from the single-process run:
   gradient is 1/world_size of the true one;
 - LeJEPA with directions drawn per rank: every rank tests other projections;
 - TiCo with its running covariance updated from the local batch (not the gathered one);
-- MMCR with a centroid gather whose backward keeps only this rank's slice.
+- MMCR with a centroid gather whose backward keeps only this rank's slice;
+- W-MSE with sub-batch permutations drawn per rank (the ranks whiten different sub-batches).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.distributed import all_gather_no_grad
 from ssl_lightning.losses.mmcr import centroids
 from ssl_lightning.losses.sigreg import sigreg_directions
-from ssl_lightning.methods import MMCR, LeJEPA, SSLMethod, TiCo
+from ssl_lightning.methods import MMCR, WMSE, LeJEPA, SSLMethod, TiCo
+from ssl_lightning.methods.wmse import WHITENING_STREAM
 
 BATCH, STEPS, SAMPLES, TOLERANCE = 4, 3, 24, 1e-9
 OPTIM = dict(optimizer="sgd", lr=0.5, lr_scaling="none", warmup_epochs=0, weight_decay=1e-4)
@@ -82,6 +84,14 @@ class _LocalGradientMMCR(MMCR):
         return self.criterion(z, c_all)
 
 
+class _PerRankSplitWMSE(WMSE):
+    """Known-bad: the sub-batch permutation comes from a per-rank stream."""
+
+    def step_generator(self, stream: int) -> torch.Generator:
+        assert stream == WHITENING_STREAM
+        return torch.Generator().manual_seed(self.global_rank)
+
+
 def _backbone() -> SmallConvNet:
     return SmallConvNet((4, 8), norm="group")  # BatchNorm-free: exact under DDP
 
@@ -101,6 +111,11 @@ def _mmcr(cls: type[MMCR] = MMCR) -> Callable[[], SSLMethod]:
                        head_batch_norm=False, lambda_views=0.1, **OPTIM)
 
 
+def _wmse(cls: type[WMSE] = WMSE) -> Callable[[], SSLMethod]:
+    return lambda: cls(_backbone(), projection_hidden_dim=16, projection_dim=3,
+                       head_batch_norm=False, whitening_size=4, whitening_iters=2, **OPTIM)
+
+
 #: name -> (model factory, view sizes, must equal the single-process run)
 CASES: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...], bool]] = {
     "lejepa": (_lejepa(), (8, 8, 4, 4), True),
@@ -110,6 +125,8 @@ CASES: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...], bool]] = {
     "tico_local_covariance": (_tico(_LocalCovarianceTiCo), (8, 8), False),
     "mmcr": (_mmcr(), (8, 8, 8), True),
     "mmcr_local_gradient": (_mmcr(_LocalGradientMMCR), (8, 8, 8), False),
+    "wmse": (_wmse(), (8, 8), True),
+    "wmse_per_rank_split": (_wmse(_PerRankSplitWMSE), (8, 8), False),
 }
 
 

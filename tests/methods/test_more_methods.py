@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.methods import MMCR, LeJEPA, SSLMethod, TiCo
+from ssl_lightning.methods import MMCR, WMSE, LeJEPA, SSLMethod, TiCo
 
 
 def _lejepa(**kw: Any) -> LeJEPA:
@@ -25,6 +25,11 @@ def _tico(**kw: Any) -> TiCo:
 
 def _mmcr(**kw: Any) -> MMCR:
     return MMCR(SmallConvNet((4, 8)), **{"projection_hidden_dim": 16, "projection_dim": 8, **kw})
+
+
+def _wmse(**kw: Any) -> WMSE:
+    return WMSE(SmallConvNet((4, 8)), **{"projection_hidden_dim": 16, "projection_dim": 8,
+                                         "whitening_size": 16, **kw})
 
 
 #: name -> (factory, bad settings and the message each must raise)
@@ -42,6 +47,11 @@ BAD: dict[str, tuple[Callable[..., SSLMethod], list[tuple[dict[str, Any], str]]]
         ({"momentum_base": 1.5}, "1.5"),
     ]),
     "mmcr": (_mmcr, [({"lambda_views": -0.5}, "lambda_views must be >= 0, got -0.5")]),
+    "wmse": (_wmse, [
+        ({"whitening_size": 8}, "whitening_size=8 must exceed projection_dim=8"),
+        ({"whitening_iters": 0}, "whitening_iters must be >= 1, got 0"),
+        ({"whitening_eps": 1.0}, r"eps must be in \[0, 1\), got 1.0"),
+    ]),
 }
 
 
@@ -61,3 +71,12 @@ def test_lejepa_needs_its_global_views_and_uses_every_crop() -> None:
     outputs = model.forward_views(views)
     assert outputs["z"].shape == (4, 5, 8) and outputs["features"].shape == (4, 8)
     torch.testing.assert_close(outputs["features"], model.backbone(views[0]))
+
+
+def test_wmse_refuses_a_global_batch_its_whitening_size_does_not_divide() -> None:
+    from lightning_ddp_utils import PrecomputedViews, TensorDataModule, fit_and_dump
+
+    with pytest.raises(ValueError, match="whitening_size=16 must divide the global batch "
+                                         r"\(batch_size=24 x 1 process"):
+        fit_and_dump(_wmse(optimizer="sgd"), TensorDataModule(PrecomputedViews(48), 24),
+                     max_steps=1)
