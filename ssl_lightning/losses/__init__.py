@@ -20,6 +20,7 @@ from ssl_lightning.losses.sinkhorn import sinkhorn_knopp
 from ssl_lightning.losses.supcon import SupConLoss
 from ssl_lightning.losses.swav import SwAVLoss
 from ssl_lightning.losses.tico import TiCoLoss
+from ssl_lightning.losses.vibcreg import VIbCRegLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
 from ssl_lightning.losses.wmse import WMSELoss
 
@@ -27,4 +28,5 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
            "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss", "DCLLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss", "SIGRegLoss",
-           "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss"]
+           "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
+           "VIbCRegLoss"]

@@ -20,10 +20,11 @@ from ssl_lightning.methods.simsiam import SimSiam
 from ssl_lightning.methods.supcon import SupCon
 from ssl_lightning.methods.swav import SwAV
 from ssl_lightning.methods.tico import TiCo
+from ssl_lightning.methods.vibcreg import VIbCReg
 from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.wmse import WMSE
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
            "SupCon", "IBOT", "DINOv2", "LeJEPA",
-           "TiCo", "MMCR", "WMSE"]
+           "TiCo", "MMCR", "WMSE", "VIbCReg"]

@@ -11,7 +11,8 @@ Each known-bad variant must differ from the single-process run:
 - LeJEPA with directions drawn per rank: every rank tests other projections;
 - TiCo with its running covariance updated from the local batch (not the gathered one);
 - MMCR with a centroid gather whose backward keeps only this rank's slice;
-- W-MSE with sub-batch permutations drawn per rank (the ranks whiten different sub-batches).
+- W-MSE with sub-batch permutations drawn per rank (the ranks whiten different sub-batches);
+- VIbCReg with IterNorm's statistics from each rank's own batch (``sync=False``).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from torch.utils.data import Dataset, Subset
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.distributed import all_gather_no_grad
+from ssl_lightning.heads import IterNorm
 from ssl_lightning.losses.mmcr import centroids
 from ssl_lightning.losses.sigreg import sigreg_directions
-from ssl_lightning.methods import MMCR, WMSE, LeJEPA, SSLMethod, TiCo
+from ssl_lightning.methods import MMCR, WMSE, LeJEPA, SSLMethod, TiCo, VIbCReg
 from ssl_lightning.methods.wmse import WHITENING_STREAM
 
 BATCH, STEPS, SAMPLES, TOLERANCE = 4, 3, 24, 1e-9
@@ -92,6 +94,18 @@ class _PerRankSplitWMSE(WMSE):
         return torch.Generator().manual_seed(self.global_rank)
 
 
+class _LocalIterNormVIbCReg(VIbCReg):
+    """Known-bad: IterNorm whitens each rank's batch by its own statistics."""
+
+    def default_expander(self, hidden_dim: int, out_dim: int, layers: int,
+                         batch_norm: bool) -> torch.nn.Module:
+        expander = super().default_expander(hidden_dim, out_dim, layers, batch_norm)
+        for module in expander.modules():
+            if isinstance(module, IterNorm):
+                module.sync = False
+        return expander
+
+
 def _backbone() -> SmallConvNet:
     return SmallConvNet((4, 8), norm="group")  # BatchNorm-free: exact under DDP
 
@@ -116,6 +130,12 @@ def _wmse(cls: type[WMSE] = WMSE) -> Callable[[], SSLMethod]:
                        head_batch_norm=False, whitening_size=4, whitening_iters=2, **OPTIM)
 
 
+def _vibcreg(cls: type[VIbCReg] = VIbCReg) -> Callable[[], SSLMethod]:
+    return lambda: cls(_backbone(), expander_hidden_dim=16, expander_dim=8,
+                       head_batch_norm=False, iternorm_groups=2, invariance_weight=1.0,
+                       variance_weight=1.0, covariance_weight=1.0, **OPTIM)
+
+
 #: name -> (model factory, view sizes, must equal the single-process run)
 CASES: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...], bool]] = {
     "lejepa": (_lejepa(), (8, 8, 4, 4), True),
@@ -127,6 +147,8 @@ CASES: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...], bool]] = {
     "mmcr_local_gradient": (_mmcr(_LocalGradientMMCR), (8, 8, 8), False),
     "wmse": (_wmse(), (8, 8), True),
     "wmse_per_rank_split": (_wmse(_PerRankSplitWMSE), (8, 8), False),
+    "vibcreg": (_vibcreg(), (8, 8), True),
+    "vibcreg_local_iternorm": (_vibcreg(_LocalIterNormVIbCReg), (8, 8), False),
 }
 
 
@@ -153,10 +175,12 @@ def _worker(rank: int, world: int) -> dict[str, dict[str, Tensor]]:
 
 
 def _relative_difference(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> float:
+    """Largest ``‖a − e‖ / max(‖e‖, 1)`` over the floating-point tensors (absolute for tensors
+    near 0, such as IterNorm's running mean of centred outputs)."""
     worst = 0.0
     for key, e in expected.items():
         if e.is_floating_point() and e.numel():
-            worst = max(worst, float((actual[key] - e).norm() / (e.norm() + 1e-30)))
+            worst = max(worst, float((actual[key] - e).norm() / max(float(e.norm()), 1.0)))
         else:
             assert torch.equal(actual[key], e), key
     return worst

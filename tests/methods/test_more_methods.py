@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.methods import MMCR, WMSE, LeJEPA, SSLMethod, TiCo
+from ssl_lightning.methods import MMCR, WMSE, LeJEPA, SSLMethod, TiCo, VIbCReg
 
 
 def _lejepa(**kw: Any) -> LeJEPA:
@@ -30,6 +30,11 @@ def _mmcr(**kw: Any) -> MMCR:
 def _wmse(**kw: Any) -> WMSE:
     return WMSE(SmallConvNet((4, 8)), **{"projection_hidden_dim": 16, "projection_dim": 8,
                                          "whitening_size": 16, **kw})
+
+
+def _vibcreg(**kw: Any) -> VIbCReg:
+    return VIbCReg(SmallConvNet((4, 8)), **{"expander_hidden_dim": 16, "expander_dim": 8,
+                                                "iternorm_groups": 2, **kw})
 
 
 #: name -> (factory, bad settings and the message each must raise)
@@ -51,6 +56,11 @@ BAD: dict[str, tuple[Callable[..., SSLMethod], list[tuple[dict[str, Any], str]]]
         ({"whitening_size": 8}, "whitening_size=8 must exceed projection_dim=8"),
         ({"whitening_iters": 0}, "whitening_iters must be >= 1, got 0"),
         ({"whitening_eps": 1.0}, r"eps must be in \[0, 1\), got 1.0"),
+    ]),
+    "vibcreg": (_vibcreg, [
+        ({"iternorm_groups": 3}, "iternorm_groups=3 must be >= 1 and divide expander_dim=8"),
+        ({"iternorm_iterations": 0}, "iternorm_iterations must be >= 1, got 0"),
+        ({"covariance_weight": -200.0}, "covariance_weight must be >= 0, got -200.0"),
     ]),
 }
 

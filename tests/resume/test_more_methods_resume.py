@@ -2,9 +2,9 @@
 resumed from its epoch-0 checkpoint by a differently initialised model end with identical
 weights and buffers (Lightning Trainer, CPU, fixed views). What each method carries across the
 restart: LeJEPA's SIGReg directions and W-MSE's sub-batches (from the saved ``rng_seed``, epoch
-and batch index), TiCo's running covariance (a persistent buffer; the known-bad variant that
-keeps it out of the checkpoint, as lightly's plain attribute does, resumes with C = 0 and ends
-elsewhere)."""
+and batch index), VIbCReg's IterNorm running statistics (buffers), TiCo's running covariance (a
+persistent buffer; the known-bad variant that keeps it out of the checkpoint, as lightly's plain
+attribute does, resumes with C = 0 and ends elsewhere)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from momentum_utils import fit_and_resume, views_loader
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.losses import TiCoLoss
-from ssl_lightning.methods import MMCR, WMSE, LeJEPA, TiCo
+from ssl_lightning.methods import MMCR, WMSE, LeJEPA, TiCo, VIbCReg
 
 
 class _UnsavedCovarianceTiCo(TiCo):
@@ -43,6 +43,8 @@ MODELS: dict[str, tuple[Callable[[], pl.LightningModule], int]] = {
                           **OPTIM), 3),
     "wmse": (lambda: WMSE(SmallConvNet((4, 8)), projection_hidden_dim=16, projection_dim=3,
                           whitening_size=4, whitening_iters=2, **OPTIM), 2),
+    "vibcreg": (lambda: VIbCReg(SmallConvNet((4, 8)), expander_hidden_dim=16, expander_dim=8,
+                                iternorm_groups=2, **OPTIM), 2),
 }
 
 

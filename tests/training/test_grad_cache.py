@@ -51,6 +51,7 @@ from ssl_lightning.methods import (
     SupCon,
     SwAV,
     TiCo,
+    VIbCReg,
     VICReg,
 )
 from ssl_lightning.training.grad_cache import grad_cached_loss
@@ -113,6 +114,10 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                                head_batch_norm=False, **kw), (8, 8, 8)),
     "wmse": (lambda **kw: WMSE(_backbone(), projection_hidden_dim=16, projection_dim=3,
                                head_batch_norm=False, whitening_size=4, **kw), TWO_VIEWS),
+    # IterNorm, like BatchNorm, normalises each micro-batch by its own statistics: off here.
+    "vibcreg": (lambda **kw: VIbCReg(_backbone(), expander_hidden_dim=16, expander_dim=16,
+                                     head_batch_norm=False, iternorm=False,
+                                     covariance_weight=1.0, **kw), TWO_VIEWS),
 }
 #: Methods whose smallest global batch exceeds the naive test's batches of 2 (W-MSE: one
 #: whitening sub-batch of 4 > D samples); they refuse such a batch before the first step.
