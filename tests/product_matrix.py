@@ -40,6 +40,8 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "ijepa.yaml": ["--model.init_args.predictor_depth", "1",
                    "--model.init_args.predictor_heads", "2"],
     "directclr.yaml": ["--model.init_args.loss_dim", "8"],  # of SmallConvNet's 16 features
+    "wmse.yaml": ["--model.init_args.whitening_size", "4",  # batch 4: one sub-batch
+                  "--model.init_args.projection_dim", "2"],
 }
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
 SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}

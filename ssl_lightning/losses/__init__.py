@@ -9,18 +9,25 @@ from ssl_lightning.losses.ibot_patch import IBOTPatchLoss
 from ssl_lightning.losses.ijepa import IJEPALoss
 from ssl_lightning.losses.infonce import InfoNCELoss
 from ssl_lightning.losses.koleo import KoLeoLoss
+from ssl_lightning.losses.lejepa import LeJEPALoss
 from ssl_lightning.losses.mae import MAELoss
+from ssl_lightning.losses.mmcr import MMCRLoss
 from ssl_lightning.losses.moco_v3 import MoCoV3Loss
 from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
 from ssl_lightning.losses.nnclr import NNCLRLoss
 from ssl_lightning.losses.nt_xent import NTXentLoss
+from ssl_lightning.losses.sigreg import SIGRegLoss
 from ssl_lightning.losses.sinkhorn import sinkhorn_knopp
 from ssl_lightning.losses.supcon import SupConLoss
 from ssl_lightning.losses.swav import SwAVLoss
+from ssl_lightning.losses.tico import TiCoLoss
+from ssl_lightning.losses.vibcreg import VIbCRegLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
+from ssl_lightning.losses.wmse import WMSELoss
 
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
            "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss", "DCLLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss",
-           "FastSiamLoss"]
+           "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
+           "VIbCRegLoss"]

@@ -10,7 +10,9 @@ from ssl_lightning.methods.directclr import DirectCLR
 from ssl_lightning.methods.fastsiam import FastSiam
 from ssl_lightning.methods.ibot import IBOT
 from ssl_lightning.methods.ijepa import IJEPA
+from ssl_lightning.methods.lejepa import LeJEPA
 from ssl_lightning.methods.mae import MAE
+from ssl_lightning.methods.mmcr import MMCR
 from ssl_lightning.methods.moco_v2 import MoCoV2
 from ssl_lightning.methods.moco_v2_plus import MoCoV2Plus
 from ssl_lightning.methods.moco_v3 import MoCoV3
@@ -22,9 +24,13 @@ from ssl_lightning.methods.simclr import SimCLR
 from ssl_lightning.methods.simsiam import SimSiam
 from ssl_lightning.methods.supcon import SupCon
 from ssl_lightning.methods.swav import SwAV
+from ssl_lightning.methods.tico import TiCo
+from ssl_lightning.methods.vibcreg import VIbCReg
 from ssl_lightning.methods.vicreg import VICReg
+from ssl_lightning.methods.wmse import WMSE
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
            "SupCon", "IBOT", "DINOv2", "MoCoV2Plus", "FastSiam",
-           "NNBYOL", "NNSiam", "DirectCLR"]
+           "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
+           "TiCo", "MMCR", "WMSE", "VIbCReg"]

@@ -64,11 +64,16 @@ class VICReg(SSLMethod):
         head_batch_norm = renamed_argument(self, "expander_batch_norm", expander_batch_norm,
                                            head_batch_norm)
         super().__init__(backbone, **kwargs)
-        self.expander = self.build_head("expander", expander, lambda: build_mlp(
-            self.feature_dim, expander_hidden_dim, expander_dim, expander_layers,
-            batch_norm=head_batch_norm, last_bias=False,
+        self.expander = self.build_head("expander", expander, lambda: self.default_expander(
+            expander_hidden_dim, expander_dim, expander_layers, head_batch_norm,
         ), self.feature_dim, expander_dim, "expander_dim")
         self.criterion = self.build_criterion()
+
+    def default_expander(self, hidden_dim: int, out_dim: int, layers: int,
+                         batch_norm: bool) -> nn.Module:
+        """The expander MLP built when none is injected (a subclass changes its layout here)."""
+        return build_mlp(self.feature_dim, hidden_dim, out_dim, layers, batch_norm=batch_norm,
+                         last_bias=False)
 
     def build_criterion(self) -> VICRegLoss:
         hp = self.hparams

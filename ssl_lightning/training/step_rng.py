@@ -31,6 +31,7 @@ from ssl_lightning.training.sample_rng import SampleKeys
 _DOMAIN = 0x6D6F64656C726E67  # "modelrng": separates these seeds from the data pipeline's
 _ODD = 0xD6E8FEB86659FD93  # a 64-bit odd multiplier spreading the small integers apart
 _SEED_BITS = (1 << 63) - 1  # keep seeds positive for int64
+_SHARED = 0x7368617265647374  # "sharedst": separates shared_step_seed from step_seed
 RNG_SEED_KEY = "rng_seed"  # checkpoint key of SeededSteps.rng_seed
 
 
@@ -44,6 +45,13 @@ def step_seed(seed: int, epoch: int, batch: int, rank: int) -> int:
     for part in (epoch, batch, rank):
         z = mix64(z ^ ((part + 1) * _ODD))
     return z & _SEED_BITS
+
+
+def shared_step_seed(seed: int, epoch: int, batch: int, stream: int) -> int:
+    """Seed of a decision shared by the whole training batch (the same on every rank): SIGReg's
+    projection directions, W-MSE's sub-batches. ``stream`` separates the decisions of one batch;
+    no shared seed equals a per-rank :func:`step_seed`."""
+    return mix64(step_seed(seed, epoch, batch, 0) ^ mix64(_SHARED ^ stream)) & _SEED_BITS
 
 
 def default_seed() -> int:
@@ -83,6 +91,7 @@ class SeededSteps(pl.LightningModule):
     #: the global batch). The accelerator's generator is still seeded per rank.
     rng_shared_across_ranks: ClassVar[bool] = False
     _rng_seed: int | None = None
+    _batch_idx: int = 0  # of the current training batch (0 outside a Lightning fit)
 
     @property
     def rng_seed(self) -> int:
@@ -100,6 +109,7 @@ class SeededSteps(pl.LightningModule):
     def reseed_rng(self, batch_idx: int) -> None:
         """Seed the CPU and accelerator generators for training batch ``batch_idx`` of the
         current epoch (the CPU one without the rank when :attr:`rng_shared_across_ranks`)."""
+        self._batch_idx = batch_idx
         seed, epoch, rank = self.rng_seed, self.current_epoch, self.global_rank
         device_seed = step_seed(seed, epoch, batch_idx, rank)
         cpu_seed = step_seed(seed, epoch, batch_idx, 0) if self.rng_shared_across_ranks \
@@ -112,6 +122,13 @@ class SeededSteps(pl.LightningModule):
         world = self.trainer.world_size if self._trainer is not None else 1
         return SampleKeys.from_seeds(sample_seeds, self.rng_seed, self.global_rank, world,
                                      step_seed(self.rng_seed, self.current_epoch, batch_idx, 0))
+
+    def step_generator(self, stream: int) -> torch.Generator:
+        """A CPU generator for a decision the whole training batch shares, identical on every
+        rank: seeded by :func:`shared_step_seed` (:attr:`rng_seed`, epoch, batch index,
+        ``stream``), so 1 and N processes, micro-batching and a resumed run draw the same."""
+        seed = shared_step_seed(self.rng_seed, self.current_epoch, self._batch_idx, stream)
+        return torch.Generator().manual_seed(seed)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[RNG_SEED_KEY] = self.rng_seed

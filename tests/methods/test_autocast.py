@@ -29,6 +29,10 @@ def _randn(*shape: int) -> Tensor:
     return torch.randn(*shape)
 
 
+def _directions() -> Tensor:
+    return torch.nn.functional.normalize(torch.randn(D, K), dim=0)
+
+
 # One factory per loss class: (loss module, positional inputs (tensors or lists of tensors)).
 LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "NTXentLoss": lambda: (losses.NTXentLoss(0.2, chunk_size=None), (_randn(B, D), _randn(B, D))),
@@ -62,6 +66,13 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "IBOTPatchLoss(iBOT++)": lambda: (losses.IBOTPatchLoss(K, visible_weight=1.0),
                                       (_randn(B, 2, 4, K), _randn(B, 2, 4, K),
                                        torch.arange(B * 2 * 4).view(B, 2, 4) % 3 == 0, 0.04)),
+    "SIGRegLoss": lambda: (losses.SIGRegLoss(num_slices=K), (_randn(B, 3, D), _directions())),
+    "LeJEPALoss": lambda: (losses.LeJEPALoss(num_slices=K), (_randn(B, 4, D), _directions())),
+    "TiCoLoss": lambda: (losses.TiCoLoss(D), (_randn(B, D), _randn(B, D))),
+    "MMCRLoss": lambda: (losses.MMCRLoss(0.1), (_randn(B, 3, D),)),
+    "WMSELoss": lambda: (losses.WMSELoss(whitening_size=4), (_randn(B, 2, 3),
+                                                            (torch.randperm(B),))),
+    "VIbCRegLoss": lambda: (losses.VIbCRegLoss(), (_randn(B, D), _randn(B, D))),
 }
 
 

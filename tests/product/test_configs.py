@@ -47,6 +47,8 @@ EXTRA_ARGS: dict[str, list[str]] = {
                  "--model.init_args.decoder_depth", "1"],
     "ijepa.yaml": ["--model.init_args.backbone.init_args.depth", "1",
                    "--model.init_args.predictor_depth", "1"],
+    "wmse.yaml": ["--model.init_args.whitening_size", "4",  # batch 4: one sub-batch
+                  "--model.init_args.projection_dim", "2"],
     **{name: ["--model.init_args.backbone.init_args.depth", "1",
               "--model.init_args.backbone.init_args.arch", "tiny",
               "--model.init_args.head_out_dim", "64", "--model.init_args.patch_out_dim", "64",

@@ -38,11 +38,14 @@ from ssl_lightning.methods import (
     BYOL,
     DCL,
     DINO,
+    MMCR,
     NNBYOL,
     NNCLR,
+    WMSE,
     BarlowTwins,
     DirectCLR,
     FastSiam,
+    LeJEPA,
     MoCoV2,
     MoCoV2Plus,
     MoCoV3,
@@ -52,6 +55,8 @@ from ssl_lightning.methods import (
     SSLMethod,
     SupCon,
     SwAV,
+    TiCo,
+    VIbCReg,
     VICReg,
 )
 from ssl_lightning.training.grad_cache import grad_cached_loss
@@ -118,7 +123,22 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                                    head_batch_norm=False, momentum_base=0.9, queue_size=16,
                                    **kw), TWO_VIEWS),
     "directclr": (lambda **kw: DirectCLR(_backbone(), loss_dim=8, **kw), TWO_VIEWS),
+    "lejepa": (lambda **kw: LeJEPA(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                                   head_batch_norm=False, num_slices=16, **kw), MULTI_CROP),
+    "tico": (lambda **kw: TiCo(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                               head_batch_norm=False, momentum_base=0.9, **kw), TWO_VIEWS),
+    "mmcr": (lambda **kw: MMCR(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                               head_batch_norm=False, **kw), (8, 8, 8)),
+    "wmse": (lambda **kw: WMSE(_backbone(), projection_hidden_dim=16, projection_dim=3,
+                               head_batch_norm=False, whitening_size=4, **kw), TWO_VIEWS),
+    # IterNorm, like BatchNorm, normalises each micro-batch by its own statistics: off here.
+    "vibcreg": (lambda **kw: VIbCReg(_backbone(), expander_hidden_dim=16, expander_dim=16,
+                                     head_batch_norm=False, iternorm=False,
+                                     covariance_weight=1.0, **kw), TWO_VIEWS),
 }
+#: Methods whose smallest global batch exceeds the naive test's batches of 2 (W-MSE: one
+#: whitening sub-batch of 4 > D samples); they refuse such a batch before the first step.
+MIN_BATCH_ABOVE_TWO = {"wmse"}
 
 
 #: Micro-batches = whole batch is an exactness check, so it runs in float64 (Lightning's 64-true
@@ -188,6 +208,10 @@ def test_micro_batches_equal_whole_batch(name: str, whole_batch: dict[str, dict]
 def test_naive_accumulation_changes_coupled_losses_and_warns(
     name: str, whole_batch: dict[str, dict]
 ) -> None:
+    if name in MIN_BATCH_ABOVE_TWO:
+        with pytest.raises(ValueError, match="global batch"):
+            _fit(name, 2, None, accumulate_grad_batches=4)
+        return
     coupled = METHODS[name][0](**OPTIM).batch_coupled_loss
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -11,11 +11,11 @@ import itertools
 import pytest
 import torch
 
-from ssl_lightning.backbones import ViT
+from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.data.seeding import sample_seed, view_seed
 from ssl_lightning.evaluation import LinearEval
-from ssl_lightning.methods import DINO, IBOT, MAE
-from ssl_lightning.training.step_rng import step_seed
+from ssl_lightning.methods import DINO, IBOT, MAE, LeJEPA
+from ssl_lightning.training.step_rng import shared_step_seed, step_seed
 
 
 class _OnRank:
@@ -141,3 +141,19 @@ def test_the_seed_follows_seed_everything_or_the_argument_and_the_checkpoint_win
     monkeypatch.delenv("PL_GLOBAL_SEED")
     torch.manual_seed(11)
     assert DINO(_vit(0.0), head_out_dim=8, head_hidden_dim=8, head_bottleneck_dim=4).rng_seed == 11
+
+
+def test_step_generator_is_shared_by_the_ranks_and_separates_batches_and_streams() -> None:
+    """The shared-decision generator (SIGReg directions, W-MSE splits): a pure function of
+    (rng_seed, epoch, batch index, stream), never of the rank, and apart from step_seed."""
+    model = LeJEPA(SmallConvNet((4, 8)), projection_hidden_dim=8, projection_dim=4,
+                   rng_seed=7)
+    model.reseed_rng(3)
+    first = torch.randn(5, generator=model.step_generator(1))
+    torch.manual_seed(123)  # the global generator does not matter
+    assert torch.equal(torch.randn(5, generator=model.step_generator(1)), first)
+    assert not torch.equal(torch.randn(5, generator=model.step_generator(2)), first)
+    model.reseed_rng(4)
+    assert not torch.equal(torch.randn(5, generator=model.step_generator(1)), first)
+    seeds = {shared_step_seed(7, 0, 3, s) for s in range(3)}
+    assert len(seeds) == 3 and not seeds & {step_seed(7, 0, 3, r) for r in range(8)}

@@ -1,0 +1,73 @@
+"""MMCR: Yerxa et al., "Learning Efficient Coding of Natural Images with Maximum Manifold Capacity
+Representations", NeurIPS 2023. k views per sample through one network (backbone + projector);
+the nuclear norm of the matrix of per-sample view centroids over the global batch is maximised."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from ssl_lightning.backbones.multicrop import forward_by_resolution
+from ssl_lightning.heads import build_mlp
+from ssl_lightning.losses import MMCRLoss
+from ssl_lightning.losses.mmcr import centroids
+from ssl_lightning.methods.base import SSLMethod
+
+
+class MMCR(SSLMethod):
+    """MMCR.
+
+    Training batches hold k >= 2 views of every sample (e.g. ``SimCLRViews(num_views=k)``);
+    the backbone runs once per view resolution, the projector on all views together. The
+    centroid matrix is gathered from all ranks with gradients.
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of the projector (512 in lightly's CIFAR example).
+        projection_dim: Output size of the projector (128).
+        projection_layers: Linear layers of the projector (2).
+        head_batch_norm: BatchNorm after each hidden Linear. Turn off for BatchNorm-free
+            models (exact-DDP tests), since BatchNorm statistics are per rank.
+        lambda_views: λ, weight of the mean view-matrix nuclear norm (5e-3).
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``).
+        **kwargs: Optimiser arguments of :class:`SSLMethod`.
+    """
+
+    views_used = None  # all k views
+    min_global_batch = 2
+    min_global_batch_reason = "the centroid matrix's nuclear norm compares the samples"
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 512,
+        projection_dim: int = 128,
+        projection_layers: int = 2,
+        head_batch_norm: bool = True,
+        lambda_views: float = 5e-3,
+        projector: nn.Module | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, **kwargs)
+        self.projector = self.build_head("projector", projector, lambda: build_mlp(
+            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
+            batch_norm=head_batch_norm,
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> MMCRLoss:
+        return MMCRLoss(self.hparams["lambda_views"])
+
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        self.require_views(views)
+        batch = views[0].shape[0]
+        features = forward_by_resolution(self.backbone, views)
+        z = self.projector(features).view(len(views), batch, -1).transpose(0, 1)
+        return {"z": z, "features": features[:batch]}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z = outputs["z"]
+        return self.criterion(z, self.gather(centroids(z)))

@@ -1,0 +1,103 @@
+"""W-MSE: Ermolov et al., "Whitening for Self-Supervised Representation Learning", ICML 2021.
+Views through one network (backbone + projector); the embeddings of random sub-batches of the
+global batch are whitened (Cholesky) and the whitened views of a sample pulled together."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.backbones.multicrop import forward_by_resolution
+from ssl_lightning.heads import build_mlp
+from ssl_lightning.losses import WMSELoss
+from ssl_lightning.methods.base import SSLMethod
+
+#: :meth:`~ssl_lightning.training.step_rng.SeededSteps.step_generator` stream of the splits.
+WHITENING_STREAM = 2
+
+
+class WMSE(SSLMethod):
+    """W-MSE.
+
+    The embeddings are gathered from all ranks with gradients; the sub-batch permutations come
+    from the step's shared seed (:meth:`step_generator`), the same on every rank, so N processes
+    whiten exactly the sub-batches of one process on the global batch. The global batch must be
+    a multiple of ``whitening_size`` (checked before the first step).
+
+    Args:
+        backbone: Feature extractor (see :class:`SSLMethod`).
+        projection_hidden_dim: Hidden width of the projector (1024).
+        projection_dim: Output size D of the projector (64; must be below ``whitening_size``).
+        projection_layers: Linear layers of the projector (2).
+        head_batch_norm: BatchNorm after each hidden Linear. Turn off for BatchNorm-free
+            models (exact-DDP tests), since BatchNorm statistics are per rank.
+        whitening_size: w, samples per whitening sub-batch (128).
+        whitening_iters: Random splits per step, the loss averaged over them (1).
+        whitening_eps: ε, covariance shrinkage towards the identity (0).
+        projector: A projection head to use instead of the MLP above (any module mapping the
+            backbone features to ``projection_dim``).
+        **kwargs: Optimiser arguments of :class:`SSLMethod`.
+    """
+
+    views_used = None  # every pair of views (W-MSE 2, W-MSE 4, ...)
+    min_global_batch_reason = "the embeddings are whitened over sub-batches of whitening_size"
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        projection_hidden_dim: int = 1024,
+        projection_dim: int = 64,
+        projection_layers: int = 2,
+        head_batch_norm: bool = True,
+        whitening_size: int = 128,
+        whitening_iters: int = 1,
+        whitening_eps: float = 0.0,
+        projector: nn.Module | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, **kwargs)
+        if whitening_size <= projection_dim:
+            raise ValueError(
+                f"whitening_size={whitening_size} must exceed projection_dim={projection_dim}: "
+                "the covariance of a sub-batch is singular otherwise. Raise whitening_size or "
+                "lower projection_dim.")
+        if whitening_iters < 1:
+            raise ValueError(f"whitening_iters must be >= 1, got {whitening_iters}.")
+        self.min_global_batch = whitening_size
+        self.projector = self.build_head("projector", projector, lambda: build_mlp(
+            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
+            batch_norm=head_batch_norm,
+        ), self.feature_dim, projection_dim, "projection_dim")
+        self.criterion = self.build_criterion()
+
+    def build_criterion(self) -> WMSELoss:
+        return WMSELoss(self.hparams["whitening_size"], self.hparams["whitening_eps"])
+
+    def check_global_batch(self) -> None:
+        """Also refuse a global batch that ``whitening_size`` does not divide."""
+        super().check_global_batch()
+        batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
+        size = self.hparams["whitening_size"]
+        if isinstance(batch_size, int) and (batch_size * self.trainer.world_size) % size:
+            raise ValueError(
+                f"WMSE whitening_size={size} must divide the global batch (batch_size="
+                f"{batch_size} x {self.trainer.world_size} process(es)); choose a "
+                "whitening_size that divides it or change the batch size.")
+
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        self.require_views(views)
+        batch = views[0].shape[0]
+        features = forward_by_resolution(self.backbone, views)
+        z = self.projector(features).view(len(views), batch, -1).transpose(0, 1)
+        return {"z": z, "features": features[:batch]}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z = outputs["z"]
+        v_all = self.gather(z)
+        generator = self.step_generator(WHITENING_STREAM)
+        permutations = [torch.randperm(len(v_all), generator=generator)
+                        for _ in range(self.hparams["whitening_iters"])]
+        return self.criterion(v_all, permutations, self.rank_offset(len(z)), len(z))
