@@ -1,4 +1,4 @@
-"""The commands beside LightningCLI's (``embed``, ``export``, ``list``) and the top-level help
+"""The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``consolidate``) and the top-level help
 text."""
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ def _export(args: list[str]) -> Any:
     return main(args)
 
 
+def _consolidate(args: list[str]) -> Any:
+    from ssl_lightning.sharding import main
+
+    return main(args)
+
+
 def _list(args: list[str]) -> Any:
     from ssl_lightning.cli.listing import main
 
@@ -28,7 +34,7 @@ def _list(args: list[str]) -> Any:
 
 #: ``python -m ssl_lightning <name> ...`` commands that are not LightningCLI subcommands.
 EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
-    "embed": _embed, "export": _export, "list": _list,
+    "embed": _embed, "export": _export, "list": _list, "consolidate": _consolidate,
 }
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # shipped with the package
@@ -51,5 +57,6 @@ def project_description() -> str:
         f"Configs ({CONFIGS_DIR}): {', '.join(configs) or 'none found (installed package)'}.",
         "Commands: fit/validate/test/predict (LightningCLI, e.g. `fit --config "
         "configs/simclr.yaml`), embed (`embed --help`), export (`export --help`), "
-        "list (`list methods|backbones|configs [--filter TEXT]`).",
+        "list (`list methods|backbones|configs [--filter TEXT]`), consolidate (`consolidate "
+        "SHARDED_DIR OUTPUT`: one file from a sharded checkpoint).",
     ])

@@ -35,6 +35,8 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 _STAGE = re.compile(r"layer\d+")
+#: The non-tensor part of a distributed checkpoint (Lightning's name).
+META_FILE = "meta.pt"
 
 
 def local_tensor(t: Tensor) -> Tensor:
@@ -46,6 +48,13 @@ def local_tensor(t: Tensor) -> Tensor:
 def is_sharded(t: Tensor) -> bool:
     """Whether ``t`` is a sharded (DTensor) parameter or buffer."""
     return isinstance(t, DTensor)
+
+
+def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
+    """``module.state_dict()`` with sharded tensors gathered to full ones. A collective when
+    ``module`` is sharded: every process calls it."""
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v
+            for k, v in module.state_dict().items()}
 
 
 def same_layout(a: Tensor, b: Tensor) -> bool:
@@ -166,6 +175,67 @@ def _register_forward_methods(root: nn.Module) -> None:
             register_fsdp_forward_method(root, name)
 
 
+def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a distributed-checkpoint directory (``meta.pt`` + ``.metadata``)."""
+    path = Path(path)
+    return path.is_dir() and (path / META_FILE).is_file() and (path / ".metadata").is_file()
+
+
+def load_sharded_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The distributed checkpoint directory ``path`` as one checkpoint dict on one process,
+    without a process group: its ``meta.pt`` (loops, callbacks, hyperparameters, backbone
+    spec, rng seed) plus the full ``state_dict`` assembled from every process's shard.
+    Optimiser states are left out (a consolidated checkpoint is for evaluation and export).
+
+    Raises:
+        ValueError: ``path`` is not a distributed checkpoint directory.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    if not is_sharded_checkpoint(path):
+        raise ValueError(f"{os.fspath(path)} is not a sharded (distributed) checkpoint "
+                         f"directory with {META_FILE} and .metadata.")
+    checkpoint = torch.load(Path(path) / META_FILE, map_location="cpu", weights_only=True)
+    shards: dict[str, Any] = {}
+    reader = FileSystemReader(os.fspath(path))
+    _load_state_dict(shards, storage_reader=reader,
+                     planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
+    checkpoint["state_dict"] = shards["state_dict"]
+    return checkpoint
+
+
+def consolidate(source: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
+    """Write the sharded checkpoint directory ``source`` as one checkpoint file ``output``
+    (:func:`load_sharded_checkpoint`; temporary file + rename), which ``export``, ``embed``,
+    ``LinearEval`` and ``KNNEval`` read like a DDP run's."""
+    from ssl_lightning.io.atomic import atomic_torch_save
+
+    if Path(output).exists() and Path(output).is_dir():
+        raise ValueError(f"consolidate: the output {os.fspath(output)} is a directory; name a "
+                         "file, e.g. consolidated.ckpt.")
+    atomic_torch_save(load_sharded_checkpoint(source), os.fspath(output))
+
+
+def main(args: list[str] | None = None) -> None:
+    """``python -m ssl_lightning consolidate SHARDED_DIR OUTPUT``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ssl_lightning consolidate",
+        description="One checkpoint file (full weights, hyperparameters, backbone spec; no "
+                    "optimiser state) from a sharded (ShardedStrategy) checkpoint directory.")
+    parser.add_argument("source", help="the sharded checkpoint directory, e.g. last.ckpt")
+    parser.add_argument("output", help="the checkpoint file to write")
+    parsed = parser.parse_args(args)
+    try:
+        consolidate(parsed.source, parsed.output)
+    except ValueError as error:
+        parser.exit(2, f"error: {error}\n")
+    print(f"Wrote {parsed.output} from the shards of {parsed.source}.")
+
+
 class ShardedStrategy(ModelParallelStrategy):
     """Lightning's :class:`ModelParallelStrategy` as FSDP2 over all processes.
 
@@ -195,6 +265,56 @@ class ShardedStrategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None
+                        ) -> dict[str, Any]:
+        """Load a sharded checkpoint into the sharded model and optimiser (re-split when the
+        process count changed) and return its ``meta.pt`` (read with ``weights_only=True``).
+
+        Lightning's loader asks the checkpoint for an optimiser state of every parameter; one
+        that had none when saved (a layer frozen so far, e.g. DINO's last layer in epoch 0)
+        fails there. Here such a parameter keeps no state, as in the uninterrupted run.
+
+        This strategy restores after ``setup`` and ``on_fit_start``, which already built the
+        train loader (the method reads its length); the loader is dropped here, so the fit loop
+        builds it again from the data module restored next, at the checkpoint's position.
+        """
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint import load as dcp_load
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        path = Path(self.broadcast(os.fspath(checkpoint_path)))
+        assert self.model is not None and self.lightning_module is not None
+        trainer = self.lightning_module._trainer
+        if trainer is not None:
+            trainer.fit_loop._combined_loader = None
+        if not is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, weights_only=weights_only)
+        saved = set(FileSystemReader(os.fspath(path)).read_metadata().state_dict_metadata)
+        model_state = {"state_dict": get_model_state_dict(self.model)}
+        dcp_load(model_state, checkpoint_id=path)
+        self.model.load_state_dict(model_state["state_dict"],
+                                   strict=self.lightning_module.strict_loading)
+        for index, optimizer in enumerate(self.optimizers):
+            key = f"optimizer_{index}"
+            optimizer_state = get_optimizer_state_dict(self.model, optimizer)
+            unsaved = {name for name, values in optimizer_state["state"].items()
+                       if not all(f"{key}.state.{name}.{v}" in saved for v in values)}
+            for name in unsaved:
+                del optimizer_state["state"][name]
+            state = {key: optimizer_state}
+            dcp_load(state, checkpoint_id=path)
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state[key],
+                                     options=StateDictOptions(strict=False))
+            for name, parameter in self.model.named_parameters():
+                if name in unsaved:
+                    optimizer.state.pop(parameter, None)
+        return torch.load(path / META_FILE, map_location="cpu", weights_only=True)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any,
                         storage_options: Any | None = None) -> None:
