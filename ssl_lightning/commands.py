@@ -1,5 +1,5 @@
-"""The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``consolidate``) and the top-level help
-text."""
+"""The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``consolidate``) and the
+top-level help text."""
 
 from __future__ import annotations
 

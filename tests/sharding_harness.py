@@ -11,8 +11,11 @@ float64 data stay float64). iBOT and DINOv2 run with ``mask_probability=0``: the
 are still drawn per rank. MAE and I-JEPA draw masks for the global batch on every rank.
 
 The resume check uses the real image-folder data module (random augmentations, its stateful
-loader) in fp32: a straight sharded run writes a distributed checkpoint inside epoch 0, a fresh
-pair of processes (:func:`run_resume`) resumes from it.
+loader) in fp32: a straight sharded run writes a distributed checkpoint after every step (3 per
+epoch), a fresh pair of processes (:func:`run_resume`) resumes from step 2 (inside epoch 0), then
+one process resumes from step 3 (the shards re-split) and is refused step 2 (inside an epoch).
+The known-bad variants run in the first spawn: a teacher sharded as one unit while its student
+is sharded per block, and an EMA applied by rank 0 to gathered full copies.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from lightning_ddp_utils import PrecomputedViews, TensorDataModule, ddp_global_o
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import Subset
 
+import ssl_lightning.callbacks.ema as ema_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
 from ssl_lightning.methods import (
@@ -127,7 +131,7 @@ def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tenso
 
 
 def image_fit(root: Path, strategy: Any, max_steps: int, ckpt_dir: Path | None = None,
-              resume: str | None = None) -> dict[str, torch.Tensor]:
+              resume: str | None = None, devices: int = WORLD) -> dict[str, Any]:
     """DINO (EMA teacher, centre) on the tiny image folder with random SimCLR views, fp32;
     optionally a checkpoint after every step, or resumed from ``resume``."""
     pl.seed_everything(0, verbose=False)
@@ -137,17 +141,46 @@ def image_fit(root: Path, strategy: Any, max_steps: int, ckpt_dir: Path | None =
                                  train_transform=SimCLRViews("cifar", crop_size=16))
     callbacks = [] if ckpt_dir is None else [ModelCheckpoint(
         str(ckpt_dir), filename="{step}", save_top_k=-1, every_n_train_steps=1)]
-    trainer = _trainer(strategy, WORLD, max_steps=max_steps, callbacks=callbacks,
+    trainer = _trainer(strategy, devices, max_steps=max_steps, callbacks=callbacks,
                        enable_checkpointing=ckpt_dir is not None,
                        default_root_dir=str(ckpt_dir or root), limit_val_batches=0)
     trainer.fit(model, data, ckpt_path=resume)
     return {"state": full_state(model), "global_step": trainer.global_step}
 
 
-def _join(rank: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD),
+def _join(rank: int, port: int, world: int = WORLD) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                       RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _ema_of_gathered_on_rank0(pairs: Any, tau: float, buffer_policy: str = "copy") -> None:
+    """Known-bad EMA: rank 0 averages gathered full copies; the teacher shards never change."""
+    with torch.no_grad():
+        for student, teacher in pairs:
+            for s, t in zip(student.parameters(), teacher.parameters(), strict=True):
+                full_s, full_t = s.full_tensor(), t.full_tensor()
+                if dist.get_rank() == 0:
+                    full_t.mul_(tau).add_(full_s, alpha=1 - tau)
+
+
+def _teacher_wrapped_whole() -> str:
+    """Known-bad wrapping: the student per block, the teacher as one unit; the message."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from ssl_lightning.sharding import check_same_sharding, shard_units
+
+    model, mesh = make_method("dino"), init_device_mesh("cpu", (WORLD,))
+    for unit in list(shard_units(model.backbone)):
+        fully_shard(unit, mesh=mesh)
+    for root in (model.backbone, model.teacher_backbone, model.head, model.teacher_head):
+        fully_shard(root, mesh=mesh)
+    try:
+        check_same_sharding(model.ema_pairs())
+    except ValueError as error:
+        return str(error)
+    return ""
 
 
 def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None:
@@ -160,6 +193,12 @@ def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None
     try:
         result["ddp"] = {n: fit_tensors(n, "ddp", WORLD) for n in names}
         result["sharded"] = {n: fit_tensors(n, ShardedStrategy(), WORLD) for n in names}
+        result["bad_wrap"] = _teacher_wrapped_whole()
+        good_ema, ema_module.ema_update_ = ema_module.ema_update_, _ema_of_gathered_on_rank0
+        try:
+            result["bad_ema"] = fit_tensors("dino", ShardedStrategy(), WORLD)
+        finally:
+            ema_module.ema_update_ = good_ema
         torch.set_default_dtype(default)
         root = Path(image_root)
         result["straight"] = image_fit(root, ShardedStrategy(), 4, ckpt_dir=root / "ckpt")
@@ -170,12 +209,25 @@ def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None
 
 def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
     torch.set_num_threads(1)
+    root = Path(image_root)
     _join(rank, port)
     try:
-        root = Path(image_root)
         result = image_fit(root, ShardedStrategy(), 4, resume=str(root / "ckpt" / "step=2.ckpt"))
     finally:
         dist.destroy_process_group()
+    if rank == 0:  # 1 process: the end of epoch 0 (step 3) reshards; inside it is refused
+        _join(0, _free_port(), world=1)
+        try:
+            result["one_process"] = image_fit(root, ShardedStrategy(), 4, devices=1,
+                                              resume=str(root / "ckpt" / "step=3.ckpt"))
+            try:
+                image_fit(root, ShardedStrategy(), 4, devices=1,
+                          resume=str(root / "ckpt" / "step=2.ckpt"))
+                result["refused"] = ""
+            except ValueError as error:
+                result["refused"] = str(error)
+        finally:
+            dist.destroy_process_group()
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
 
 

@@ -4,7 +4,6 @@ an exact mid-epoch resume from a distributed checkpoint (see ``tests/sharding_ha
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +24,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
     make_image_folder(root / "test", classes=2, per_class=6, seed=1)
     ranks = run_all(root)
     single = {**ranks[0]["single"], **ranks[1]["single"]}
-    return {"root": root, "single": single, "ddp": ranks[0]["ddp"],
-            "sharded": ranks[0]["sharded"], "straight": ranks[0]["straight"]}
+    return {"root": root, "single": single, **{k: ranks[0][k] for k in (
+        "ddp", "sharded", "straight", "bad_wrap", "bad_ema")}}
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -50,14 +49,29 @@ def _initial(name: str) -> dict[str, torch.Tensor]:
         torch.set_default_dtype(default)
 
 
+def test_known_bad_variants_are_caught(runs: dict[str, Any]) -> None:
+    """A teacher sharded unlike its student is refused; an EMA of gathered copies on rank 0
+    leaves the teacher shards behind, which the equality check sees."""
+    assert "sharded as units ['']" in runs["bad_wrap"] and "'blocks.0'" in runs["bad_wrap"]
+    single = runs["single"]["dino"]
+    teacher_gap = max((runs["bad_ema"][k] - v).abs().max().item() for k, v in single.items()
+                      if k.startswith("teacher_") and v.numel())
+    assert teacher_gap > 1e-3, teacher_gap
+    with pytest.raises(AssertionError):
+        assert_states_close(runs["bad_ema"], single, atol=ATOL)
+
+
 def test_sharded_mid_epoch_resume_is_exact(runs: dict[str, Any]) -> None:
-    """Step 2 of 3 in epoch 0, resumed in fresh processes, to step 4 (into epoch 1)."""
+    """Step 2 of 3 in epoch 0, resumed in fresh processes, to step 4 (into epoch 1); on one
+    process from step 3 (resharded), and refused from step 2 with both layouts named."""
     checkpoint = runs["root"] / "ckpt" / "step=2.ckpt"
     assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == WORLD
     resumed = run_resume(runs["root"])[0]
     straight = runs["straight"]
     assert resumed["global_step"] == straight["global_step"] == 4
     assert_states_close(resumed["state"], straight["state"], atol=0.0)
+    assert resumed["one_process"]["global_step"] == 4
+    assert "'num_replicas': 2" in resumed["refused"] and "'num_replicas': 1" in resumed["refused"]
 
 
 def test_consolidated_checkpoint_is_the_full_state(runs: dict[str, Any]) -> None:
