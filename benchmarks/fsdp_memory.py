@@ -1,6 +1,6 @@
 """Per-process memory of sharded (FSDP2) training on CPU: 1, 2 and 4 gloo processes.
 
-DINO (student + EMA teacher) with a ViT-S/4 (width 384, 12 blocks, 6 heads; 2 x 21.7M
+DINO (student + EMA teacher) with a ViT-S/4 (width 384, 12 blocks, 6 heads; 2 x 24M
 parameters with the heads) on 32 px views, AdamW, fitted a few steps through the CLI's strategy
 (:class:`ssl_lightning.sharding.ShardedStrategy`) and Lightning's Trainer. Each process reports
 the bytes it holds of parameters (student and teacher), gradients and AdamW state (its local

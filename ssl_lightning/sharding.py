@@ -26,7 +26,7 @@ import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -60,11 +60,9 @@ def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
 def same_layout(a: Tensor, b: Tensor) -> bool:
     """Whether ``a`` and ``b`` are split alike: both unsharded, or DTensors on the same mesh
     with the same placements (so their local shards hold the same slices)."""
-    if isinstance(a, DTensor) != isinstance(b, DTensor):
-        return False
-    if isinstance(a, DTensor):
+    if isinstance(a, DTensor) and isinstance(b, DTensor):
         return a.device_mesh == b.device_mesh and a.placements == b.placements
-    return True
+    return not isinstance(a, DTensor) and not isinstance(b, DTensor)
 
 
 def layout_name(t: Tensor) -> str:
@@ -133,7 +131,7 @@ def shard_method(method: nn.Module, mesh: Any, activation_checkpointing: bool = 
         # no backward to reshard it, would stay unsharded).
         fully_shard(child, reshard_after_forward=True, **options)
         _register_forward_methods(child)
-    pairs = getattr(method, "ema_pairs", lambda: [])()
+    pairs: list[tuple[nn.Module, nn.Module]] = getattr(method, "ema_pairs", list)()
     check_same_sharding(pairs)
 
 
@@ -303,10 +301,11 @@ class ShardedStrategy(ModelParallelStrategy):
         for index, optimizer in enumerate(self.optimizers):
             key = f"optimizer_{index}"
             optimizer_state = get_optimizer_state_dict(self.model, optimizer)
-            unsaved = {name for name, values in optimizer_state["state"].items()
+            states = cast(dict[str, dict[str, Any]], optimizer_state["state"])
+            unsaved = {name for name, values in states.items()
                        if not all(f"{key}.state.{name}.{v}" in saved for v in values)}
             for name in unsaved:
-                del optimizer_state["state"][name]
+                del states[name]
             state = {key: optimizer_state}
             dcp_load(state, checkpoint_id=path)
             set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state[key],
