@@ -14,7 +14,7 @@ The resume check uses the real image-folder data module (random augmentations, i
 loader) in fp32: a straight sharded run writes a distributed checkpoint after every step (3 per
 epoch), a fresh pair of processes (:func:`run_resume`) resumes from step 2 (inside epoch 0), then
 one process resumes from step 3 (the shards re-split) and is refused step 2 (inside an epoch).
-The known-bad variants run in the first spawn: a teacher sharded as one unit while its student
+iBOT also runs with activation checkpointing. The known-bad variants run in the first spawn: a teacher sharded as one unit while its student
 is sharded per block, and an EMA applied by rank 0 to gathered full copies.
 """
 
@@ -193,6 +193,8 @@ def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None
     try:
         result["ddp"] = {n: fit_tensors(n, "ddp", WORLD) for n in names}
         result["sharded"] = {n: fit_tensors(n, ShardedStrategy(), WORLD) for n in names}
+        result["checkpointed"] = fit_tensors("ibot", ShardedStrategy(activation_checkpointing=True),
+                                             WORLD)
         result["bad_wrap"] = _teacher_wrapped_whole()
         good_ema, ema_module.ema_update_ = ema_module.ema_update_, _ema_of_gathered_on_rank0
         try:

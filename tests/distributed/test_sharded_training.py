@@ -25,7 +25,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
     ranks = run_all(root)
     single = {**ranks[0]["single"], **ranks[1]["single"]}
     return {"root": root, "single": single, **{k: ranks[0][k] for k in (
-        "ddp", "sharded", "straight", "bad_wrap", "bad_ema")}}
+        "ddp", "sharded", "straight", "bad_wrap", "bad_ema", "checkpointed")}}
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -47,6 +47,10 @@ def _initial(name: str) -> dict[str, torch.Tensor]:
         return make_method(name).state_dict()
     finally:
         torch.set_default_dtype(default)
+
+
+def test_activation_checkpointing_changes_nothing(runs: dict[str, Any]) -> None:
+    assert_states_close(runs["checkpointed"], runs["single"]["ibot"], atol=ATOL)
 
 
 def test_known_bad_variants_are_caught(runs: dict[str, Any]) -> None:
