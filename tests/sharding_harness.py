@@ -14,8 +14,9 @@ The resume check uses the real image-folder data module (random augmentations, i
 loader) in fp32: a straight sharded run writes a distributed checkpoint after every step (3 per
 epoch), a fresh pair of processes (:func:`run_resume`) resumes from step 2 (inside epoch 0), then
 one process resumes from step 3 (the shards re-split) and is refused step 2 (inside an epoch).
-iBOT also runs with activation checkpointing. The known-bad variants run in the first spawn: a teacher sharded as one unit while its student
-is sharded per block, and an EMA applied by rank 0 to gathered full copies.
+iBOT also runs with activation checkpointing. The known-bad variants run in the first spawn: a
+teacher sharded as one unit while its student is sharded per block, and an EMA applied by rank 0
+to gathered full copies.
 """
 
 from __future__ import annotations
