@@ -1,5 +1,5 @@
-"""The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``channel-stats``) and
-the top-level help text."""
+"""The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``channel-stats``,
+``consolidate``) and the top-level help text."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ def _channel_stats(args: list[str]) -> Any:
     return main(args)
 
 
+def _consolidate(args: list[str]) -> Any:
+    from ssl_lightning.sharding import main
+
+    return main(args)
+
+
 def _list(args: list[str]) -> Any:
     from ssl_lightning.cli.listing import main
 
@@ -35,6 +41,7 @@ def _list(args: list[str]) -> Any:
 #: ``python -m ssl_lightning <name> ...`` commands that are not LightningCLI subcommands.
 EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
     "embed": _embed, "export": _export, "list": _list, "channel-stats": _channel_stats,
+    "consolidate": _consolidate,
 }
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # shipped with the package
@@ -64,5 +71,6 @@ def project_description() -> str:
         "Commands: fit/validate/test/predict (LightningCLI, e.g. `fit --config "
         "simclr`), embed (`embed --help`), export (`export --help`), "
         "list (`list methods|backbones|configs [--filter TEXT]`), channel-stats "
-        "(`channel-stats --images DIR`: per-channel mean/std of multi-channel images).",
+        "(`channel-stats --images DIR`: per-channel mean/std of multi-channel images), "
+        "consolidate (`consolidate SHARDED_DIR OUTPUT`: one file from a sharded checkpoint).",
     ])

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ssl_lightning.backbones.pretrained import load_torch_data, state_differences
 from ssl_lightning.backbones.spec import build_backbone
 from ssl_lightning.deprecation import rename_state_keys, renamed_prefix
+from ssl_lightning.sharding import is_sharded_checkpoint, load_sharded_checkpoint
 
 DEFAULT_PREFIX = "backbone."
 #: Checkpoint entry with the backbone's ``{"class_path", "init_args"}`` (written by SSLMethod).
@@ -58,7 +59,9 @@ def load_checkpoint(path: str | os.PathLike, what: str = "Checkpoint",
     ``fix`` (what to do) go into the message of an unreadable file.
 
     The file is read with ``torch.load(weights_only=True)``: tensors and plain containers
-    only, so a file that pickles other Python objects (which could run code) is refused.
+    only, so a file that pickles other Python objects (which could run code) is refused. A
+    sharded checkpoint directory (``ShardedStrategy``) is read whole, its shards assembled
+    (:func:`ssl_lightning.sharding.load_sharded_checkpoint`).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -66,6 +69,8 @@ def load_checkpoint(path: str | os.PathLike, what: str = "Checkpoint",
             objects, or is not a Lightning checkpoint (no ``state_dict``).
     """
     path = os.fspath(path)
+    if is_sharded_checkpoint(path):
+        return load_sharded_checkpoint(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Checkpoint file not found: {path!r}.")
     checkpoint: Any = load_torch_data(path, what, fix)

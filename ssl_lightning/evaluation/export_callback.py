@@ -22,6 +22,7 @@ from ssl_lightning.backbones import backbone_spec
 from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, SPEC_KEY
 from ssl_lightning.io import atomic_path, run_directory
+from ssl_lightning.sharding import full_state_dict
 
 NativeFormat = Literal["torchvision", "timm", "state_dict"]
 FitExportFormat = Literal["auto", "torchvision", "timm", "state_dict"]
@@ -143,11 +144,12 @@ class ExportBackbone(pl.Callback):
         if not self.enabled or getattr(trainer, "fast_dev_run", False):
             return
         run_dir = run_directory(trainer)  # a broadcast under DDP: read on every rank
+        state = full_state_dict(self._backbone(pl_module))  # sharded: gathered on every rank
         if not trainer.is_global_zero:
             return
         path = os.path.join(run_dir, "export", "backbone.pt")
         fmt = self._format(self._backbone(pl_module))
-        self.snippet = export_module_backbone(pl_module, path, fmt, self.prefix)
+        self.snippet = export_module_backbone(pl_module, path, fmt, self.prefix, state)
         self.path = path
         print(f"Exported the backbone ({fmt} format) to "
               f"{path}. Load it with:\n{self.snippet}", flush=True)
@@ -155,12 +157,17 @@ class ExportBackbone(pl.Callback):
 
 
 def export_module_backbone(module: nn.Module, output: str, fmt: NativeFormat,
-                           prefix: str = DEFAULT_PREFIX) -> str:
+                           prefix: str = DEFAULT_PREFIX,
+                           backbone_state: Mapping[str, Tensor] | None = None) -> str:
     """Export the ``prefix`` module of ``module`` to ``output`` in format ``fmt`` (through a
-    temporary checkpoint read by ``export_state_dict``); returns the lines that load it."""
+    temporary checkpoint read by ``export_state_dict``); returns the lines that load it.
+    ``backbone_state``: that module's state when already gathered (sharded training)."""
     from ssl_lightning.evaluation.export import export_state_dict
 
-    state = {k: v for k, v in module.state_dict().items() if k.startswith(prefix)}
+    if backbone_state is not None:
+        state = {prefix + k: v for k, v in backbone_state.items()}
+    else:
+        state = {k: v for k, v in module.state_dict().items() if k.startswith(prefix)}
     spec = backbone_spec(module.get_submodule(prefix[:-1]))
     with tempfile.TemporaryDirectory(prefix="ssl_export_") as tmp:
         checkpoint = os.path.join(tmp, "backbone.ckpt")

@@ -37,6 +37,7 @@ from ssl_lightning.optim import (
     split_decay_groups,
 )
 from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.sharding import shard_method, sharded_paths
 from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.training.grad_cache import check_micro_batch_size, grad_cached_loss
 from ssl_lightning.training.sample_rng import keyed_forward
@@ -282,6 +283,17 @@ class SSLMethod(SeededSteps):
             self.backbone.register_forward_pre_hook(_inputs_to_channels_last)
         if self.hparams.get("compile_backbone", False):
             self.backbone.compile()
+
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy`` (``configs/shared/fsdp.yaml``): shard the
+        backbone, heads and teachers with FSDP2, once (:func:`ssl_lightning.sharding.
+        shard_method`; the strategy's ``activation_checkpointing`` and ``mixed_precision``)."""
+        if self._device_mesh is None or sharded_paths(self.backbone):
+            return
+        strategy = self.trainer.strategy
+        shard_method(self, self._device_mesh,
+                     activation_checkpointing=getattr(strategy, "activation_checkpointing", False),
+                     mixed_precision=getattr(strategy, "mixed_precision", False))
 
     def on_fit_start(self) -> None:
         self.check_global_batch()

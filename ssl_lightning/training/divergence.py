@@ -14,6 +14,8 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from ssl_lightning.sharding import is_sharded, local_tensor
+
 ADVICE = (
     "Try a lower learning rate (--model.lr), a longer warm-up (--model.warmup_epochs), "
     "bf16-mixed instead of 16-mixed precision (--trainer.precision bf16-mixed), or gradient "
@@ -63,11 +65,14 @@ def check_finite_weights(module: pl.LightningModule, reduce: bool = True) -> Non
     Runs after every training batch (so no validation or checkpoint sees diverged weights: a
     finite loss can still produce an infinite update) and before every checkpoint save.
     ``reduce``: combine the flag over ranks (one scalar all-reduce); without it the check is
-    local, which is consistent under DDP, where every rank holds the same parameters.
+    local, which is consistent under DDP, where every rank holds the same parameters; sharded
+    parameters (FSDP2) are checked on this rank's shards and always reduced.
     """
     params = [p.detach() for p in module.parameters() if p.is_floating_point()]
     if not params:
         return
+    reduce = reduce or any(is_sharded(p) for p in params)
+    params = [local_tensor(p) for p in params]
     bad = (~torch.isfinite(torch.stack(torch._foreach_norm(params)))).any().float().reshape(1)
     trainer = module._trainer
     if reduce and trainer is not None:

@@ -22,6 +22,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from ssl_lightning.sharding import layout_name, local_tensor, same_layout
+
 Schedule = Literal["cosine", "constant"]
 BufferPolicy = Literal["copy", "ema", "none"]
 
@@ -38,7 +40,8 @@ def ema_update_(
     pairs: Sequence[tuple[nn.Module, nn.Module]], tau: float, buffer_policy: BufferPolicy = "copy"
 ) -> None:
     """In place: ``teacher = tau·teacher + (1 − tau)·student`` for every pair, with fused
-    ``torch._foreach`` ops, then the buffers according to ``buffer_policy`` (see the module doc)."""
+    ``torch._foreach`` ops, then the buffers according to ``buffer_policy`` (see the module doc).
+    Sharded pairs (FSDP2) update their local shards, which must be laid out alike."""
     t_params: list[torch.Tensor] = []
     s_params: list[torch.Tensor] = []
     t_buffers: list[torch.Tensor] = []
@@ -47,12 +50,14 @@ def ema_update_(
         for (name, s), (_, t) in zip(
             student.named_parameters(), teacher.named_parameters(), strict=True
         ):
-            if s.shape != t.shape:
+            if s.shape != t.shape or not same_layout(s, t):
                 raise ValueError(f"EMA pair mismatch at parameter {name!r}: student "
-                                 f"{tuple(s.shape)} vs teacher {tuple(t.shape)}.")
-            t_params.append(t)
-            s_params.append(s.detach())
+                                 f"{tuple(s.shape)} ({layout_name(s)}) vs teacher "
+                                 f"{tuple(t.shape)} ({layout_name(t)}).")
+            t_params.append(local_tensor(t))
+            s_params.append(local_tensor(s.detach()))
         for s_buf, t_buf in zip(student.buffers(), teacher.buffers(), strict=True):
+            s_buf, t_buf = local_tensor(s_buf), local_tensor(t_buf)
             if buffer_policy == "ema" and t_buf.is_floating_point():
                 t_buffers.append(t_buf)
                 s_buffers.append(s_buf)

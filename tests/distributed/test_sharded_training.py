@@ -1,0 +1,84 @@
+"""Sharded (FSDP2) training = DDP = one process holding the global batch, for every method, and
+an exact mid-epoch resume from a distributed checkpoint (see ``tests/sharding_harness.py``: one
+2-process spawn for all fits, a second, fresh one for the resume)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from lightning_ddp_utils import assert_states_close
+from sharding_harness import METHODS, WORLD, run_all, run_resume
+
+from ssl_lightning.sharding import load_sharded_checkpoint
+
+#: float64: the three runs differ by rounding only (measured max |diff| <= 2e-15).
+ATOL = 1e-9
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("sharded")
+    make_image_folder(root / "train", classes=2, per_class=12, seed=0)
+    make_image_folder(root / "test", classes=2, per_class=6, seed=1)
+    ranks = run_all(root)
+    single = {**ranks[0]["single"], **ranks[1]["single"]}
+    return {"root": root, "single": single, **{k: ranks[0][k] for k in (
+        "ddp", "sharded", "straight", "bad_wrap", "bad_ema", "checkpointed")}}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_sharded_equals_ddp_equals_one_process(runs: dict[str, Any], name: str) -> None:
+    single, ddp, sharded = runs["single"][name], runs["ddp"][name], runs["sharded"][name]
+    assert_states_close(ddp, single, atol=ATOL, path=f"{name} ddp")
+    assert_states_close(sharded, single, atol=ATOL, path=f"{name} sharded")
+    changed = [k for k, v in single.items() if v.is_floating_point()
+               and not torch.equal(v, _initial(name)[k])]
+    assert changed, f"{name}: nothing trained"
+
+
+def _initial(name: str) -> dict[str, torch.Tensor]:
+    from sharding_harness import make_method
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return make_method(name).state_dict()
+    finally:
+        torch.set_default_dtype(default)
+
+
+def test_activation_checkpointing_changes_nothing(runs: dict[str, Any]) -> None:
+    assert_states_close(runs["checkpointed"], runs["single"]["ibot"], atol=ATOL)
+
+
+def test_known_bad_variants_are_caught(runs: dict[str, Any]) -> None:
+    """A teacher sharded unlike its student is refused; an EMA of gathered copies on rank 0
+    leaves the teacher shards behind, which the equality check sees."""
+    assert "sharded as units ['']" in runs["bad_wrap"] and "'blocks.0'" in runs["bad_wrap"]
+    single = runs["single"]["dino"]
+    teacher_gap = max((runs["bad_ema"][k] - v).abs().max().item() for k, v in single.items()
+                      if k.startswith("teacher_") and v.numel())
+    assert teacher_gap > 1e-3, teacher_gap
+    with pytest.raises(AssertionError):
+        assert_states_close(runs["bad_ema"], single, atol=ATOL)
+
+
+def test_sharded_mid_epoch_resume_is_exact(runs: dict[str, Any]) -> None:
+    """Step 2 of 3 in epoch 0, resumed in fresh processes, to step 4 (into epoch 1); on one
+    process from step 3 (resharded), and refused from step 2 with both layouts named."""
+    checkpoint = runs["root"] / "ckpt" / "step=2.ckpt"
+    assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == WORLD
+    resumed = run_resume(runs["root"])[0]
+    straight = runs["straight"]
+    assert resumed["global_step"] == straight["global_step"] == 4
+    assert_states_close(resumed["state"], straight["state"], atol=0.0)
+    assert resumed["one_process"]["global_step"] == 4
+    assert "'num_replicas': 2" in resumed["refused"] and "'num_replicas': 1" in resumed["refused"]
+
+
+def test_consolidated_checkpoint_is_the_full_state(runs: dict[str, Any]) -> None:
+    checkpoint = load_sharded_checkpoint(runs["root"] / "ckpt" / "step=4.ckpt")
+    assert checkpoint["global_step"] == 4 and "backbone_spec" in checkpoint
+    assert_states_close(checkpoint["state_dict"], runs["straight"]["state"], atol=0.0)

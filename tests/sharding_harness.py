@@ -1,0 +1,257 @@
+"""Sharded (FSDP2) training of every method: one 2-process spawn running many checks.
+
+:func:`run_all` spawns 2 CPU processes. Before joining a process group, rank r fits the
+single-process references (the global batch of 8 on one process) of every other method; then
+both join one gloo group and every method is fitted with Lightning's DDP and with
+:class:`~ssl_lightning.sharding.ShardedStrategy` inside that group (the product matrix's trick:
+one start-up for all fits). Tiny ViTs (depth 1, width 16, 16 px), 24 precomputed samples (3
+optimiser steps of 4 per rank), float64 through ``torch.set_default_dtype`` (Lightning refuses
+``precision="64-true"`` for ``ModelParallelStrategy``; under ``32-true`` a float64 model and
+float64 data stay float64). iBOT and DINOv2 run with ``mask_probability=0``: their block masks
+are still drawn per rank. MAE and I-JEPA draw masks for the global batch on every rank.
+
+The resume check uses the real image-folder data module (random augmentations, its stateful
+loader) in fp32: a straight sharded run writes a distributed checkpoint after every step (3 per
+epoch), a fresh pair of processes (:func:`run_resume`) resumes from step 2 (inside epoch 0), then
+one process resumes from step 3 (the shards re-split) and is refused step 2 (inside an epoch).
+iBOT also runs with activation checkpointing. The known-bad variants run in the first spawn: a
+teacher sharded as one unit while its student is sharded per block, and an EMA applied by rank 0
+to gathered full copies.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from lightning_ddp_utils import PrecomputedViews, TensorDataModule, ddp_global_order
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import Subset
+
+import ssl_lightning.callbacks.ema as ema_module
+from ssl_lightning.backbones import ViT
+from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
+from ssl_lightning.methods import (
+    BYOL,
+    DCL,
+    DINO,
+    IBOT,
+    IJEPA,
+    MAE,
+    NNCLR,
+    BarlowTwins,
+    DINOv2,
+    MoCoV2,
+    MoCoV3,
+    SimCLR,
+    SimSiam,
+    SupCon,
+    SwAV,
+    VICReg,
+)
+from ssl_lightning.sharding import ShardedStrategy
+
+SAMPLES, BATCH, WORLD, STEPS = 24, 4, 2, 3
+OPT = dict(lr_scaling="none", warmup_epochs=0, image_size=16)
+HEAD = dict(projection_hidden_dim=16, projection_dim=8, head_batch_norm=False)
+DINO_HEAD = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8,
+                 warmup_teacher_temperature_epochs=0, momentum_base=0.9)
+MIM = dict(shared_head=False, patch_out_dim=24, mask_probability=0.0, num_local_crops=1)
+#: Two 16 px views, and a local 8 px crop for the multi-crop methods.
+MULTI_CROP = ("dino", "swav", "ibot", "dinov2")
+
+
+def vit(**kwargs: Any) -> ViT:
+    """A 1-block ViT of width 16 on 16 px images (4 px patches unless given)."""
+    return ViT(**{"image_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1,
+                  "num_heads": 2, **kwargs})
+
+
+METHODS: dict[str, Callable[[], pl.LightningModule]] = {
+    "simclr": lambda: SimCLR(vit(), **HEAD, **OPT),
+    "dcl": lambda: DCL(vit(), **HEAD, **OPT),
+    "supcon": lambda: SupCon(vit(), **HEAD, **OPT),
+    "nnclr": lambda: NNCLR(vit(), **HEAD, predictor_hidden_dim=16, queue_size=16, **OPT),
+    "moco_v2": lambda: MoCoV2(vit(), projection_hidden_dim=16, projection_dim=8, queue_size=16,
+                              shuffle_bn=False, momentum_base=0.9, **OPT),
+    "moco_v3": lambda: MoCoV3(vit(), **HEAD, momentum_base=0.9, **OPT),
+    "byol": lambda: BYOL(vit(), projection_hidden_dim=16, projection_dim=8,
+                         head_batch_norm=False, momentum_base=0.9, **OPT),
+    "simsiam": lambda: SimSiam(vit(), **HEAD, predictor_hidden_dim=4, **OPT),
+    "barlow_twins": lambda: BarlowTwins(vit(), **HEAD, **OPT),
+    "vicreg": lambda: VICReg(vit(), expander_hidden_dim=16, expander_dim=8,
+                             head_batch_norm=False, **OPT),
+    "swav": lambda: SwAV(vit(), **HEAD, num_prototypes=6, freeze_prototypes_steps=1, **OPT),
+    "dino": lambda: DINO(vit(), **DINO_HEAD, **OPT),
+    "ibot": lambda: IBOT(vit(mask_token=True), **DINO_HEAD, **MIM, **OPT),
+    "dinov2": lambda: DINOv2(vit(mask_token=True, num_registers=1), **DINO_HEAD, **MIM, **OPT),
+    "mae": lambda: MAE(vit(patch_size=2), decoder_dim=16, decoder_depth=1, decoder_heads=2,
+                       **OPT),
+    "ijepa": lambda: IJEPA(vit(patch_size=2, pool="mean"), predictor_dim=16, predictor_depth=1,
+                           predictor_heads=2, momentum_base=0.9, **OPT),
+}
+
+
+def make_method(name: str) -> pl.LightningModule:
+    torch.manual_seed(0)
+    return METHODS[name]()
+
+
+def full_state(model: pl.LightningModule) -> dict[str, torch.Tensor]:
+    """The model's state with sharded tensors gathered (a collective under sharding)."""
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in model.state_dict().items()}
+
+
+def _trainer(strategy: Any, devices: int, **kwargs: Any) -> pl.Trainer:
+    settings: dict[str, Any] = dict(logger=False, enable_checkpointing=False,
+                                    enable_progress_bar=False, enable_model_summary=False,
+                                    num_sanity_val_steps=0, max_steps=STEPS)
+    settings.update(kwargs)
+    return pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy,
+                      precision="32-true", **settings)
+
+
+def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tensor]:
+    """Fit method ``name`` STEPS steps on the precomputed views (the global order on 1
+    process) and return its full state."""
+    data = PrecomputedViews(SAMPLES, (16, 16, 8) if name in MULTI_CROP else (16, 16))
+    if devices == 1:
+        data = Subset(data, ddp_global_order(SAMPLES, WORLD, BATCH))
+    model = make_method(name)
+    _trainer(strategy, devices).fit(model, TensorDataModule(data, BATCH * WORLD // devices))
+    return full_state(model)
+
+
+def image_fit(root: Path, strategy: Any, max_steps: int, ckpt_dir: Path | None = None,
+              resume: str | None = None, devices: int = WORLD) -> dict[str, Any]:
+    """DINO (EMA teacher, centre) on the tiny image folder with random SimCLR views, fp32;
+    optionally a checkpoint after every step, or resumed from ``resume``."""
+    pl.seed_everything(0, verbose=False)
+    model = make_method("dino")
+    data = ImageFolderDataModule(str(root / "train"), str(root / "test"), preset="cifar",
+                                 batch_size=BATCH, num_workers=0,
+                                 train_transform=SimCLRViews("cifar", crop_size=16))
+    callbacks = [] if ckpt_dir is None else [ModelCheckpoint(
+        str(ckpt_dir), filename="{step}", save_top_k=-1, every_n_train_steps=1)]
+    trainer = _trainer(strategy, devices, max_steps=max_steps, callbacks=callbacks,
+                       enable_checkpointing=ckpt_dir is not None,
+                       default_root_dir=str(ckpt_dir or root), limit_val_batches=0)
+    trainer.fit(model, data, ckpt_path=resume)
+    return {"state": full_state(model), "global_step": trainer.global_step}
+
+
+def _join(rank: int, port: int, world: int = WORLD) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _ema_of_gathered_on_rank0(pairs: Any, tau: float, buffer_policy: str = "copy") -> None:
+    """Known-bad EMA: rank 0 averages gathered full copies; the teacher shards never change."""
+    with torch.no_grad():
+        for student, teacher in pairs:
+            for s, t in zip(student.parameters(), teacher.parameters(), strict=True):
+                full_s, full_t = s.full_tensor(), t.full_tensor()
+                if dist.get_rank() == 0:
+                    full_t.mul_(tau).add_(full_s, alpha=1 - tau)
+
+
+def _teacher_wrapped_whole() -> str:
+    """Known-bad wrapping: the student per block, the teacher as one unit; the message."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from ssl_lightning.sharding import check_same_sharding, shard_units
+
+    model, mesh = make_method("dino"), init_device_mesh("cpu", (WORLD,))
+    for unit in list(shard_units(model.backbone)):
+        fully_shard(unit, mesh=mesh)
+    for root in (model.backbone, model.teacher_backbone, model.head, model.teacher_head):
+        fully_shard(root, mesh=mesh)
+    try:
+        check_same_sharding(model.ema_pairs())
+    except ValueError as error:
+        return str(error)
+    return ""
+
+
+def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None:
+    torch.set_num_threads(1)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    names = list(METHODS)
+    result: dict[str, Any] = {"single": {n: fit_tensors(n, "auto", 1) for n in names[rank::2]}}
+    _join(rank, port)
+    try:
+        result["ddp"] = {n: fit_tensors(n, "ddp", WORLD) for n in names}
+        result["sharded"] = {n: fit_tensors(n, ShardedStrategy(), WORLD) for n in names}
+        result["checkpointed"] = fit_tensors("ibot", ShardedStrategy(activation_checkpointing=True),
+                                             WORLD)
+        result["bad_wrap"] = _teacher_wrapped_whole()
+        good_ema, ema_module.ema_update_ = ema_module.ema_update_, _ema_of_gathered_on_rank0
+        try:
+            result["bad_ema"] = fit_tensors("dino", ShardedStrategy(), WORLD)
+        finally:
+            ema_module.ema_update_ = good_ema
+        torch.set_default_dtype(default)
+        root = Path(image_root)
+        result["straight"] = image_fit(root, ShardedStrategy(), 4, ckpt_dir=root / "ckpt")
+    finally:
+        dist.destroy_process_group()
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+
+
+def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
+    torch.set_num_threads(1)
+    root = Path(image_root)
+    _join(rank, port)
+    try:
+        result = image_fit(root, ShardedStrategy(), 4, resume=str(root / "ckpt" / "step=2.ckpt"))
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:  # 1 process: the end of epoch 0 (step 3) reshards; inside it is refused
+        _join(0, _free_port(), world=1)
+        try:
+            result["one_process"] = image_fit(root, ShardedStrategy(), 4, devices=1,
+                                              resume=str(root / "ckpt" / "step=3.ckpt"))
+            try:
+                image_fit(root, ShardedStrategy(), 4, devices=1,
+                          resume=str(root / "ckpt" / "step=2.ckpt"))
+                result["refused"] = ""
+            except ValueError as error:
+                result["refused"] = str(error)
+        finally:
+            dist.destroy_process_group()
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn(worker: Callable[..., None], image_root: Path) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(worker, args=(_free_port(), out, str(image_root)), nprocs=WORLD)
+        return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=True)
+                for r in range(WORLD)]
+
+
+def run_all(image_root: Path) -> list[dict[str, Any]]:
+    """Every method single / DDP / sharded, and the straight sharded image-folder run."""
+    return _spawn(_equivalence_worker, image_root)
+
+
+def run_resume(image_root: Path) -> list[dict[str, Any]]:
+    """The sharded image-folder run resumed from its step-2 checkpoint in fresh processes."""
+    return _spawn(_resume_worker, image_root)
