@@ -25,6 +25,7 @@ from ssl_lightning.losses.centering import Centering
 from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.dino import DINO
+from ssl_lightning.optim import epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
 
 
@@ -138,9 +139,9 @@ class IBOT(DINO):
     def patch_teacher_temperature(self, epoch: int) -> float:
         """Patch τ_t of ``epoch``: the [CLS] warm-up schedule between the patch values."""
         hp = self.hparams
-        warmup, end = hp["warmup_teacher_temperature_epochs"], hp["patch_teacher_temperature"]
-        start = hp["warmup_patch_teacher_temperature"]
-        return end if epoch >= warmup else start + (end - start) * epoch / warmup
+        return epoch_linspace(epoch, hp["warmup_teacher_temperature_epochs"],
+                              hp["warmup_patch_teacher_temperature"],
+                              hp["patch_teacher_temperature"])
 
     def draw_masks(self, batch: int, grid: tuple[int, int]) -> Tensor:
         """Block masks (B, 2, grid_h · grid_w) for the two global crops, from torch's RNG."""
