@@ -178,6 +178,7 @@ class IBOT(DINO):
         return {"student_cls": per_sample(student_cls), "teacher_cls": per_sample(teacher_cls),
                 "student_patch": per_sample(student_patch),
                 "teacher_patch": per_sample(teacher_patch), "masks": masks,
+                "patch_tokens": per_sample(tokens[:, prefix:]),
                 "global_features": per_sample(tokens[:, 0]), "features": tokens[:batch, 0]}
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
