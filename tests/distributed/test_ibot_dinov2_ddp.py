@@ -1,5 +1,6 @@
-"""2 processes == 1 process holding the global batch, for iBOT (EMA centres) and DINOv2 (Sinkhorn
-centring, KoLeo over the global batch).
+"""2 processes == 1 process holding the global batch, for iBOT (EMA centres), DINOv2 (Sinkhorn
+centring, KoLeo over the global batch) and DINOv3 with Gram anchoring (float64, in the same spawn:
+see tests/dinov3_utils.py).
 
 One spawn runs every check. Each rank takes a contiguous half of every precomputed batch and of
 its precomputed block masks (``draw_masks`` replaced, so both runs mask the same patches), runs a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dinov3_utils import check_dinov3_equal, dinov3_runs
 from distributed_utils import backward_like_ddp, run_in_processes
 
 import ssl_lightning.losses.ibot_patch as ibot_patch_module
@@ -71,7 +73,8 @@ def run_steps(model: IBOT, batches, masks, rank: int = 0, world: int = 1) -> dic
 
 
 def _worker(rank: int, world: int, batches: list, masks: list) -> dict:
-    out = {"ibot": run_steps(make_model("ibot"), batches, masks, rank, world),
+    out = {"dinov3": dinov3_runs(rank, world),
+           "ibot": run_steps(make_model("ibot"), batches, masks, rank, world),
            "dinov2": run_steps(make_model("dinov2"), batches, masks, rank, world)}
     # Known-bad variants.
     out["koleo_local"] = run_steps(make_model("dinov2", koleo_scope="local"), batches, masks,
@@ -97,7 +100,8 @@ def results():
     single = {"ibot": run_steps(make_model("ibot"), batches, masks),
               "dinov2": run_steps(make_model("dinov2"), batches, masks),
               "dinov2_no_koleo": run_steps(make_model("dinov2", koleo_weight=0.0), batches,
-                                           masks)}
+                                           masks),
+              "dinov3": dinov3_runs()}
     return ranks, single
 
 
@@ -142,3 +146,8 @@ def test_known_bad_variants_differ_from_global_batch(results):
     # Sinkhorn row sums and masked-patch counts per rank: other targets, other gradients.
     assert not grads_close(ranks[0]["sinkhorn_local"]["grads"],
                            single["dinov2_no_koleo"]["grads"])
+
+
+def test_dinov3_gram_two_processes_equal_global_batch_float64(results):
+    ranks, single = results
+    check_dinov3_equal([r["dinov3"] for r in ranks], single["dinov3"])

@@ -1,19 +1,19 @@
-"""2 processes == 1 process holding the global batch for DINOv3 with Gram anchoring, in float64.
+"""DINOv3 with Gram anchoring, 2 processes == 1 process holding the global batch, in float64.
 
-One spawn runs the check: each rank takes a contiguous half of every precomputed batch (2
-global 16 px crops, 1 local 8 px crop, 2 Gram-teacher crops at 32 px whose 8×8 patch features
-are resized to the student's 4×4 grid) and of its injected block masks (``draw_masks``
-replaced, as in test_ibot_dinov2_ddp.py), refreshes the Gram teacher on its schedule (steps 0
-and 1, then frozen), and runs backward, DDP-style gradient averaging, per-module clipping, SGD
-and the EMA update. The single-process run does the same on the whole batch. Float64: the bound
-is 1e-9.
+The ranks run in tests/distributed/test_ibot_dinov2_ddp.py's spawn (one process group for the
+family). Each rank takes a contiguous half of every precomputed batch (2 global 16 px crops, 1
+local 8 px crop, 2 Gram-teacher crops at 32 px whose 8×8 patch features are resized to the
+student's 4×4 grid) and of its injected block masks (``draw_masks`` replaced, as in the iBOT
+test), refreshes the Gram teacher on its schedule (steps 0 and 1, then frozen), and runs
+backward, DDP-style gradient averaging, per-module clipping, SGD and the EMA update. The
+single-process run does the same on the whole batch. Float64: the bound is 1e-9.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from distributed_utils import backward_like_ddp, run_in_processes
+from distributed_utils import backward_like_ddp
 
 from ssl_lightning.backbones import ViT
 from ssl_lightning.masking import BlockMasking
@@ -63,21 +63,18 @@ def run_steps(model: DINOv3, batches, masks, rank: int = 0, world: int = 1) -> d
     return record
 
 
-def _worker(rank: int, world: int, batches: list, masks: list) -> dict:
-    return {"dinov3": run_steps(make_model(), batches, masks, rank, world)}
-
-
-@pytest.fixture(scope="module")
-def results():
+def dinov3_runs(rank: int = 0, world: int = 1) -> dict:
+    """This rank's DINOv3 run (world > 1), or the single-process runs (with and without Gram)."""
     batches, masks = make_data(2)
-    ranks = run_in_processes(_worker, 2, batches, masks)
-    single = {"dinov3": run_steps(make_model(), batches, masks),
-              "no_gram": run_steps(make_model(gram_weight=0.0), batches, masks)}
-    return ranks, single
+    if world > 1:
+        return run_steps(make_model(), batches, masks, rank, world)
+    return {"dinov3": run_steps(make_model(), batches, masks),
+            "no_gram": run_steps(make_model(gram_weight=0.0), batches, masks)}
 
 
-def test_dinov3_gram_two_processes_equal_global_batch_float64(results):
-    ranks, single = results
+def check_dinov3_equal(ranks: list[dict], single: dict) -> None:
+    """Every rank's losses, gradients and final state (Gram teacher included) equal the
+    single-process run's to 1e-9 (float64)."""
     want = single["dinov3"]
     assert want["refreshed"] == [True, True, False]
     # The Gram term is on and moves the student: other losses and gradients without it.
@@ -85,7 +82,7 @@ def test_dinov3_gram_two_processes_equal_global_batch_float64(results):
     assert (want["grads"][0]["backbone.blocks.0.mlp.0.weight"]
             - single["no_gram"]["grads"][0]["backbone.blocks.0.mlp.0.weight"]).abs().max() > 1e-6
     for r in ranks:
-        got = r["dinov3"]
+        got = r
         assert got["refreshed"] == want["refreshed"]
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-10, abs=1e-10)
         for step_got, step_want in zip(got["grads"], want["grads"], strict=True):
@@ -94,6 +91,4 @@ def test_dinov3_gram_two_processes_equal_global_batch_float64(results):
                 torch.testing.assert_close(step_got[name], grad, atol=1e-9, rtol=1e-9, msg=name)
         for key, value in want["state"].items():
             torch.testing.assert_close(got["state"][key], value, atol=1e-9, rtol=1e-9, msg=key)
-    # The Gram teacher is the EMA teacher after step 1's update... frozen since.
-    gram = {k: v for k, v in want["state"].items() if k.startswith("gram_teacher.backbone.")}
-    assert gram and int(want["state"]["gram_teacher.snapshot_step"]) == 1
+    assert int(want["state"]["gram_teacher.snapshot_step"]) == 1  # refreshed at 1, then frozen
