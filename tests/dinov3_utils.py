@@ -28,6 +28,7 @@ def make_model(**kwargs) -> DINOv3:
     vit = ViT(image_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, mask_token=True,
               num_registers=1)
     args = dict(head_out_dim=32, patch_out_dim=24, head_hidden_dim=16, head_bottleneck_dim=8,
+                patch_hidden_dim=12, patch_bottleneck_dim=6,
                 num_local_crops=1, warmup_teacher_temperature_epochs=0, teacher_temperature=0.05,
                 patch_teacher_temperature=0.05, clip_grad=0.5, gram_weight=2.0,
                 gram_start_step=0, gram_refresh_every=1, gram_max_refreshes=1)

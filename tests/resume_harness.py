@@ -85,7 +85,8 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     # Gram teacher snapshots at steps 1, 5 and 9 (resumed at 2 and at 9, before the refresh).
     "dinov3": lambda: DINOv3(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=1, num_heads=2,
                                  mask_token=True), head_out_dim=16, patch_out_dim=12,
-                             head_hidden_dim=8, head_bottleneck_dim=4, num_local_crops=1,
+                             head_hidden_dim=8, head_bottleneck_dim=4, patch_hidden_dim=6,
+                             patch_bottleneck_dim=4, num_local_crops=1,
                              warmup_teacher_temperature_epochs=1, gram_start_step=1,
                              gram_refresh_every=4, gram_max_refreshes=2, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,

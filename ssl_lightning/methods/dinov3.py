@@ -43,8 +43,10 @@ class DINOv3(DINOv2):
         backbone: A ViT with ``mask_token=True`` (DINOv3: 4 registers).
         head_out_dim: Prototypes of the [CLS] head (262144 in DINOv3's ViT-7B).
         patch_out_dim: Prototypes of the patch head (98304).
-        head_hidden_dim: Hidden width of both heads (8192 [CLS]; the patch head is as wide).
-        head_bottleneck_dim: Bottleneck of both heads (512).
+        head_hidden_dim: Hidden width of the [CLS] head (8192).
+        head_bottleneck_dim: Bottleneck of the [CLS] head (512).
+        patch_hidden_dim: Hidden width of the patch head (4096).
+        patch_bottleneck_dim: Bottleneck of the patch head (384).
         num_local_crops: Local crops per image (8).
         gram_weight: Weight of the Gram loss once ramped up (2.0 in the Gram stage, 1.5 in
             the high-resolution stage); 0 disables Gram anchoring.
@@ -68,6 +70,8 @@ class DINOv3(DINOv2):
         patch_out_dim: int | None = 98304,
         head_hidden_dim: int = 8192,
         head_bottleneck_dim: int = 512,
+        patch_hidden_dim: int | None = 4096,
+        patch_bottleneck_dim: int | None = 384,
         num_local_crops: int | None = 8,
         gram_weight: float = 2.0,
         gram_start_step: int = 0,
@@ -100,6 +104,8 @@ class DINOv3(DINOv2):
                              "crops are the Gram-teacher crops.")
         super().__init__(backbone, head_out_dim=head_out_dim, patch_out_dim=patch_out_dim,
                          head_hidden_dim=head_hidden_dim, head_bottleneck_dim=head_bottleneck_dim,
+                         patch_hidden_dim=patch_hidden_dim,
+                         patch_bottleneck_dim=patch_bottleneck_dim,
                          num_local_crops=num_local_crops, optimizer=optimizer, betas=betas,
                          clip_grad=clip_grad, clip_grad_mode=clip_grad_mode,
                          momentum_base=momentum_base, momentum_schedule=momentum_schedule,

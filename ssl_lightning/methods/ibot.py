@@ -45,6 +45,10 @@ class IBOT(DINO):
             a shared head).
         shared_head: Use the [CLS] head for the patch tokens too (iBOT) or a separate head
             of the same widths (DINOv2).
+        patch_hidden_dim: Hidden width of the separate patch head (None: ``head_hidden_dim``;
+            DINOv3: 4096 beside the [CLS] head's 8192).
+        patch_bottleneck_dim: Bottleneck of the separate patch head (None:
+            ``head_bottleneck_dim``; DINOv3: 384 beside 512).
         patch_student_temperature: τ_s of the patch loss (0.1).
         patch_teacher_temperature: Final τ_t of the patch loss (0.07) ...
         warmup_patch_teacher_temperature: ... warmed up from this value (0.04) over
@@ -67,6 +71,8 @@ class IBOT(DINO):
         head_out_dim: int = 8192,
         patch_out_dim: int | None = None,
         shared_head: bool = True,
+        patch_hidden_dim: int | None = None,
+        patch_bottleneck_dim: int | None = None,
         patch_student_temperature: float = 0.1,
         patch_teacher_temperature: float = 0.07,
         warmup_patch_teacher_temperature: float = 0.04,
@@ -90,6 +96,9 @@ class IBOT(DINO):
         if kwargs.get("head_batch_norm"):
             raise ValueError(f"{name} heads also run on patch tokens: head_batch_norm must be "
                              "false.")
+        if shared_head and (patch_hidden_dim, patch_bottleneck_dim) != (None, None):
+            raise ValueError("A shared head has one size: patch_hidden_dim and "
+                             "patch_bottleneck_dim must be None (or set shared_head: false).")
         if shared_head and patch_out_dim not in (None, head_out_dim):
             raise ValueError(f"A shared head has one output size: patch_out_dim ({patch_out_dim})"
                              f" must be None or equal head_out_dim ({head_out_dim}).")
@@ -114,8 +123,9 @@ class IBOT(DINO):
         self.patch_head: DINOHead | None = None
         self.teacher_patch_head: nn.Module | None = None
         if not shared_head:
-            self.patch_head = DINOHead(self.feature_dim, patch_dim, hp["head_hidden_dim"],
-                                       hp["head_bottleneck_dim"],
+            self.patch_head = DINOHead(self.feature_dim, patch_dim,
+                                       patch_hidden_dim or hp["head_hidden_dim"],
+                                       patch_bottleneck_dim or hp["head_bottleneck_dim"],
                                        norm_last_layer=hp["norm_last_layer"])
             self.teacher_patch_head = momentum_teacher(self.patch_head)
         self.patch_criterion = IBOTPatchLoss(patch_dim, patch_student_temperature,

@@ -89,7 +89,8 @@ def test_bad_arguments_name_the_value():
         GramTeacher(tiny_vit(), start_step=-1)
     with pytest.raises(ValueError, match="no snapshot yet"):
         GramTeacher(tiny_vit()).patch_features(torch.randn(1, 3, 16, 16), (4, 4))
-    small = dict(head_out_dim=8, patch_out_dim=8, head_hidden_dim=8, head_bottleneck_dim=4)
+    small = dict(head_out_dim=8, patch_out_dim=8, head_hidden_dim=8, head_bottleneck_dim=4,
+                 patch_hidden_dim=6, patch_bottleneck_dim=4)
     with pytest.raises(ValueError, match="gram_tokens"):
         DINOv3(tiny_vit(), **small, gram_tokens="cls")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_local_crops"):
@@ -110,3 +111,13 @@ def test_gram_crops_are_the_global_crops_at_a_higher_resolution():
         down = F.interpolate(large[None], size=16, mode="bicubic", antialias=True)[0]
         torch.testing.assert_close(small, down)
     assert (views[0] - F.interpolate(views[4][None], size=16)[0]).abs().max() > 0.1
+
+
+def test_separate_head_sizes():
+    model = DINOv3(tiny_vit(), head_out_dim=8, patch_out_dim=6, head_hidden_dim=10,
+                   head_bottleneck_dim=4, patch_hidden_dim=12, patch_bottleneck_dim=5,
+                   num_local_crops=1)
+    assert model.head.last_layer_parameters()[0].shape == (8, 4)
+    widths = [m.out_features for m in model.patch_head.modules() if isinstance(m, torch.nn.Linear)]
+    assert widths == [12, 12, 5] and model.patch_head.last_layer_parameters()[0].shape == (6, 5)
+    assert model.hparams["betas"] == (0.9, 0.99) and model.hparams["final_lr_ratio"] == 1.0
