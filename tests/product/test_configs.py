@@ -42,8 +42,17 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.head_out_dim", "64", "--model.init_args.patch_out_dim", "64",
               "--model.init_args.head_hidden_dim", "32",
               "--model.init_args.head_bottleneck_dim", "16"]
-       for name in ("ibot.yaml", "dinov2.yaml")},
+       for name in ("ibot.yaml", "dinov2.yaml", "dinov3.yaml", "dinov3_continue.yaml")},
 }
+for _name in ("dinov3.yaml", "dinov3_continue.yaml"):  # the patch head's own sizes; Gram on
+    EXTRA_ARGS[_name] += ["--model.init_args.patch_hidden_dim", "32",
+                          "--model.init_args.patch_bottleneck_dim", "16",
+                          "--model.init_args.gram_start_step", "0"]
+EXTRA_ARGS["dinov3_continue.yaml"] += [  # the shape of _released_backbone's file
+    "--model.init_args.backbone.init_args.embed_dim", "32",
+    "--model.init_args.backbone.init_args.num_heads", "2",
+    *[f"--data.init_args.train_transform.init_args.{k}_size={v}"
+      for k, v in (("global", 32), ("local", 16), ("gram", 64))]]
 
 
 def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
@@ -61,7 +70,15 @@ SUBCOMMANDS: dict[str, str] = {
     "knn.yaml": "validate",
 }
 
+def _released_backbone(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    """A random ViT of the shrunk shape saved as the 'released' backbone file."""
+    from product_matrix import pretrained_backbone_args
+
+    return pretrained_backbone_args(ROOT / "configs" / "dinov3_continue.yaml", tmp_path)
+
+
 PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
+    "dinov3_continue.yaml": _released_backbone,
     "linear.yaml": _pretraining_checkpoint,
     "knn.yaml": _pretraining_checkpoint,
 }
