@@ -41,7 +41,8 @@ EXTRA_ARGS: dict[str, list[str]] = {
                    "--model.init_args.predictor_heads", "2"],
     # The Gram stage inside the 4 steps: snapshots at steps 1 and 3 (one across the resume).
     "dinov3.yaml": ["--model.init_args.gram_start_step", "1",
-                    "--model.init_args.gram_refresh_every", "2"],
+                    "--model.init_args.gram_refresh_every", "2",
+                    "--model.init_args.gram_weight_ramp_steps", "1"],
     "dinov3_continue.yaml": ["--model.init_args.gram_refresh_every", "2",
                              "--model.init_args.gram_weight_ramp_steps", "2",
                              *[f"--data.init_args.train_transform.init_args.{k}_size={v}"
