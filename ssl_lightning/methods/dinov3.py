@@ -32,6 +32,8 @@ from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.optim import OptimizerName, cosine_ramp
 from ssl_lightning.training.ema import Schedule
 from ssl_lightning.training.gram_teacher import GramTeacher
+from ssl_lightning.training.mixed_resolution import MixedResolution
+from ssl_lightning.training.step_rng import step_seed
 
 GramTokens = Literal["all", "masked", "unmasked"]
 
@@ -58,6 +60,10 @@ class DINOv3(DINOv2):
         gram_tokens: Patches in the Gram matrices: ``"all"`` (DINOv3), ``"masked"`` or
             ``"unmasked"`` (by the student's iBOT mask).
         gram_clamp_negatives: ``"none"`` (DINOv3), ``"both"`` or ``"teacher"``.
+        mixed_resolution_sizes: ``[global, local, gram]`` crop sides, one set drawn per step
+            (the high-resolution stage, :class:`~ssl_lightning.training.mixed_resolution.
+            MixedResolution`); None: the data's sizes.
+        mixed_resolution_ratios: Frequency of each set (default: equal).
         optimizer, betas, clip_grad, clip_grad_mode, momentum_base, momentum_schedule,
         weight_decay, final_lr_ratio, freeze_last_layer_epochs: DINOv3's values by default.
         **kwargs: Other arguments of :class:`DINOv2` / :class:`IBOT` / :class:`DINO`.
@@ -80,6 +86,8 @@ class DINOv3(DINOv2):
         gram_weight_ramp_steps: int = 0,
         gram_tokens: GramTokens = "all",
         gram_clamp_negatives: ClampNegatives = "none",
+        mixed_resolution_sizes: list[list[int]] | None = None,
+        mixed_resolution_ratios: list[float] | None = None,
         optimizer: OptimizerName = "adamw",
         betas: tuple[float, float] = (0.9, 0.99),
         clip_grad: float | None = 30.0,
@@ -111,6 +119,9 @@ class DINOv3(DINOv2):
                          momentum_base=momentum_base, momentum_schedule=momentum_schedule,
                          weight_decay=weight_decay, final_lr_ratio=final_lr_ratio,
                          freeze_last_layer_epochs=freeze_last_layer_epochs, **kwargs)
+        self.mixed_resolution = (None if mixed_resolution_sizes is None else
+                                 MixedResolution(mixed_resolution_sizes, mixed_resolution_ratios))
+        self.step_sizes: tuple[int, int, int] | None = None
         self.gram_loss = GramLoss(clamp_negatives=gram_clamp_negatives)
         self.gram_teacher = GramTeacher(self.teacher_backbone, gram_start_step,
                                         gram_refresh_every, gram_max_refreshes)
@@ -138,12 +149,17 @@ class DINOv3(DINOv2):
         the EMA update of the previous step is done and ``global_step`` counts it."""
         super().on_train_batch_start(batch, batch_idx)
         self.refresh_gram_teacher(self.global_step)
+        if self.mixed_resolution is not None:
+            seed = step_seed(self.rng_seed, self.current_epoch, batch_idx, 0)  # rank-free
+            self.step_sizes = self.mixed_resolution.draw(seed)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         n_views = 2 + self.hparams["num_local_crops"]
         if len(views) not in (n_views, n_views + 2):
             raise ValueError(f"DINOv3 needs 2 global + {n_views - 2} local views (+ 2 Gram-"
                              f"teacher crops), got {len(views)} views.")
+        if self.step_sizes is not None:
+            views = MixedResolution.resize(views, n_views - 2, self.step_sizes)
         outputs = super().forward_views(views[:n_views])
         if self.gram_weight(self.global_step) > 0:
             gram_crops = views[n_views:] or views[:2]
