@@ -32,7 +32,12 @@ import pytorch_lightning as pl
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+#: Configs left out of the matrix, with where they are run instead.
+SKIP: dict[str, str] = {
+    "dinov3_continue.yaml": "tests/product/test_configs.py runs it with a released-backbone "
+                            "file; its method runs here as dinov3.yaml",
+}
+CONFIGS = [c for c in sorted((ROOT / "configs").glob("*.yaml")) if c.name not in SKIP]
 
 #: Extra CLI arguments of a config (after the generic shrinking), e.g. for a new method.
 EXTRA_ARGS: dict[str, list[str]] = {
@@ -43,10 +48,6 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "dinov3.yaml": ["--model.init_args.gram_start_step", "1",
                     "--model.init_args.gram_refresh_every", "2",
                     "--model.init_args.gram_weight_ramp_steps", "1"],
-    "dinov3_continue.yaml": ["--model.init_args.gram_refresh_every", "2",
-                             "--model.init_args.gram_weight_ramp_steps", "2",
-                             *[f"--data.init_args.train_transform.init_args.{k}_size={v}"
-                               for k, v in (("global", 32), ("local", 16), ("gram", 64))]],
 }
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
 SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}
@@ -90,12 +91,8 @@ def shrink_args(config: Path, data_root: Path, world_size: int) -> list[str]:
             small = 32 if key.endswith("hidden_dim") else 64
             if value > small:
                 args += [f"--model.init_args.{key}", str(small)]
-    if str(declared["data"]["class_path"]).endswith("ImageFolderDataModule"):
-        args += ["--data.init_args.train_dir", str(data_root / "train"),
-                 "--data.init_args.val_dir", str(data_root / "test")]
-    else:
-        args += ["--data.init_args.root", str(data_root)]
-    args += ["--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0"]
+    args += ["--data.init_args.root", str(data_root), "--data.init_args.batch_size", "4",
+             "--data.init_args.num_workers", "0"]
     args += ["--trainer.accelerator", "cpu", "--trainer.devices", str(world_size),
              "--trainer.precision", "32-true", "--trainer.max_epochs", str(EPOCHS),
              "--trainer.limit_train_batches", str(STEPS_PER_EPOCH),
@@ -104,23 +101,6 @@ def shrink_args(config: Path, data_root: Path, world_size: int) -> list[str]:
     if world_size > 1:
         args += ["--trainer.strategy", "ddp", "--trainer.sync_batchnorm", "false"]
     return args + EXTRA_ARGS.get(config.name, [])
-
-
-def pretrained_backbone_args(config: Path, workdir: Path) -> list[str]:
-    """For a config whose ViT starts from a ``pretrained_path`` (continued pre-training): a
-    random ViT of the shrunk shape saved in ``workdir``, given as that path."""
-    import torch
-
-    from ssl_lightning.backbones import ViT
-
-    backbone = yaml.safe_load(config.read_text())["model"]["init_args"].get("backbone") or {}
-    init = dict(backbone.get("init_args") or {})
-    if init.pop("pretrained_path", None) is None:
-        return []
-    torch.manual_seed(0)
-    path = workdir / "pretrained_backbone.pt"
-    torch.save(ViT(**{**init, "embed_dim": 32, "depth": 1, "num_heads": 2}).state_dict(), path)
-    return ["--model.init_args.backbone.init_args.pretrained_path", str(path)]
 
 
 def probe_arg(stop_after_epochs: int) -> list[str]:
@@ -148,7 +128,6 @@ def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
     os.chdir(workdir)
     subcommand = SUBCOMMANDS.get(config.name, "fit")
     args = [subcommand, "--config", str(config), *shrink_args(config, data_root, world_size)]
-    args += pretrained_backbone_args(config, workdir)
     if config.name in CHECKPOINT_FROM:
         source = CHECKPOINT_FROM[config.name]
         if source not in checkpoints:

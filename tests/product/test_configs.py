@@ -71,10 +71,19 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 def _released_backbone(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
-    """A random ViT of the shrunk shape saved as the 'released' backbone file."""
-    from product_matrix import pretrained_backbone_args
+    """A random ViT of the shrunk shape (see EXTRA_ARGS) saved as the released backbone file
+    that dinov3_continue.yaml's ``pretrained_path`` names."""
+    import torch
 
-    return pretrained_backbone_args(ROOT / "configs" / "dinov3_continue.yaml", tmp_path)
+    from ssl_lightning.backbones import ViT
+
+    config = read_config(ROOT / "configs" / "dinov3_continue.yaml")
+    init = dict(config["model"]["init_args"]["backbone"]["init_args"])
+    assert init.pop("pretrained_path")
+    torch.manual_seed(0)
+    path = tmp_path / "released_backbone.pt"
+    torch.save(ViT(**{**init, "embed_dim": 32, "depth": 1, "num_heads": 2}).state_dict(), path)
+    return ["--model.init_args.backbone.init_args.pretrained_path", str(path)]
 
 
 PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
