@@ -84,10 +84,11 @@ def check_dinov3_equal(ranks: list[dict], single: dict) -> None:
             - single["no_gram"]["grads"][0]["backbone.blocks.0.mlp.0.weight"]).abs().max() > 1e-6
     for r in ranks:
         got = r
-        assert got["refreshed"] == want["refreshed"]
-        assert got["loss"] == pytest.approx(want["loss"], rel=1e-10, abs=1e-10)
+        assert got["refreshed"] == want["refreshed"], (got["refreshed"], want["refreshed"])
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-10, abs=1e-10), (
+            f"2-process losses {got['loss']} != 1-process {want['loss']}")
         for step_got, step_want in zip(got["grads"], want["grads"], strict=True):
-            assert step_got.keys() == step_want.keys()
+            assert step_got.keys() == step_want.keys(), "other parameters have gradients"
             for name, grad in step_want.items():
                 torch.testing.assert_close(step_got[name], grad, atol=1e-9, rtol=1e-9, msg=name)
         for key, value in want["state"].items():
