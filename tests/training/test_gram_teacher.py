@@ -121,3 +121,20 @@ def test_separate_head_sizes():
     widths = [m.out_features for m in model.patch_head.modules() if isinstance(m, torch.nn.Linear)]
     assert widths == [12, 12, 5] and model.patch_head.last_layer_parameters()[0].shape == (6, 5)
     assert model.hparams["betas"] == (0.9, 0.99) and model.hparams["final_lr_ratio"] == 1.0
+
+
+def test_dinov3_schedules_float64():
+    """Gram weight: 0 before the start, then w·(1 − cos(π·k/R))/2 for k = step − start < R, then
+    w; the lr multiplier with final_lr_ratio=1 stays at the peak after the warm-up (DINOv3's
+    constant schedules)."""
+    from ssl_lightning.optim import WarmupCosine
+
+    model = DINOv3(tiny_vit(), head_out_dim=8, patch_out_dim=8, head_hidden_dim=8,
+                   head_bottleneck_dim=4, patch_hidden_dim=6, patch_bottleneck_dim=4,
+                   num_local_crops=1, gram_weight=2.0, gram_start_step=10,
+                   gram_weight_ramp_steps=4)
+    want = [0.0] * 10 + [2.0 * (1 - math.cos(math.pi * k / 4)) / 2 for k in range(4)] + [2.0] * 3
+    assert [model.gram_weight(s) for s in range(17)] == pytest.approx(want, abs=1e-15)
+    factor = WarmupCosine(warmup_steps=5, total_steps=50, final_ratio=1.0)
+    assert [factor(s) for s in range(50)] == pytest.approx(
+        [(s + 1) / 5 for s in range(5)] + [1.0] * 45, abs=1e-15)
