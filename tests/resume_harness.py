@@ -31,6 +31,7 @@ from ssl_lightning.callbacks import KNNCallback, OnlineProbe, PreemptionCheckpoi
 from ssl_lightning.data import (
     BYOLViews,
     DeviceViews,
+    GramCropViews,
     ImageFolderDataModule,
     LinearEvalTransform,
     MultiCropViews,
@@ -43,6 +44,7 @@ from ssl_lightning.methods import (
     DINO,
     IBOT,
     BarlowTwins,
+    DINOv3,
     MoCoV2,
     MoCoV3,
     SimCLR,
@@ -82,6 +84,13 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
                                  drop_path_rate=0.5, mask_token=True), head_out_dim=16,
                              head_hidden_dim=8, head_bottleneck_dim=4,
                              warmup_teacher_temperature_epochs=1, **OPT),
+    # Gram teacher snapshots at steps 1, 5 and 9 (resumed at 2 and at 9, before the refresh).
+    "dinov3": lambda: DINOv3(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=1, num_heads=2,
+                                 mask_token=True), head_out_dim=16, patch_out_dim=12,
+                             head_hidden_dim=8, head_bottleneck_dim=4, patch_hidden_dim=6,
+                             patch_bottleneck_dim=4, num_local_crops=1,
+                             warmup_teacher_temperature_epochs=1, gram_start_step=1,
+                             gram_refresh_every=4, gram_max_refreshes=2, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
@@ -92,6 +101,9 @@ def transform(method: str) -> MultiViewTransform:
     if method in ("dino", "swav", "ibot_vit"):
         return MultiCropViews("swav" if method == "swav" else "dino", "cifar", num_local_crops=2,
                               global_size=SIZE, local_size=8)
+    if method == "dinov3":
+        return GramCropViews(gram_size=2 * SIZE, global_size=SIZE, num_local_crops=1,
+                             local_size=8)
     if method in ("byol", "moco_v3"):
         return BYOLViews("cifar", crop_size=SIZE)
     if method == "linear":

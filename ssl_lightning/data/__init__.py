@@ -5,6 +5,7 @@ from ssl_lightning.data.byol_views import BYOLViews
 from ssl_lightning.data.cifar import CIFAR10DataModule, CIFAR100DataModule
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
+from ssl_lightning.data.gram_crops import GramCropViews
 from ssl_lightning.data.image_folder import ImageFolderDataModule
 from ssl_lightning.data.mae_views import MAEViews
 from ssl_lightning.data.multichannel_views import MultiChannelEval, MultiChannelViews
@@ -33,6 +34,7 @@ __all__ = [
     "MultiCropViews",
     "MultiChannelViews",
     "MultiChannelEval",
+    "GramCropViews",
     "EvalTransform",
     "LinearEvalTransform",
     "simclr_augmentation",

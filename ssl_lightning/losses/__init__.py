@@ -5,6 +5,7 @@ from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.dino import DINOLoss
 from ssl_lightning.losses.fastsiam import FastSiamLoss
+from ssl_lightning.losses.gram import GramLoss
 from ssl_lightning.losses.ibot_patch import IBOTPatchLoss
 from ssl_lightning.losses.ijepa import IJEPALoss
 from ssl_lightning.losses.infonce import InfoNCELoss
@@ -30,4 +31,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss", "DCLLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss",
            "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
-           "VIbCRegLoss"]
+           "VIbCRegLoss", "GramLoss"]

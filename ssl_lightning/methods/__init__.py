@@ -6,6 +6,7 @@ from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
+from ssl_lightning.methods.dinov3 import DINOv3
 from ssl_lightning.methods.directclr import DirectCLR
 from ssl_lightning.methods.fastsiam import FastSiam
 from ssl_lightning.methods.ibot import IBOT
@@ -31,6 +32,6 @@ from ssl_lightning.methods.wmse import WMSE
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
-           "SupCon", "IBOT", "DINOv2", "MoCoV2Plus", "FastSiam",
+           "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
            "TiCo", "MMCR", "WMSE", "VIbCReg"]

@@ -22,6 +22,7 @@ from ssl_lightning.backbones.vit import DropPath
 from ssl_lightning.heads import DINOHead
 from ssl_lightning.losses import DINOLoss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.optim import epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
 
 ClipMode = Literal["per_parameter", "per_module"]
@@ -44,7 +45,8 @@ class DINO(MomentumMethod):
         student_temperature: τ_s (0.1).
         teacher_temperature: Final τ_t after the warm-up (0.04-0.07).
         warmup_teacher_temperature: τ_t at epoch 0 (0.04).
-        warmup_teacher_temperature_epochs: Epochs of the linear τ_t warm-up (30 for ViT-S/300 ep).
+        warmup_teacher_temperature_epochs: Epochs of the linear τ_t warm-up (30 for ViT-S/300 ep):
+            ``linspace(warm-up value, final, epochs)``, the final value reached in the last.
         center_momentum: Momentum of the centre EMA (0.9).
         freeze_last_layer_epochs: Epochs during which the head's last layer is not updated (1).
         clip_grad: Gradient-norm clip (3.0), or None for no clipping.
@@ -111,13 +113,11 @@ class DINO(MomentumMethod):
         return [(self.backbone, self.teacher_backbone), (self.head, self.teacher_head)]
 
     def teacher_temperature(self, epoch: int) -> float:
-        """τ_t of ``epoch``: linear from the warm-up value to the final one, then constant."""
+        """τ_t of ``epoch``: the official per-epoch linear space from the warm-up value to the
+        final one over ``warmup_teacher_temperature_epochs``, then constant."""
         hp = self.hparams
-        warmup = hp["warmup_teacher_temperature_epochs"]
-        if epoch >= warmup:
-            return hp["teacher_temperature"]
-        start = hp["warmup_teacher_temperature"]
-        return start + (hp["teacher_temperature"] - start) * epoch / warmup
+        return epoch_linspace(epoch, hp["warmup_teacher_temperature_epochs"],
+                              hp["warmup_teacher_temperature"], hp["teacher_temperature"])
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         if len(views) < 2:

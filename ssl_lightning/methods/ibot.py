@@ -25,6 +25,7 @@ from ssl_lightning.losses.centering import Centering
 from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.dino import DINO
+from ssl_lightning.optim import epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
 from ssl_lightning.training.sample_rng import active_keys
 
@@ -46,6 +47,10 @@ class IBOT(DINO):
             a shared head).
         shared_head: Use the [CLS] head for the patch tokens too (iBOT) or a separate head
             of the same widths (DINOv2).
+        patch_hidden_dim: Hidden width of the separate patch head (None: ``head_hidden_dim``;
+            DINOv3: 4096 beside the [CLS] head's 8192).
+        patch_bottleneck_dim: Bottleneck of the separate patch head (None:
+            ``head_bottleneck_dim``; DINOv3: 384 beside 512).
         patch_student_temperature: τ_s of the patch loss (0.1).
         patch_teacher_temperature: Final τ_t of the patch loss (0.07) ...
         warmup_patch_teacher_temperature: ... warmed up from this value (0.04) over
@@ -74,6 +79,8 @@ class IBOT(DINO):
         head_out_dim: int = 8192,
         patch_out_dim: int | None = None,
         shared_head: bool = True,
+        patch_hidden_dim: int | None = None,
+        patch_bottleneck_dim: int | None = None,
         patch_student_temperature: float = 0.1,
         patch_teacher_temperature: float = 0.07,
         warmup_patch_teacher_temperature: float = 0.04,
@@ -99,6 +106,9 @@ class IBOT(DINO):
         if kwargs.get("head_batch_norm"):
             raise ValueError(f"{name} heads also run on patch tokens: head_batch_norm must be "
                              "false.")
+        if shared_head and (patch_hidden_dim, patch_bottleneck_dim) != (None, None):
+            raise ValueError("A shared head has one size: patch_hidden_dim and "
+                             "patch_bottleneck_dim must be None (or set shared_head: false).")
         if shared_head and patch_out_dim not in (None, head_out_dim):
             raise ValueError(f"A shared head has one output size: patch_out_dim ({patch_out_dim})"
                              f" must be None or equal head_out_dim ({head_out_dim}).")
@@ -123,8 +133,9 @@ class IBOT(DINO):
         self.patch_head: DINOHead | None = None
         self.teacher_patch_head: nn.Module | None = None
         if not shared_head:
-            self.patch_head = DINOHead(self.feature_dim, patch_dim, hp["head_hidden_dim"],
-                                       hp["head_bottleneck_dim"],
+            self.patch_head = DINOHead(self.feature_dim, patch_dim,
+                                       patch_hidden_dim or hp["head_hidden_dim"],
+                                       patch_bottleneck_dim or hp["head_bottleneck_dim"],
                                        norm_last_layer=hp["norm_last_layer"])
             self.teacher_patch_head = momentum_teacher(self.patch_head)
         self.patch_criterion = IBOTPatchLoss(patch_dim, patch_student_temperature,
@@ -148,9 +159,9 @@ class IBOT(DINO):
     def patch_teacher_temperature(self, epoch: int) -> float:
         """Patch τ_t of ``epoch``: the [CLS] warm-up schedule between the patch values."""
         hp = self.hparams
-        warmup, end = hp["warmup_teacher_temperature_epochs"], hp["patch_teacher_temperature"]
-        start = hp["warmup_patch_teacher_temperature"]
-        return end if epoch >= warmup else start + (end - start) * epoch / warmup
+        return epoch_linspace(epoch, hp["warmup_teacher_temperature_epochs"],
+                              hp["warmup_patch_teacher_temperature"],
+                              hp["patch_teacher_temperature"])
 
     def draw_masks(self, batch: int, grid: tuple[int, int]) -> Tensor:
         """Block masks (B, 2, grid_h · grid_w) for the two global crops: from each sample's key
@@ -196,6 +207,7 @@ class IBOT(DINO):
         return {"student_cls": per_sample(student_cls), "teacher_cls": per_sample(teacher_cls),
                 "student_patch": per_sample(student_patch),
                 "teacher_patch": per_sample(teacher_patch), "masks": masks,
+                "patch_tokens": per_sample(tokens[:, prefix:]),
                 "global_features": per_sample(tokens[:, 0]), "features": tokens[:batch, 0]}
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:

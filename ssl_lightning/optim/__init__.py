@@ -20,6 +20,7 @@ from ssl_lightning.optim.schedules import (
     WarmupCosine,
     WarmupCosineLR,
     cosine_ramp,
+    epoch_linspace,
     run_schedule,
     schedule_position,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "build_optimizer",
     "check_layer_decay",
     "cosine_ramp",
+    "epoch_linspace",
     "global_batch_size",
     "layer_decay_multipliers",
     "run_schedule",

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
+from dinov3_utils import check_dinov3_equal, dinov3_runs
 from distributed_utils import run_in_processes
 from lightning_ddp_utils import PrecomputedViews, TensorDataModule
 from torch import Tensor
@@ -87,6 +88,7 @@ def _worker(rank: int, world: int) -> dict[str, dict]:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
     out = {kind: fit_weights(make_model(kind), KeyedViews(), BATCH, world)
            for kind in ("dino", "ibot", "dinov2", "per_rank_ibot")}
+    out["dinov3_gram"] = dinov3_runs(rank, world)  # before the known-bad patches below
     # Known-bad shared statistics: KoLeo neighbours, the patch centre, the Sinkhorn sums and
     # masked-patch counts of each rank's own batch.
     out["koleo_local"] = fit_weights(make_model("dinov2", koleo_scope="local"), KeyedViews(),
@@ -116,6 +118,7 @@ def results() -> tuple[list[dict], dict[str, dict]]:
     single.update({f"{kind}_micro": fit_weights(make_model(kind, micro_batch_size=BATCH // 2),
                                                 data, BATCH * WORLD, 1)
                    for kind in ("ibot", "dinov2")})
+    single["dinov3_gram"] = dinov3_runs()
     return ranks, single
 
 
@@ -153,3 +156,10 @@ def test_known_bad_variants_differ(results, bad: str, kind: str) -> None:
     diff = max((ranks[0][bad][k] - v).abs().max().item()
                for k, v in single[kind].items() if v.is_floating_point())
     assert diff > 1e-6
+
+
+def test_dinov3_gram_two_processes_equal_global_batch_float64(results) -> None:
+    """DINOv3 with Gram anchoring (tests/dinov3_utils.py: injected masks, a manual DDP loop in
+    the same spawn)."""
+    ranks, single = results
+    check_dinov3_equal([r["dinov3_gram"] for r in ranks], single["dinov3_gram"])

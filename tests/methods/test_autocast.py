@@ -73,6 +73,7 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "WMSELoss": lambda: (losses.WMSELoss(whitening_size=4), (_randn(B, 2, 3),
                                                             (torch.randperm(B),))),
     "VIbCRegLoss": lambda: (losses.VIbCRegLoss(), (_randn(B, D), _randn(B, D))),
+    "GramLoss": lambda: (losses.GramLoss(), (_randn(B, 4, D), _randn(B, 4, D))),
 }
 
 

@@ -56,7 +56,8 @@ def test_masked_positions_receive_the_mask_token_teacher_sees_clean_crops():
     shapes = {k: tuple(v.shape) for k, v in outputs.items()}
     assert shapes == {"student_cls": (4, 4, 32), "teacher_cls": (4, 2, 32),
                       "student_patch": (4, 2, 16, 24), "teacher_patch": (4, 2, 16, 24),
-                      "masks": (4, 2, 16), "global_features": (4, 2, 16), "features": (4, 16)}
+                      "masks": (4, 2, 16), "global_features": (4, 2, 16), "features": (4, 16),
+                      "patch_tokens": (4, 2, 16, 16)}
     assert not outputs["teacher_patch"].requires_grad
     torch.testing.assert_close(outputs["features"], outputs["global_features"][:, 0])
     loss = model.loss_from_outputs(outputs)

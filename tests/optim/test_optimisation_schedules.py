@@ -19,6 +19,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.methods import DINO, DINOv2, SwAV
+from ssl_lightning.optim import epoch_linspace
 
 DEPTH, DECAY, PATCH_MULT, PEAK, FINAL_RATIO = 2, 0.8, 0.3, 1e-3, 0.1
 WD, WD_END = 0.04, 0.4
@@ -205,3 +206,15 @@ def test_per_module_clipping_clips_each_modules_gradient_norm() -> None:
 def test_bad_input_is_refused_at_construction(make, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_epoch_linspace_is_numpy_linspace_per_epoch():
+    """DINO / iBOT's official teacher-temperature schedule: np.linspace over the warm-up epochs,
+    then the final value (written out: 3 epochs give 0.04, 0.055, 0.07)."""
+    for warmup in (0, 1, 2, 3, 7):
+        official = [0.04 + (0.07 - 0.04) * i / max(warmup - 1, 1) for i in range(warmup)]
+        official = (official + [0.07] * 10)[:10]
+        ours = [epoch_linspace(e, warmup, 0.04, 0.07) for e in range(10)]
+        assert ours == pytest.approx(official, abs=1e-15), warmup
+    assert [epoch_linspace(e, 3, 0.04, 0.07) for e in range(3)] == pytest.approx(
+        [0.04, 0.055, 0.07])

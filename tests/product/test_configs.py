@@ -54,8 +54,18 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.head_out_dim", "64", "--model.init_args.patch_out_dim", "64",
               "--model.init_args.head_hidden_dim", "32",
               "--model.init_args.head_bottleneck_dim", "16"]
-       for name in ("ibot.yaml", "dinov2.yaml", "ibot_plus_plus.yaml")},
+       for name in ("ibot.yaml", "dinov2.yaml", "ibot_plus_plus.yaml", "dinov3.yaml",
+                    "dinov3_continue.yaml")},
 }
+for _name in ("dinov3.yaml", "dinov3_continue.yaml"):  # the patch head's own sizes; Gram on
+    EXTRA_ARGS[_name] += ["--model.init_args.patch_hidden_dim", "32",
+                          "--model.init_args.patch_bottleneck_dim", "16",
+                          "--model.init_args.gram_start_step", "0"]
+EXTRA_ARGS["dinov3_continue.yaml"] += [  # the shape of _released_backbone's file
+    "--model.init_args.backbone.init_args.embed_dim", "32",
+    "--model.init_args.backbone.init_args.num_heads", "2",
+    *[f"--data.init_args.train_transform.init_args.{k}_size={v}"
+      for k, v in (("global", 32), ("local", 16), ("gram", 64))]]
 
 
 def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
@@ -73,7 +83,24 @@ SUBCOMMANDS: dict[str, str] = {
     "knn.yaml": "validate",
 }
 
+def _released_backbone(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    """A random ViT of the shrunk shape (see EXTRA_ARGS) saved as the released backbone file
+    that dinov3_continue.yaml's ``pretrained_path`` names."""
+    import torch
+
+    from ssl_lightning.backbones import ViT
+
+    config = read_config(ROOT / "configs" / "dinov3_continue.yaml")
+    init = dict(config["model"]["init_args"]["backbone"]["init_args"])
+    assert init.pop("pretrained_path")
+    torch.manual_seed(0)
+    path = tmp_path / "released_backbone.pt"
+    torch.save(ViT(**{**init, "embed_dim": 32, "depth": 1, "num_heads": 2}).state_dict(), path)
+    return ["--model.init_args.backbone.init_args.pretrained_path", str(path)]
+
+
 PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
+    "dinov3_continue.yaml": _released_backbone,
     "linear.yaml": _pretraining_checkpoint,
     "knn.yaml": _pretraining_checkpoint,
 }

@@ -33,7 +33,8 @@ from lightning_ddp_utils import assert_states_close
 
 HARNESS = Path(__file__).resolve().parents[1] / "resume_harness.py"
 METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "dino", "swav", "vicreg", "barlow_twins",
-           "simsiam", "linear", "ibot_vit"]  # ibot_vit: block masks, stochastic depth
+           "simsiam", "linear", "ibot_vit", "dinov3"]  # ibot_vit: block masks, stochastic
+# depth; dinov3: Gram anchoring, the Gram teacher refreshed at steps 1, 5 and 9
 RESUME_POINTS = {2: 2, 9: 0}  # step -> num_workers of the resumed run
 SIGTERM_AT = 8  # the SIGTERM run holds from this step until the signal arrived
 
@@ -118,6 +119,22 @@ def test_resume_inside_epoch_0_and_1_is_bit_identical(runs: dict[str, Any], meth
         _assert_identical(runs["load"](f"{method}_from{step}"), straight)
     if method != "linear":
         assert "OnlineProbe" in straight["callbacks"] and "val/knn_top1" in straight["metrics"]
+
+
+def test_gram_teacher_is_the_ema_teacher_of_its_last_snapshot_step(runs: dict[str, Any]) -> None:
+    """The straight run's final Gram teacher equals the EMA teacher of the step-9 checkpoint
+    bit for bit, and neither step 8's nor step 10's (a refresh off by one step)."""
+    final = runs["load"]("dinov3")["model"]
+    assert int(final["gram_teacher.snapshot_step"]) == 9
+    gram = {k.removeprefix("gram_teacher.backbone."): v for k, v in final.items()
+            if k.startswith("gram_teacher.backbone.")}
+    for step in (8, 9, 10):
+        state = torch.load(runs["root"] / f"ckpt_dinov3/step={step}.ckpt",
+                           weights_only=False)["state_dict"]
+        teacher = {k.removeprefix("teacher_backbone."): v for k, v in state.items()
+                   if k.startswith("teacher_backbone.")}
+        same = all(torch.equal(gram[k], teacher[k]) for k in teacher)
+        assert teacher.keys() == gram.keys() and same == (step == 9), step
 
 
 def test_same_weights_with_0_and_2_workers(runs: dict[str, Any]) -> None:

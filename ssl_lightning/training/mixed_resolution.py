@@ -1,0 +1,65 @@
+"""Crop sizes drawn per step: DINOv3's high-resolution adaptation (mixed resolutions).
+
+Siméoni et al., "DINOv3", arXiv 2508.10104, 2025, §5.1: in the last stage every step trains on
+one pair of global / local crop sizes (and its Gram-teacher size) drawn with given ratios; the
+official ``configs/train/dinov3_vit7b16_high_res_adapt.yaml`` mixes 512/112, 768/112, 768/168,
+768/224, 768/336 with ratios 0.3/0.3/0.3/0.05/0.05 and Gram crops of 768 or 1152 px.
+
+Here the data draws the crops at the largest sizes and the method resizes the step's views
+(bicubic, antialiased) to the drawn sizes. The draw is a function of the step seed
+``(rng_seed, epoch, batch index)`` without the rank, so every rank (and a resumed run) trains on
+the same sizes, and a micro-batched step on one set of sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Sizes = tuple[int, int, int]  # global, local, Gram teacher
+
+
+class MixedResolution:
+    """Per-step ``(global, local, Gram-teacher)`` crop sizes, drawn with ``ratios``.
+
+    Args:
+        sizes: Candidate ``[global, local, gram]`` sides (e.g. ``[[512, 112, 768], ...]``); the
+            data must make crops of at least the largest of each.
+        ratios: Relative frequency of each candidate (normalised; default: equal).
+    """
+
+    def __init__(self, sizes: Sequence[Sequence[int]],
+                 ratios: Sequence[float] | None = None) -> None:
+        if not sizes or any(len(s) != 3 or min(s) < 1 for s in sizes):
+            raise ValueError(f"sizes must be a non-empty list of [global, local, gram] sides "
+                             f">= 1, got {sizes}.")
+        weights = list(ratios) if ratios is not None else [1.0] * len(sizes)
+        if len(weights) != len(sizes) or min(weights) < 0 or sum(weights) <= 0:
+            raise ValueError(f"ratios must be {len(sizes)} non-negative values with a positive "
+                             f"sum (one per size), got {ratios}.")
+        self.sizes: list[Sizes] = [(int(g), int(l_), int(t)) for g, l_, t in sizes]
+        self.weights = torch.tensor(weights, dtype=torch.float64)
+
+    def draw(self, seed: int) -> Sizes:
+        """The sizes of the step whose rank-independent seed is ``seed``."""
+        generator = torch.Generator().manual_seed(seed)
+        return self.sizes[int(torch.multinomial(self.weights, 1, generator=generator))]
+
+    @staticmethod
+    def resize(views: Sequence[Tensor], num_local_crops: int, sizes: Sizes) -> list[Tensor]:
+        """``[global ×2, local ×V, (gram ×2)]`` views resized to ``sizes``; a view already of
+        its size is kept as it is, a smaller one is refused."""
+        global_size, local_size, gram_size = sizes
+        targets = [global_size] * 2 + [local_size] * num_local_crops + [gram_size] * 2
+        out = []
+        for view, side in zip(views, targets[:len(views)], strict=True):
+            if view.shape[-1] < side or view.shape[-2] < side:
+                raise ValueError(f"A {tuple(view.shape[-2:])} view cannot be resized up to "
+                                 f"{side} px: make the data's crops at least as large as the "
+                                 "largest mixed_resolution size.")
+            out.append(view if view.shape[-2:] == (side, side) else F.interpolate(
+                view, size=(side, side), mode="bicubic", align_corners=False, antialias=True))
+        return out

@@ -1,0 +1,59 @@
+"""Per-step crop sizes: drawn from the rank-free step seed with the given ratios, the views
+resized to them, and DINOv3 training on them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ssl_lightning.backbones import ViT
+from ssl_lightning.methods import DINOv3
+from ssl_lightning.training.mixed_resolution import MixedResolution
+from ssl_lightning.training.step_rng import step_seed
+
+SIZES = [[16, 8, 32], [12, 8, 24], [8, 4, 16]]
+
+
+def test_draws_follow_the_ratios_and_the_seed():
+    mixed = MixedResolution(SIZES, [0.5, 0.5, 0.0])
+    draws = [mixed.draw(s) for s in range(400)]
+    assert draws == [mixed.draw(s) for s in range(400)]  # a pure function of the seed
+    assert (8, 4, 16) not in draws
+    share = draws.count((16, 8, 32)) / len(draws)
+    assert 0.4 < share < 0.6
+
+
+def test_views_are_resized_to_the_step_sizes():
+    views = [torch.randn(2, 3, s, s) for s in (16, 16, 8, 32, 32)]
+    out = MixedResolution.resize(views, 1, (12, 8, 24))
+    assert [v.shape[-1] for v in out] == [12, 12, 8, 24, 24]
+    assert out[2] is views[2]
+    want = F.interpolate(views[0], size=(12, 12), mode="bicubic", antialias=True)
+    torch.testing.assert_close(out[0], want)
+    with pytest.raises(ValueError, match="largest mixed_resolution size"):
+        MixedResolution.resize(views, 1, (20, 8, 24))
+    with pytest.raises(ValueError, match="ratios"):
+        MixedResolution(SIZES, [1.0])
+
+
+def test_dinov3_trains_on_the_sizes_of_the_step_the_same_on_every_rank():
+    torch.manual_seed(0)
+    vit = ViT(image_size=16, patch_size=4, embed_dim=8, depth=1, num_heads=2, mask_token=True)
+    model = DINOv3(vit, head_out_dim=8, patch_out_dim=8, head_hidden_dim=8,
+                   head_bottleneck_dim=4, patch_hidden_dim=8, patch_bottleneck_dim=4,
+                   num_local_crops=1, warmup_teacher_temperature_epochs=0, rng_seed=3,
+                   mixed_resolution_sizes=SIZES)
+    seen = []
+    model.backbone.patch_embed.register_forward_pre_hook(
+        lambda m, args: seen.append(args[0].shape[-1]))
+    for batch_idx in range(6):
+        model.on_train_batch_start(None, batch_idx)
+        expected = model.mixed_resolution.draw(step_seed(3, 0, batch_idx, 0))
+        assert model.step_sizes == expected
+        seen.clear()
+        views = [torch.randn(2, 3, s, s) for s in (16, 16, 8, 32, 32)]
+        loss, _ = model.training_loss(views)
+        assert torch.isfinite(loss) and set(seen) == set(expected[:2])
+    # The seed has no rank (every rank draws these sizes); the steps differ.
+    assert len({model.mixed_resolution.draw(step_seed(3, 0, b, 0)) for b in range(20)}) > 1
