@@ -4,6 +4,11 @@ from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.dino import DINOLoss
+from ssl_lightning.losses.distillation import (
+    DistillationLoss,
+    PatchSimilarityDistillationLoss,
+    QueueDistillationLoss,
+)
 from ssl_lightning.losses.ibot_patch import IBOTPatchLoss
 from ssl_lightning.losses.ijepa import IJEPALoss
 from ssl_lightning.losses.infonce import InfoNCELoss
@@ -21,4 +26,5 @@ from ssl_lightning.losses.vicreg import VICRegLoss
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
            "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss", "DCLLoss",
-           "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss"]
+           "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss", "DistillationLoss",
+           "QueueDistillationLoss", "PatchSimilarityDistillationLoss"]

@@ -6,6 +6,7 @@ from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
+from ssl_lightning.methods.distillation import Distillation
 from ssl_lightning.methods.ibot import IBOT
 from ssl_lightning.methods.ijepa import IJEPA
 from ssl_lightning.methods.mae import MAE
@@ -21,4 +22,4 @@ from ssl_lightning.methods.vicreg import VICReg
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
-           "SupCon", "IBOT", "DINOv2"]
+           "SupCon", "IBOT", "DINOv2", "Distillation"]
