@@ -222,10 +222,14 @@ class Distillation(SSLMethod):
             outputs["student_global"] = self.global_head(outputs["features"])
         return outputs
 
+    def enqueue_teacher(self, teacher_global: Tensor) -> None:
+        """Put the normalised teacher embeddings of the whole (gathered) batch in the queue."""
+        self.queue.enqueue(F.normalize(self.gather_no_grad(teacher_global), dim=1))
+
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         queue = None
         if self.hparams["variant"] != "patch_mse":
-            self.queue.enqueue(F.normalize(self.gather_no_grad(outputs["teacher_global"]), dim=1))
+            self.enqueue_teacher(outputs["teacher_global"])
             queue = self.queue.negatives()
         return self.criterion(outputs.get("student_global"), outputs["teacher_global"], queue,
                               outputs.get("student_patches"), outputs.get("teacher_patches"))
