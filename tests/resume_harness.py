@@ -42,6 +42,7 @@ from ssl_lightning.methods import (
     BYOL,
     DINO,
     BarlowTwins,
+    Distillation,
     MoCoV2,
     MoCoV3,
     SimCLR,
@@ -80,6 +81,8 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "dino_vit": lambda: DINO(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=2, num_heads=2,
                                  drop_path_rate=0.5), head_out_dim=16, head_hidden_dim=8,
                              head_bottleneck_dim=4, warmup_teacher_temperature_epochs=1, **OPT),
+    # The teacher is built from the seeded RNG, so a resumed run rebuilds the same one.
+    "distillation": lambda: Distillation(_net(), teacher=_net(), queue_size=8, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
@@ -94,6 +97,8 @@ def transform(method: str) -> MultiViewTransform:
         return BYOLViews("cifar", crop_size=SIZE)
     if method == "linear":
         return LinearEvalTransform("cifar", crop_size=SIZE)
+    if method == "distillation":
+        return SimCLRViews("cifar", num_views=1, crop_size=SIZE)
     return SimCLRViews("cifar", crop_size=SIZE)
 
 

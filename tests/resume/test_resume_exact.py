@@ -33,7 +33,8 @@ from lightning_ddp_utils import assert_states_close
 
 HARNESS = Path(__file__).resolve().parents[1] / "resume_harness.py"
 METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "dino", "swav", "vicreg", "barlow_twins",
-           "simsiam", "linear", "dino_vit"]  # dino_vit: a ViT with stochastic depth
+           "simsiam", "linear", "dino_vit",  # dino_vit: a ViT with stochastic depth
+           "distillation"]
 RESUME_POINTS = {2: 2, 9: 0}  # step -> num_workers of the resumed run
 SIGTERM_AT = 8  # the SIGTERM run holds from this step until the signal arrived
 
