@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torchvision
 import torch
+import torchvision
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.pretrained import load_pretrained

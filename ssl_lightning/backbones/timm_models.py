@@ -103,7 +103,8 @@ class TimmBackbone(nn.Module):
         if hasattr(patch_embed, "dynamic_feat_size"):
             grid_h, grid_w = patch_embed.dynamic_feat_size(tuple(x.shape[-2:]))
         else:
-            grid_h, grid_w = (s // p for s, p in zip(x.shape[-2:], patch_embed.patch_size))
+            sides = zip(x.shape[-2:], patch_embed.patch_size, strict=True)
+            grid_h, grid_w = (side // patch for side, patch in sides)
         prefix = int(getattr(self.net, "num_prefix_tokens", 0))
         return tokens_to_map(features[:, prefix:], grid_h, grid_w)
 

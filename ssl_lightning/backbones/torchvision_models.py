@@ -7,8 +7,8 @@ Its dense features (:mod:`ssl_lightning.backbones.dense`) come from
 from __future__ import annotations
 
 import torchvision
-from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 from torch import Tensor, nn
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.spec import remember_init_args

@@ -27,7 +27,7 @@ def _unit(v: list[float]) -> list[float]:
 
 
 def _dot(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b))
+    return sum(x * y for x, y in zip(a, b, strict=True))
 
 
 def _kl(p_logits: list[float], q_logits: list[float]) -> float:
@@ -35,13 +35,13 @@ def _kl(p_logits: list[float], q_logits: list[float]) -> float:
     zp = sum(math.exp(x) for x in p_logits)
     zq = sum(math.exp(x) for x in q_logits)
     return sum(math.exp(a) / zp * ((a - math.log(zp)) - (b - math.log(zq)))
-               for a, b in zip(p_logits, q_logits))
+               for a, b in zip(p_logits, q_logits, strict=True))
 
 
 def _global_reference(s: torch.Tensor, t: torch.Tensor, q: torch.Tensor) -> float:
     queue = q.tolist()
     total = 0.0
-    for s_b, t_b in zip(s.tolist(), t.tolist()):
+    for s_b, t_b in zip(s.tolist(), t.tolist(), strict=True):
         su, tu = _unit(s_b), _unit(t_b)
         total += _kl([_dot(tu, k) / T for k in queue], [_dot(su, k) / T for k in queue])
     return total / len(s)
@@ -49,7 +49,7 @@ def _global_reference(s: torch.Tensor, t: torch.Tensor, q: torch.Tensor) -> floa
 
 def _local_reference(s: torch.Tensor, t: torch.Tensor) -> float:
     total, rows = 0.0, 0
-    for s_img, t_img in zip(s.tolist(), t.tolist()):
+    for s_img, t_img in zip(s.tolist(), t.tolist(), strict=True):
         su, tu = [_unit(v) for v in s_img], [_unit(v) for v in t_img]
         for i in range(len(su)):
             others = [j for j in range(len(su)) if j != i]
@@ -82,7 +82,8 @@ def test_variants_compose_the_terms_and_patch_mse_is_the_mean_square() -> None:
     only_global = DistillationLoss("global")(sg, tg, q, None, None)
     assert abs(only_global.item() - _global_reference(sg, tg, q)) < 1e-9
     mse = DistillationLoss("patch_mse")(None, None, None, sp, tp)
-    squares = [(a - b) ** 2 for a, b in zip(sp.flatten().tolist(), tp.flatten().tolist())]
+    squares = [(a - b) ** 2 for a, b in zip(sp.flatten().tolist(), tp.flatten().tolist(),
+                                                     strict=True)]
     assert abs(mse.item() - sum(squares) / len(squares)) < 1e-12
 
 

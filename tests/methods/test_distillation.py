@@ -16,6 +16,7 @@ from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
 from ssl_lightning.methods import Distillation
 from ssl_lightning.methods.distillation import FINGERPRINT_KEY
+from ssl_lightning.training.grad_cache import grad_cached_loss
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZE = 16
@@ -148,3 +149,23 @@ def test_students_of_other_kinds_through_the_cli(student: str, run_config,  # ty
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
     assert type(cli.model.backbone).__name__ == {"timm_convnext": "TimmBackbone",
                                                   "vit": "ViT"}[student]
+
+
+def test_micro_batches_give_the_whole_batch_gradients() -> None:
+    """Gradient caching: the teacher runs per micro-batch, the queue and the loss once."""
+    grads = []
+    for micro in (None, 2):
+        torch.manual_seed(0)
+        teacher = ViT(image_size=SIZE, patch_size=4, embed_dim=16, depth=1, num_heads=2)
+        model = Distillation(_student(), teacher=teacher, queue_size=8, image_size=SIZE,
+                             micro_batch_size=micro).double()
+        x = torch.randn(4, 3, SIZE, SIZE, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(3))
+        loss = (grad_cached_loss(model, [x], micro, 1.0)[0] if micro else
+                model.training_loss([x])[0])
+        loss.backward()
+        grads.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()
+                                                if p.grad is not None]), model.queue.queue))
+    torch.testing.assert_close(grads[1][0], grads[0][0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(grads[1][1], grads[0][1], atol=1e-10, rtol=0)
+    torch.testing.assert_close(grads[1][2], grads[0][2], atol=1e-12, rtol=0)  # fp64 rounding
