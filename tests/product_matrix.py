@@ -44,7 +44,8 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "distillation_timm.yaml": [
         "--model.init_args.teacher", '{"class_path": "ssl_lightning.TimmBackbone", "init_args": '
         '{"name": "vit_small_patch14_dinov2.lvd142m", "model_kwargs": {"depth": 1, '
-        '"embed_dim": 32, "num_heads": 2}}}', "--model.init_args.teacher_image_size", "28"],
+        '"embed_dim": 32, "num_heads": 2}, "pretrained_path": null}}',
+        "--model.init_args.teacher_image_size", "28"],
 }
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
 SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}

@@ -108,6 +108,9 @@ class SSLMethod(SeededSteps):
     #: The loss couples the samples of a batch (negatives, batch statistics, Sinkhorn, centre),
     #: so ``accumulate_grad_batches`` changes the objective (a warning says so).
     batch_coupled_loss: ClassVar[bool] = True
+    #: State-dict prefixes a checkpoint leaves out because loading rebuilds them (a frozen
+    #: teacher); the ``--ckpt_path`` check does not ask for them.
+    unsaved_state_prefixes: ClassVar[tuple[str, ...]] = ()
     #: Deprecated constructor argument names of this class -> their new names (accepted with a
     #: warning for one release, see :mod:`ssl_lightning.deprecation`; never saved).
     renamed_arguments: ClassVar[dict[str, str]] = {}

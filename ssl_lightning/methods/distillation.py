@@ -19,32 +19,28 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.backbones import backbone_spec, build_backbone, feature_dim
-from ssl_lightning.backbones.checkpoint import DEFAULT_PREFIX, backbone_from_checkpoint
+from ssl_lightning.backbones import backbone_spec, feature_dim
+from ssl_lightning.backbones.checkpoint import DEFAULT_PREFIX
 from ssl_lightning.backbones.dense import dense_features
+from ssl_lightning.backbones.teacher import frozen_teacher, weight_fingerprint
 from ssl_lightning.backbones.tokens import layout
 from ssl_lightning.heads.mlp import build_mlp
 from ssl_lightning.losses.distillation import VARIANTS, DistillationLoss, Variant
 from ssl_lightning.methods.base import Batch, SSLMethod
 from ssl_lightning.optim import LRScaling, OptimizerName
 from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.training.mixup import global_batch_mixup
 from ssl_lightning.training.step_rng import step_seed
 
-#: Checkpoint entry with the teacher's weight fingerprint (see :func:`_fingerprint`).
+#: Checkpoint entry with the teacher's weight fingerprint (:func:`weight_fingerprint`).
 FINGERPRINT_KEY = "teacher_fingerprint"
-
-
-def _fingerprint(module: nn.Module) -> Tensor:
-    """Sum and sum of squares of every tensor of ``module``'s state, in float64 (K, 2)."""
-    values = [t.detach().double() for t in module.state_dict().values() if t.is_floating_point()]
-    return torch.stack([torch.stack([t.sum(), t.square().sum()]) for t in values]).cpu()
 
 
 class Distillation(SSLMethod):
@@ -83,6 +79,7 @@ class Distillation(SSLMethod):
 
     views_used = 1
     batch_coupled_loss = False  # per-sample terms; the queue is filled once per optimiser step
+    unsaved_state_prefixes = ("teacher.",)
 
     def __init__(
         self,
@@ -112,8 +109,10 @@ class Distillation(SSLMethod):
             raise ValueError(f"queue_size must be >= 1, got {queue_size}.")
         super().__init__(backbone, optimizer=optimizer, lr=lr, lr_scaling=lr_scaling,
                          weight_decay=weight_decay, **kwargs)
-        self.teacher = self._build_teacher(teacher, teacher_checkpoint, teacher_spec)
-        self.teacher.requires_grad_(False).eval()
+        self.teacher = frozen_teacher(teacher, teacher_checkpoint, teacher_checkpoint_prefix,
+                                      teacher_spec)
+        if teacher is not None:  # load_from_checkpoint rebuilds it from the spec
+            self.hparams["teacher_spec"] = backbone_spec(teacher)
         self.blocks = teacher_blocks if variant == "patch_mse" else 1
         if self.blocks > 1 and "last_blocks" not in inspect.signature(
                 getattr(self.teacher, "forward_dense", lambda x: x)).parameters:
@@ -139,25 +138,6 @@ class Distillation(SSLMethod):
                                if variant == "global_local" else
                                build_mlp(student_channels, head_hidden_dim, teacher_channels,
                                          batch_norm=False, activation=nn.GELU))
-
-    def _build_teacher(self, teacher: nn.Module | None, checkpoint: str | None,
-                       spec: Mapping[str, Any] | None) -> nn.Module:
-        given = [n for n, v in (("teacher", teacher), ("teacher_checkpoint", checkpoint),
-                                ("teacher_spec", spec)) if v is not None]
-        if len(given) != 1:
-            raise ValueError(
-                f"Distillation needs exactly one of teacher, teacher_checkpoint, teacher_spec; "
-                f"got {given or 'none'}. E.g. --model.teacher_checkpoint runs/dino/version_0/"
-                "checkpoints/last.ckpt, or teacher: {class_path: TimmBackbone, init_args: "
-                "{name: ..., pretrained_path: ...}}.")
-        if checkpoint is not None:
-            return backbone_from_checkpoint(checkpoint,
-                                            prefix=self.hparams["teacher_checkpoint_prefix"])
-        if spec is not None:
-            return build_backbone(spec, load_pretrained=True, source="teacher_spec")
-        assert teacher is not None
-        self.hparams["teacher_spec"] = backbone_spec(teacher)  # load_from_checkpoint rebuilds it
-        return teacher
 
     def build_criterion(self) -> nn.Module:
         hp = self.hparams
@@ -186,17 +166,10 @@ class Distillation(SSLMethod):
         return dense_features(self.teacher, x)
 
     def mix(self, x: Tensor, seed: int) -> Tensor:
-        """``λ x + (1 − λ) x[π]``: λ ~ U(0, 1) and a permutation π of the global batch from
-        ``seed`` (the same on every rank). Rank r's sample j sits at ``j × world + r`` of the
-        global batch (the distributed sampler's interleaving), so N processes mix as one."""
-        generator = torch.Generator().manual_seed(seed)
-        lam = float(torch.rand((), generator=generator, dtype=torch.float64))
+        """:func:`global_batch_mixup` of this rank's images (the same pairs on any number of
+        processes)."""
         world, rank = layout(self)
-        gathered = self.gather_no_grad(x)  # rank-major: row r × B + j
-        perm = torch.randperm(len(gathered), generator=generator).to(x.device)
-        partner = perm[torch.arange(len(x), device=x.device) * world + rank]
-        partner = (partner % world) * len(x) + partner // world  # global position -> gathered row
-        return lam * x + (1 - lam) * gathered[partner]
+        return global_batch_mixup(x, self.gather_no_grad(x), world, rank, seed)
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets = batch
@@ -238,17 +211,17 @@ class Distillation(SSLMethod):
         """Leave the teacher out (it is rebuilt on load) and record its fingerprint."""
         super().on_save_checkpoint(checkpoint)
         state: MutableMapping[str, Any] = checkpoint["state_dict"]
-        for key in [k for k in state if k.startswith("teacher.")]:
+        for key in [k for k in state if k.startswith(self.unsaved_state_prefixes)]:
             del state[key]
-        checkpoint[FINGERPRINT_KEY] = _fingerprint(self.teacher)
+        checkpoint[FINGERPRINT_KEY] = weight_fingerprint(self.teacher)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Check that the rebuilt teacher is the one trained with, then let the state dict
         load without teacher keys (this teacher's own weights stay)."""
         super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get(FINGERPRINT_KEY)
-        if saved is not None and (saved.shape != _fingerprint(self.teacher).shape or not
-                                  torch.allclose(saved, _fingerprint(self.teacher), rtol=1e-6)):
+        saved, rebuilt = checkpoint.get(FINGERPRINT_KEY), weight_fingerprint(self.teacher)
+        if saved is not None and (saved.shape != rebuilt.shape or not
+                                  torch.allclose(saved, rebuilt, rtol=1e-6)):
             raise ValueError(
                 "The teacher rebuilt for this checkpoint has other weights than the one it was "
                 "trained with (the teacher is not stored in checkpoints). Give the same teacher: "
