@@ -45,6 +45,9 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.head_hidden_dim", "32",
               "--model.init_args.head_bottleneck_dim", "16"]
        for name in ("ibot.yaml", "dinov2.yaml")},
+    # the ResNet-18 student runs in distillation.yaml's test; here the timm teacher file matters
+    "distillation_timm.yaml": ["--model.init_args.backbone", '{"class_path": '
+                               '"ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'],
 }
 
 
