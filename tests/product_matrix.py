@@ -14,7 +14,8 @@ The first leg is the config's 2-epoch schedule stopped after epoch 1 (:class:`Ma
 the resume leg reruns the same command with ``--ckpt_path last.ckpt`` and must start at the
 saved ``global_step`` and finish the schedule. A config that needs more registers it in
 ``EXTRA_ARGS`` (extra CLI arguments), ``SUBCOMMANDS`` (not ``fit``) or ``CHECKPOINT_FROM`` (the
-config whose ``last.ckpt`` it evaluates).
+config whose ``last.ckpt`` it evaluates, or distils: ``CHECKPOINT_ARGUMENTS`` names the model
+argument that receives it).
 """
 
 from __future__ import annotations
@@ -51,11 +52,20 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "dinov3.yaml": ["--model.init_args.gram_start_step", "1",
                     "--model.init_args.gram_refresh_every", "2",
                     "--model.init_args.gram_weight_ramp_steps", "1"],
+    # a small random timm DINOv2-style ViT teacher (the shipped one reads a weights file)
+    "distillation_timm.yaml": [
+        "--model.init_args.teacher", '{"class_path": "ssl_lightning.TimmBackbone", "init_args": '
+        '{"name": "vit_small_patch14_dinov2.lvd142m", "model_kwargs": {"depth": 1, '
+        '"embed_dim": 32, "num_heads": 2}, "pretrained_path": null}}',
+        "--model.init_args.teacher_image_size", "28"],
 }
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
 SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}
 #: Evaluation configs: the pre-training config whose ``last.ckpt`` they are given.
-CHECKPOINT_FROM: dict[str, str] = {"linear.yaml": "simclr.yaml", "knn.yaml": "simclr.yaml"}
+CHECKPOINT_FROM: dict[str, str] = {"linear.yaml": "simclr.yaml", "knn.yaml": "simclr.yaml",
+                                   "distillation.yaml": "dino.yaml"}
+#: The model argument that receives the ``CHECKPOINT_FROM`` checkpoint (default ``checkpoint``).
+CHECKPOINT_ARGUMENTS: dict[str, str] = {"distillation.yaml": "teacher_checkpoint"}
 
 SMALL_CONVNET = '{"class_path": "ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'
 STEPS_PER_EPOCH = 2
@@ -136,7 +146,8 @@ def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
         if source not in checkpoints:
             raise RuntimeError(f"{config.name} evaluates the checkpoint of {source}, which did not "
                                "run or failed (see its error).")
-        args += ["--model.init_args.checkpoint", checkpoints[source]]
+        argument = CHECKPOINT_ARGUMENTS.get(config.name, "checkpoint")
+        args += [f"--model.init_args.{argument}", checkpoints[source]]
     result: dict[str, Any] = {}
     if extra:  # a check that is expected to raise (the divergence run)
         main(args + extra)

@@ -45,6 +45,7 @@ from ssl_lightning.methods import (
     IBOT,
     BarlowTwins,
     DINOv3,
+    Distillation,
     MoCoV2,
     MoCoV3,
     SimCLR,
@@ -91,6 +92,8 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
                              patch_bottleneck_dim=4, num_local_crops=1,
                              warmup_teacher_temperature_epochs=1, gram_start_step=1,
                              gram_refresh_every=4, gram_max_refreshes=2, **OPT),
+    # The teacher is built from the seeded RNG, so a resumed run rebuilds the same one.
+    "distillation": lambda: Distillation(_net(), teacher=_net(), queue_size=8, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
@@ -108,6 +111,8 @@ def transform(method: str) -> MultiViewTransform:
         return BYOLViews("cifar", crop_size=SIZE)
     if method == "linear":
         return LinearEvalTransform("cifar", crop_size=SIZE)
+    if method == "distillation":
+        return SimCLRViews("cifar", num_views=1, crop_size=SIZE)
     return SimCLRViews("cifar", crop_size=SIZE)
 
 

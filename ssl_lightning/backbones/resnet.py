@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 import torchvision
 from torch import Tensor, nn
 
@@ -61,3 +62,15 @@ class ResNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
+
+    def forward_dense(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The ``layer4`` map (B, num_features, h, w) and its average-pooled features
+        (:mod:`ssl_lightning.backbones.dense`)."""
+        net = self.net
+        x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+        feature_map = net.layer4(net.layer3(net.layer2(net.layer1(x))))
+        return feature_map, torch.flatten(net.avgpool(feature_map), 1)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """The ``layer4`` feature map (B, num_features, h, w)."""
+        return self.forward_dense(x)[0]

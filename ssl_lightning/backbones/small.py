@@ -51,3 +51,13 @@ class SmallConvNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
+
+    def forward_dense(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The last stage's map (B, num_features, h, w) and its average-pooled features
+        (:mod:`ssl_lightning.backbones.dense`)."""
+        feature_map = self.net[:-2](x)
+        return feature_map, self.net[-2:](feature_map)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """The last stage's feature map (B, num_features, h, w)."""
+        return self.net[:-2](x)

@@ -11,6 +11,10 @@ timm's ``DropPath`` modules (stochastic depth, ``drop_path_rate``) are replaced 
 which draw each sample's keep decisions from its key in training
 (:mod:`ssl_lightning.training.sample_rng`); a model calling timm's functional ``drop_path``
 itself, or a ``DropPath`` with ``scale_by_keep=False``, keeps torch's generator.
+
+Dense features (:mod:`ssl_lightning.backbones.dense`) come from timm's own
+``forward_features`` (a CNN's last map, a ViT's tokens put on their patch grid) and
+``forward_head``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ssl_lightning.backbones.dense import tokens_to_map
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.spec import remember_init_args
 from ssl_lightning.backbones.vit import DropPath
@@ -77,6 +82,41 @@ class TimmBackbone(nn.Module):
             load_pretrained(self.net, pretrained_path)
 
     def forward(self, x: Tensor) -> Tensor:
+        self._check_size(x)
+        return self.net(x)
+
+    def forward_dense(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """timm's ``forward_features`` as a map (B, C, h, w) and ``forward_head`` of it (the
+        features ``forward`` returns), from one pass."""
+        self._check_size(x)
+        features = self.net.forward_features(x)
+        return self._as_map(features, x), self.net.forward_head(features)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """timm's ``forward_features`` as a map (B, C, h, w)."""
+        self._check_size(x)
+        return self._as_map(self.net.forward_features(x), x)
+
+    def _as_map(self, features: Tensor, x: Tensor) -> Tensor:
+        if features.dim() == 4:  # a CNN's map; NHWC for the models that say so (Swin)
+            nhwc = getattr(self.net, "output_fmt", "NCHW") == "NHWC"
+            return features.permute(0, 3, 1, 2) if nhwc else features
+        patch_embed = getattr(self.net, "patch_embed", None)
+        if features.dim() != 3 or patch_embed is None:
+            raise ValueError(
+                f"TimmBackbone {self.net.default_cfg['architecture']!r}: forward_features gives "
+                f"shape {tuple(features.shape)}, neither a (B, C, h, w) map nor patch tokens, so "
+                "it has no dense features."
+            )
+        if hasattr(patch_embed, "dynamic_feat_size"):
+            grid_h, grid_w = patch_embed.dynamic_feat_size(tuple(x.shape[-2:]))
+        else:
+            sides = zip(x.shape[-2:], patch_embed.patch_size, strict=True)
+            grid_h, grid_w = (side // patch for side, patch in sides)
+        prefix = int(getattr(self.net, "num_prefix_tokens", 0))
+        return tokens_to_map(features[:, prefix:], grid_h, grid_w)
+
+    def _check_size(self, x: Tensor) -> None:
         patch_embed = getattr(self.net, "patch_embed", None)
         size = getattr(patch_embed, "img_size", None)
         if getattr(patch_embed, "strict_img_size", False) and size is not None and (
@@ -86,7 +126,6 @@ class TimmBackbone(nn.Module):
                 f"{size[0]}x{size[1]} images, got {x.shape[-2]}x{x.shape[-1]} (multi-crop methods "
                 "feed crops of several sizes). Pass model_kwargs: {dynamic_img_size: true} to a "
                 "model that accepts it (timm ViTs), or give every view the model's size.")
-        return self.net(x)
 
 
 def _keyed_drop_paths(timm: Any, net: nn.Module) -> None:

@@ -1,9 +1,14 @@
-"""Any torchvision classification model as a backbone, by name, without its classifier."""
+"""Any torchvision classification model as a backbone, by name, without its classifier.
+
+Its dense features (:mod:`ssl_lightning.backbones.dense`) come from
+``torchvision.models.feature_extraction``: the input of the model's ``avgpool`` and its output.
+"""
 
 from __future__ import annotations
 
 import torchvision
 from torch import Tensor, nn
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 from ssl_lightning.backbones.channels import set_input_channels
 from ssl_lightning.backbones.pretrained import load_pretrained
@@ -38,6 +43,7 @@ class TorchvisionBackbone(nn.Module):
                 f"Unknown torchvision classification model {name!r}; see "
                 "torchvision.models.list_models(module=torchvision.models)."
             )
+        self.model_name = name
         net = torchvision.models.get_model(name, weights=None)
         _drop_classifier(net, name)
         if cifar_stem:
@@ -56,6 +62,22 @@ class TorchvisionBackbone(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
+    def forward_dense(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The map entering the model's ``avgpool`` (B, C, h, w) and the pooled features
+        ``forward`` returns, from one pass of a ``create_feature_extractor`` graph (built at the
+        first call; it shares this module's weights and is not part of its state dict)."""
+        extractor = self.__dict__.get("_dense_extractor")
+        if extractor is None:
+            extractor = _dense_extractor(self.net, self.model_name)
+            object.__setattr__(self, "_dense_extractor", extractor)  # not a submodule
+        extractor.train(self.training)
+        out = extractor(x)
+        return out["map"], out["pooled"]
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """The feature map entering ``avgpool`` (B, C, h, w)."""
+        return self.forward_dense(x)[0]
+
 
 def _drop_classifier(net: nn.Module, name: str) -> None:
     """Replace the last Linear of the model's classifier attribute with Identity, in place."""
@@ -73,3 +95,15 @@ def _drop_classifier(net: nn.Module, name: str) -> None:
         f"Cannot find the classifier of torchvision model {name!r} (looked for a Linear in fc, "
         "classifier, heads, head); wrap the model yourself so it returns (B, D) features."
     )
+
+
+def _dense_extractor(net: nn.Module, name: str) -> nn.Module:
+    """A feature extractor of ``net`` returning ``{"map": avgpool's input, "pooled": output}``."""
+    nodes = get_graph_node_names(net)[1]
+    if "avgpool" not in nodes:
+        raise ValueError(
+            f"torchvision model {name!r} has no avgpool, so it has no spatial feature map for "
+            "dense features (e.g. the ViTs); use ssl_lightning.ViT or a CNN."
+        )
+    before_pool = nodes[nodes.index("avgpool") - 1]
+    return create_feature_extractor(net, {before_pool: "map", nodes[-1]: "pooled"})

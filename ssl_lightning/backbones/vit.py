@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.channels import check_in_chans
+from ssl_lightning.backbones.dense import tokens_to_map
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.rope import RotaryPositionEmbedding, apply_rope
 from ssl_lightning.backbones.spec import remember_init_args
@@ -265,6 +266,30 @@ class ViT(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """The final-LayerNorm [CLS] token, or the mean patch token (``pool``): (B, embed_dim)."""
         return self.pool_tokens(self.forward_tokens(x))
+
+    def forward_dense(self, x: Tensor, last_blocks: int = 1) -> tuple[Tensor, Tensor]:
+        """Patch tokens on their grid (B, D·last_blocks, h, w) and the pooled features (B, D)
+        (:mod:`ssl_lightning.backbones.dense`): the final-LayerNorm outputs of the last
+        ``last_blocks`` blocks, concatenated along the channels (DINOv2's
+        ``get_intermediate_layers``), from one pass."""
+        if not 1 <= last_blocks <= len(self.blocks):
+            raise ValueError(f"last_blocks must be in [1, {len(self.blocks)}], got {last_blocks}.")
+        outputs: list[Tensor] = []
+        hooks = [block.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+                 for block in self.blocks[len(self.blocks) - last_blocks:-1]]
+        try:
+            tokens = self.forward_tokens(x)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        grid_h, grid_w = x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size
+        maps = [tokens_to_map(t[:, self.num_prefix_tokens:], grid_h, grid_w)
+                for t in [*map(self.norm, outputs), tokens]]
+        return torch.cat(maps, dim=1), self.pool_tokens(tokens)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Patch tokens on their grid (B, D, h, w)."""
+        return self.forward_dense(x)[0]
 
     def pool_tokens(self, tokens: Tensor) -> Tensor:
         """Features (B, D) of :meth:`forward_tokens`' output, as ``pool`` says."""

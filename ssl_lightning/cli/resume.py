@@ -110,7 +110,8 @@ def check_architecture(model: nn.Module, checkpoint: Mapping[str, Any], path: st
     """Refuse a checkpoint whose weights do not fit ``model`` (missing, extra or reshaped keys)."""
     saved = dict(checkpoint.get("state_dict") or {})
     rename_state_keys(saved, model)  # old teacher names load (the model's load hook renames)
-    expected = model.state_dict()
+    unsaved = tuple(getattr(model, "unsaved_state_prefixes", ()))  # rebuilt on load instead
+    expected = {k: v for k, v in model.state_dict().items() if not k.startswith(unsaved)}
     missing = [k for k in expected if k not in saved]
     unexpected = [k for k in saved if k not in expected]
     reshaped = [f"{k} {tuple(saved[k].shape)} in the checkpoint, {tuple(v.shape)} configured"

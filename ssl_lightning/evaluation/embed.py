@@ -9,7 +9,9 @@ file list into N contiguous shards (one process each: no sampler padding, order 
 shard streams its rows to a part file, and the parts are then written, in order, to the output
 format of the suffix (see :mod:`ssl_lightning.evaluation.embed_writers`). Unreadable images are
 skipped and listed in ``<output>.skipped.txt`` (``--on-error raise`` stops at the first one,
-naming it).
+naming it). ``--patch-features`` writes the backbone's feature map instead of its pooled
+feature (:mod:`ssl_lightning.backbones.dense`): one row per image holding its (h, w, C) map
+(the format of each suffix in :mod:`ssl_lightning.evaluation.embed_writers`).
 
 Every argument, the checkpoint and the image folder are checked before any file is written; the
 outputs are written to temporary names beside them and renamed when complete, so an error, a
@@ -30,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ssl_lightning.backbones.dense import dense_features, has_dense_features
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset, load_image
 from ssl_lightning.data.transforms import EvalTransform
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_from_checkpoint
@@ -71,16 +74,17 @@ def best_device(rank: int = 0) -> torch.device:
 def embed_shard(
     backbone: nn.Module, folder: ImageFolderDataset, indices: range, part: Path, *,
     transform: Any, batch_size: int, num_workers: int, device: torch.device, strict: bool,
-    progress: bool,
-) -> int:
+    progress: bool, patch_features: bool = False,
+) -> tuple[int, ...]:
     """Embed ``folder[indices]`` into ``part.f32`` (raw float32 rows), ``part.tsv`` (index,
-    label) and ``part.skipped`` (indices of unreadable files). Returns the embedding size."""
+    label) and ``part.skipped`` (indices of unreadable files). Returns the shape of a row:
+    ``(D,)``, or ``(h, w, C)`` with ``patch_features`` (the feature map, channels last)."""
     from tqdm import tqdm
 
     backbone = backbone.to(device).eval()
     loader = DataLoader(Subset(_Readable(folder, transform, strict), list(indices)),
                         batch_size=batch_size, num_workers=num_workers, collate_fn=_collate)
-    dim = 0
+    shape: tuple[int, ...] = (0,)
     with open(f"{part}.f32", "wb") as rows, open(f"{part}.tsv", "w") as meta, \
             open(f"{part}.skipped", "w") as skipped:
         for images, good, bad in tqdm(loader, desc="embed", disable=not progress,
@@ -88,14 +92,17 @@ def embed_shard(
             skipped.writelines(f"{i}\n" for i in bad)
             if images is None:
                 continue
-            features = backbone(images.to(device)).float().cpu()
-            if features.dim() != 2:
-                raise ValueError(
-                    f"The backbone returned shape {tuple(features.shape)}, not (B, D).")
-            dim = features.shape[1]
-            rows.write(features.numpy().tobytes())
+            if patch_features:
+                features = dense_features(backbone, images.to(device))[0].permute(0, 2, 3, 1)
+            else:
+                features = backbone(images.to(device))
+                if features.dim() != 2:
+                    raise ValueError(
+                        f"The backbone returned shape {tuple(features.shape)}, not (B, D).")
+            shape = tuple(features.shape[1:])
+            rows.write(features.float().cpu().contiguous().numpy().tobytes())
             meta.writelines(f"{i}\t{folder.samples[i][1]}\n" for i in good)
-    return dim
+    return shape
 
 
 def _shard_worker(rank: int, world: int, config: dict[str, Any]) -> None:
@@ -104,23 +111,25 @@ def _shard_worker(rank: int, world: int, config: dict[str, Any]) -> None:
     n = len(folder)
     bounds = [n * r // world for r in range(world + 1)]
     backbone = backbone_from_checkpoint(config["checkpoint"], prefix=config["prefix"])
-    dim = embed_shard(
+    shape = embed_shard(
         backbone, folder, range(bounds[rank], bounds[rank + 1]), Path(config["tmp"]) / f"{rank}",
         transform=config["transform"], batch_size=config["batch_size"],
         num_workers=config["num_workers"], device=best_device(rank), strict=config["strict"],
-        progress=rank == 0)
-    (Path(config["tmp"]) / f"{rank}.dim").write_text(str(dim))
+        progress=rank == 0, patch_features=config["patch_features"])
+    (Path(config["tmp"]) / f"{rank}.shape").write_text(",".join(map(str, shape)))
 
 
 def embed_folder(
     checkpoint: str, images: str, output: str, *, batch_size: int = 256, num_workers: int = 0,
     devices: int = 1, preset: str = "cifar", crop_size: int | None = None,
     prefix: str = DEFAULT_PREFIX, on_error: str = "skip", chunk_rows: int = 65536,
+    patch_features: bool = False,
 ) -> dict[str, Any]:
     """Embed every image under ``images`` into ``output``; see the module docstring.
 
     Returns:
-        ``{"rows", "dim", "skipped": [paths], "output"}``.
+        ``{"rows", "dim", "shape", "skipped": [paths], "output"}``: ``shape`` is a row's,
+        ``(dim,)`` or, with ``patch_features``, ``(h, w, C)``.
     """
     check_output_suffix(output)
     if os.path.isdir(output):
@@ -132,13 +141,17 @@ def embed_folder(
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}.")
     folder = ImageFolderDataset(images)  # FileNotFoundError for a missing / image-less folder
-    backbone_from_checkpoint(checkpoint, prefix=prefix)  # fail fast on a bad checkpoint
+    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix)  # fail fast on a bad one
+    if patch_features and not has_dense_features(backbone):
+        raise ValueError(
+            f"--patch-features needs a backbone with dense features; the checkpoint's "
+            f"{type(backbone).__name__} has none (see ssl_lightning.backbones.dense).")
     transform = EvalTransform(preset, crop_size=crop_size,  # type: ignore[arg-type]
                               resize_size=crop_size)
     with tempfile.TemporaryDirectory(prefix="ssl_embed_") as tmp:
         config = dict(images=images, checkpoint=checkpoint, prefix=prefix, tmp=tmp,
                       transform=transform, batch_size=batch_size, num_workers=num_workers,
-                      strict=on_error == "raise")
+                      strict=on_error == "raise", patch_features=patch_features)
         if devices == 1:
             _shard_worker(0, 1, config)
         else:
@@ -148,12 +161,14 @@ def embed_folder(
 
 def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str,
                   chunk_rows: int) -> dict[str, Any]:
-    dim = max(int((tmp / f"{r}.dim").read_text()) for r in range(parts))
+    shape = max(tuple(int(n) for n in (tmp / f"{r}.shape").read_text().split(","))
+                for r in range(parts))  # (0,) for a shard without readable images
+    dim = int(np.prod(shape))
     metas = [np.loadtxt(tmp / f"{r}.tsv", dtype=np.int64, ndmin=2).reshape(-1, 2)
              for r in range(parts)]
     skipped = [folder.samples[int(i)][0] for r in range(parts)
                for i in (tmp / f"{r}.skipped").read_text().split()]
-    with EmbeddingWriter(output, sum(len(m) for m in metas), dim) as writer:
+    with EmbeddingWriter(output, sum(len(m) for m in metas), dim, shape) as writer:
         for r, meta in enumerate(metas):
             rows = (np.memmap(tmp / f"{r}.f32", dtype=np.float32, mode="r", shape=(len(meta), dim))
                     if len(meta) else np.zeros((0, dim), np.float32))
@@ -164,7 +179,8 @@ def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str
     if skipped:
         with atomic_open(f"{output}.skipped.txt", "w", encoding="utf-8") as handle:
             handle.writelines(f"{p}\n" for p in skipped)
-    return {"rows": writer.written, "dim": dim, "skipped": skipped, "output": output}
+    return {"rows": writer.written, "dim": dim, "shape": shape, "skipped": skipped,
+            "output": output}
 
 
 def main(args: list[str] | None = None) -> dict[str, Any]:
@@ -184,15 +200,20 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
     parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
                         help="unreadable images: skip and list them, or stop")
+    parser.add_argument("--patch-features", action="store_true",
+                        help="write each image's (h, w, C) feature map instead of its pooled "
+                             "feature")
     ns = parser.parse_args(args)
     try:
         result = embed_folder(
             ns.checkpoint, ns.images, ns.output, batch_size=ns.batch_size,
             num_workers=ns.num_workers, devices=ns.devices, preset=ns.preset,
-            crop_size=ns.crop_size, prefix=ns.prefix, on_error=ns.on_error)
+            crop_size=ns.crop_size, prefix=ns.prefix, on_error=ns.on_error,
+            patch_features=ns.patch_features)
     except (ValueError, OSError, CorruptImageError, ImportError) as err:
         parser.exit(2, f"embed: error: {err}\n")
-    print(f"Wrote {result['rows']} embeddings of size {result['dim']} to {ns.output}.")
+    size = "x".join(map(str, result["shape"]))
+    print(f"Wrote {result['rows']} embeddings of size {size} to {ns.output}.")
     if result["skipped"]:
         print(f"Skipped {len(result['skipped'])} unreadable images, listed in "
               f"{ns.output}.skipped.txt.")

@@ -6,6 +6,11 @@ and ``.pt`` (``{"paths", "labels", "embeddings"}``; held in memory until saved, 
 others for millions of images). CSV files are written by the :mod:`csv` module, which quotes a
 path holding a comma, a quote, a tab or a line break, so every row reads back as written.
 
+Rows of another shape than (D,) (``embed --patch-features``: an image's (h, w, C) feature map,
+channels last) keep it in ``.npy`` (N, h, w, C) and ``.pt`` (``embeddings`` (N, h, w, C)); in
+``.csv`` and ``.parquet`` a row is the map flattened in (h, w, C) order (columns ``f0`` ..
+``f{h·w·C-1}``; a parquet file records ``row_shape`` ``"h,w,C"`` in its schema metadata).
+
 Every file is written to a temporary name in the destination directory and renamed when it is
 complete (:mod:`ssl_lightning.io.atomic`): an error, a full disk or an interrupt leaves an
 existing output as it was.
@@ -65,13 +70,18 @@ class EmbeddingWriter:
     Args:
         output: Destination file; the format comes from its suffix.
         rows: Total number of rows that will be written (the ``.npy`` header needs it).
-        dim: Embedding size.
+        dim: Embedding size (of a flattened row).
+        row_shape: The shape of a row when it is not ``(dim,)``, e.g. ``(h, w, C)``.
     """
 
-    def __init__(self, output: str | os.PathLike, rows: int, dim: int) -> None:
+    def __init__(self, output: str | os.PathLike, rows: int, dim: int,
+                 row_shape: tuple[int, ...] | None = None) -> None:
         self.output = Path(output)
         self.suffix = check_output_suffix(output)
         self.rows, self.dim, self.written = rows, dim, 0
+        self.row_shape = tuple(row_shape or (dim,))
+        if int(np.prod(self.row_shape)) != dim:
+            raise ValueError(f"row_shape {self.row_shape} does not hold {dim} values.")
         self._pt: list[tuple[list[str], np.ndarray, np.ndarray]] = []
         self._stack = ExitStack()
         self._handle: Any = None
@@ -83,7 +93,7 @@ class EmbeddingWriter:
                 self._handle = stack.enter_context(atomic_open(self.output, "wb"))
                 np.lib.format.write_array_header_1_0(self._handle, {
                     "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
-                    "fortran_order": False, "shape": (self.rows, self.dim)})
+                    "fortran_order": False, "shape": (self.rows, *self.row_shape)})
                 self._csv = csv.writer(stack.enter_context(atomic_open(
                     sidecar_path(self.output), "w", newline="", encoding="utf-8")))
                 self._csv.writerow(["path", "label"])
@@ -95,8 +105,10 @@ class EmbeddingWriter:
                 import pyarrow as pa
                 import pyarrow.parquet as pq
 
-                self._schema = pa.schema([("path", pa.string()), ("label", pa.int64()),
-                                          ("embedding", pa.list_(pa.float32(), self.dim))])
+                self._schema = pa.schema(
+                    [("path", pa.string()), ("label", pa.int64()),
+                     ("embedding", pa.list_(pa.float32(), self.dim))],
+                    metadata={"row_shape": ",".join(map(str, self.row_shape))})
                 tmp = stack.enter_context(atomic_path(self.output))
                 self._handle = pq.ParquetWriter(tmp, self._schema)
             self._stack = stack.pop_all()
@@ -109,7 +121,7 @@ class EmbeddingWriter:
             self._handle.write(np.ascontiguousarray(embeddings, dtype="<f4").tobytes())
             self._csv.writerows([p, int(y)] for p, y in zip(paths, labels, strict=True))
         elif self.suffix == ".csv":
-            for p, y, e in zip(paths, labels, embeddings, strict=True):
+            for p, y, e in zip(paths, labels, embeddings.reshape(n, -1), strict=True):
                 self._csv.writerow([p, int(y), *(repr(float(v)) for v in e)])
         elif self.suffix == ".parquet":
             import pyarrow as pa
@@ -134,6 +146,7 @@ class EmbeddingWriter:
             labels = np.concatenate([c[1] for c in self._pt]) if self._pt else np.zeros(0)
             embeddings = (np.concatenate([c[2] for c in self._pt]) if self._pt
                           else np.zeros((0, self.dim), np.float32))
+            embeddings = embeddings.reshape(len(paths), *self.row_shape)
             atomic_torch_save({"paths": paths, "labels": torch.from_numpy(labels).long(),
                                "embeddings": torch.from_numpy(embeddings)}, self.output)
 

@@ -4,6 +4,11 @@ from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.dino import DINOLoss
+from ssl_lightning.losses.distillation import (
+    DistillationLoss,
+    PatchSimilarityDistillationLoss,
+    QueueDistillationLoss,
+)
 from ssl_lightning.losses.fastsiam import FastSiamLoss
 from ssl_lightning.losses.gram import GramLoss
 from ssl_lightning.losses.ibot_patch import IBOTPatchLoss
@@ -31,4 +36,5 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "InfoNCELoss", "MoCoV3Loss", "BYOLLoss", "MAELoss", "IJEPALoss", "DCLLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss",
            "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
-           "VIbCRegLoss", "GramLoss"]
+           "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
+           "PatchSimilarityDistillationLoss"]

@@ -8,6 +8,7 @@ from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.methods.dinov3 import DINOv3
 from ssl_lightning.methods.directclr import DirectCLR
+from ssl_lightning.methods.distillation import Distillation
 from ssl_lightning.methods.fastsiam import FastSiam
 from ssl_lightning.methods.ibot import IBOT
 from ssl_lightning.methods.ijepa import IJEPA
@@ -34,4 +35,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
-           "TiCo", "MMCR", "WMSE", "VIbCReg"]
+           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation"]

@@ -22,7 +22,12 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.deprecation import rename_hyperparameters
-from ssl_lightning.distributed import all_gather_with_grad, flatten_gathered, rank
+from ssl_lightning.distributed import (
+    all_gather_no_grad,
+    all_gather_with_grad,
+    flatten_gathered,
+    rank,
+)
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -109,6 +114,9 @@ class SSLMethod(SeededSteps):
     #: The loss couples the samples of a batch (negatives, batch statistics, Sinkhorn, centre),
     #: so ``accumulate_grad_batches`` changes the objective (a warning says so).
     batch_coupled_loss: ClassVar[bool] = True
+    #: State-dict prefixes a checkpoint leaves out because loading rebuilds them (a frozen
+    #: teacher); the ``--ckpt_path`` check does not ask for them.
+    unsaved_state_prefixes: ClassVar[tuple[str, ...]] = ()
     #: Deprecated constructor argument names of this class -> their new names (accepted with a
     #: warning for one release, see :mod:`ssl_lightning.deprecation`; never saved).
     renamed_arguments: ClassVar[dict[str, str]] = {}
@@ -166,7 +174,7 @@ class SSLMethod(SeededSteps):
             raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}.")
         if not 0 <= final_lr_ratio <= 1:
             raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}.")
-        self.save_hyperparameters(ignore=["backbone", *INJECTED_HEADS])
+        self.save_hyperparameters(ignore=["backbone", "teacher", *INJECTED_HEADS])
         rename_hyperparameters(self.hparams, type(self))
         rename_hyperparameters(cast(dict, self._hparams_initial), type(self))  # for loggers
         self._step_targets: Tensor | None = None
@@ -266,6 +274,13 @@ class SSLMethod(SeededSteps):
         if self._trainer is None:
             return all_gather_with_grad(x)
         return flatten_gathered(cast(Tensor, self.all_gather(x, sync_grads=True)), x)
+
+    def gather_no_grad(self, x: Tensor) -> Tensor:
+        """Concatenate ``x`` over all ranks (rank-major) outside autograd (keys, queues)."""
+        if self._trainer is None:
+            return all_gather_no_grad(x)
+        with torch.no_grad():
+            return flatten_gathered(cast(Tensor, self.all_gather(x)), x)
 
     def rank_offset(self, local_batch: int) -> int:
         """Index of this rank's first sample in a gathered batch (equal batches on all ranks)."""

@@ -11,15 +11,13 @@ lets a model's callbacks replace trainer callbacks of the same type: an ``EMACal
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytorch_lightning as pl
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ssl_lightning.callbacks.ema import EMACallback
 from ssl_lightning.deprecation import rename_state_keys_hook
-from ssl_lightning.distributed import all_gather_no_grad, flatten_gathered
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.training.ema import BufferPolicy, Schedule
 
@@ -56,10 +54,3 @@ class MomentumMethod(SSLMethod):
     def configure_callbacks(self) -> list[pl.Callback]:
         """The EMA teacher update, configured from this method's ``momentum_*`` arguments."""
         return [self.ema_callback]
-
-    def gather_no_grad(self, x: Tensor) -> Tensor:
-        """Concatenate ``x`` over all ranks (rank-major) outside autograd (keys, queues)."""
-        if self._trainer is None:
-            return all_gather_no_grad(x)
-        with torch.no_grad():
-            return flatten_gathered(cast(Tensor, self.all_gather(x)), x)

@@ -191,3 +191,32 @@ def test_a_torchvision_backbone_named_in_the_config_is_rebuilt_from_the_checkpoi
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(rebuilt.eval()(x), cli.model.backbone.eval()(x))
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".parquet", ".pt"])
+def test_patch_features_are_one_map_per_image(embedded, tmp_path, suffix, capsys):
+    """``--patch-features``: a row per readable image holding its (h, w, C) map, channels last
+    (flattened in that order in .parquet, whose metadata records the shape)."""
+    from PIL import Image
+
+    from ssl_lightning.evaluation.checkpoint import backbone_from_checkpoint
+
+    ckpt, folder, good, _ = embedded
+    out = tmp_path / f"patches{suffix}"
+    cli_main(["embed", "--checkpoint", ckpt, "--images", str(folder), "--output", str(out),
+              "--batch-size", "4", "--patch-features"])
+    assert "embeddings of size 8x8x16" in capsys.readouterr().out  # 32 px, two stride-2 convs
+    paths, labels, embeddings = _read(out)
+    assert paths == [p for p, _ in good] and len(embeddings) == len(good) == 10
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        assert pq.read_schema(out).metadata[b"row_shape"] == b"8,8,16"
+        embeddings = embeddings.reshape(len(good), 8, 8, 16)
+    assert embeddings.shape == (10, 8, 8, 16)
+    transform = EvalTransform("cifar")
+    backbone = backbone_from_checkpoint(ckpt).eval()
+    with torch.no_grad():
+        images = torch.stack([transform(Image.open(p).convert("RGB")) for p, _ in good])
+        reference = backbone.forward_features(images).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(embeddings, reference, rtol=0, atol=1e-6)

@@ -74,6 +74,13 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
                                                             (torch.randperm(B),))),
     "VIbCRegLoss": lambda: (losses.VIbCRegLoss(), (_randn(B, D), _randn(B, D))),
     "GramLoss": lambda: (losses.GramLoss(), (_randn(B, 4, D), _randn(B, 4, D))),
+    "QueueDistillationLoss": lambda: (losses.QueueDistillationLoss(),
+                                      (_randn(B, D), _randn(B, D), _randn(K, D))),
+    "PatchSimilarityDistillationLoss": lambda: (losses.PatchSimilarityDistillationLoss(),
+                                                (_randn(B, 4, D), _randn(B, 4, D))),
+    "DistillationLoss": lambda: (losses.DistillationLoss(), (_randn(B, D), _randn(B, D),
+                                                             _randn(K, D), _randn(B, 4, D),
+                                                             _randn(B, 4, D))),
 }
 
 

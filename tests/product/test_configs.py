@@ -13,11 +13,13 @@ needs more registers it here:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import read_config
 
@@ -56,6 +58,9 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.head_bottleneck_dim", "16"]
        for name in ("ibot.yaml", "dinov2.yaml", "ibot_plus_plus.yaml", "dinov3.yaml",
                     "dinov3_continue.yaml")},
+    # the ResNet-18 student runs in distillation.yaml's test; here the timm teacher file matters
+    "distillation_timm.yaml": ["--model.init_args.backbone", '{"class_path": '
+                               '"ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'],
 }
 for _name in ("dinov3.yaml", "dinov3_continue.yaml"):  # the patch head's own sizes; Gram on
     EXTRA_ARGS[_name] += ["--model.init_args.patch_hidden_dim", "32",
@@ -77,6 +82,31 @@ def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> l
     path = str(tmp_path / "pretrain.ckpt")
     simclr_checkpoint(ResNet(18, cifar_stem=True), path, steps=1)
     return ["--model.checkpoint", path]
+
+
+def _distillation_teacher(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    """A 1-step SimCLR checkpoint of a tiny ViT as the teacher (its student, backbone.)."""
+    from evaluation_helpers import simclr_checkpoint
+
+    from ssl_lightning.backbones import ViT
+
+    path = str(tmp_path / "teacher.ckpt")
+    simclr_checkpoint(ViT(image_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2), path,
+                      view_size=32, steps=1)
+    return ["--model.teacher_checkpoint", path, "--model.teacher_checkpoint_prefix", "backbone."]
+
+
+def _timm_teacher_file(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    """The config's timm teacher, shrunk to one block, saved as a local weights file."""
+    from ssl_lightning.backbones import TimmBackbone
+
+    kwargs = {"depth": 1, "embed_dim": 32, "num_heads": 2}
+    path = str(tmp_path / "teacher.pt")
+    torch.save(TimmBackbone("vit_small_patch14_dinov2.lvd142m", model_kwargs=kwargs).net
+               .state_dict(), path)
+    return ["--model.teacher.init_args.pretrained_path", path,
+            "--model.teacher.init_args.model_kwargs", json.dumps(kwargs),
+            "--model.teacher_image_size", "28"]
 
 
 SUBCOMMANDS: dict[str, str] = {
@@ -103,6 +133,8 @@ PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
     "dinov3_continue.yaml": _released_backbone,
     "linear.yaml": _pretraining_checkpoint,
     "knn.yaml": _pretraining_checkpoint,
+    "distillation.yaml": _distillation_teacher,
+    "distillation_timm.yaml": _timm_teacher_file,
 }
 
 

@@ -33,8 +33,8 @@ from lightning_ddp_utils import assert_states_close
 
 HARNESS = Path(__file__).resolve().parents[1] / "resume_harness.py"
 METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "dino", "swav", "vicreg", "barlow_twins",
-           "simsiam", "linear", "ibot_vit", "dinov3"]  # ibot_vit: block masks, stochastic
-# depth; dinov3: Gram anchoring, the Gram teacher refreshed at steps 1, 5 and 9
+           "simsiam", "linear", "ibot_vit", "dinov3",  # ibot_vit: block masks, stochastic
+           "distillation"]  # depth; dinov3: Gram anchoring, the Gram teacher refreshed at 1, 5, 9
 RESUME_POINTS = {2: 2, 9: 0}  # step -> num_workers of the resumed run
 SIGTERM_AT = 8  # the SIGTERM run holds from this step until the signal arrived
 
