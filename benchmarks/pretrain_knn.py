@@ -31,15 +31,20 @@ from ssl_lightning.callbacks import KNNCallback, OnlineProbe
 from ssl_lightning.data import CIFAR10DataModule, DeviceViews, UInt8Image
 from ssl_lightning.methods import (
     DCL,
+    MMCR,
     NNBYOL,
     NNCLR,
+    WMSE,
     DirectCLR,
     FastSiam,
+    LeJEPA,
     MoCoV2Plus,
     NNSiam,
     SimCLR,
     SSLMethod,
     SupCon,
+    TiCo,
+    VIbCReg,
 )
 
 
@@ -93,9 +98,19 @@ METHODS = {
     "directclr": lambda b, q, c: DirectCLR(
         b, loss_dim=b.num_features // 2,
         **{k: v for k, v in c.items() if k != "projection_hidden_dim"}),
+    "lejepa": lambda b, q, c: LeJEPA(b, projection_dim=64, num_slices=256,
+                                     **_no_temperature(c)),
+    "tico": lambda b, q, c: TiCo(b, projection_dim=128, **_no_temperature(c)),
+    "mmcr": lambda b, q, c: MMCR(b, projection_dim=128, **_no_temperature(c)),
+    "wmse": lambda b, q, c: WMSE(b, projection_dim=64, whitening_size=128,
+                                 **_no_temperature(c)),
+    "vibcreg": lambda b, q, c: VIbCReg(b, expander_hidden_dim=512, expander_dim=512,
+                                       iternorm_groups=32,
+                                       **{k: v for k, v in _no_temperature(c).items()
+                                          if k != "projection_hidden_dim"}),
 }
 #: Views per image of a method when it is not 2.
-VIEWS = {"fastsiam": 4}
+VIEWS = {"fastsiam": 4, "mmcr": 4}
 
 
 def _no_temperature(common: dict) -> dict:
