@@ -55,8 +55,11 @@ def make_model(kind: str, **kwargs: Any) -> pl.LightningModule:
     torch.manual_seed(0)
     vit = ViT(image_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2,
               drop_path_rate=0.3, mask_token=kind != "dino", num_registers=kind == "dinov2")
-    cls = {"dino": DINO, "ibot": IBOT, "dinov2": DINOv2, "per_rank_ibot": PerRankIBOT}[kind]
+    cls = {"dino": DINO, "ibot": IBOT, "dinov2": DINOv2, "per_rank_ibot": PerRankIBOT,
+           "ibot_pp": IBOT}[kind]
     extra = {} if kind == "dino" else MASKED
+    if kind == "ibot_pp":  # iBOT++: the patch loss also on the visible patches
+        extra = {**MASKED, "patch_visible_weight": 0.5}
     return cls(vit, **HEADS, **extra, **kwargs)
 
 
@@ -87,7 +90,7 @@ def fit_weights(model: pl.LightningModule, data: Any, batch: int, devices: int) 
 def _worker(rank: int, world: int) -> dict[str, dict]:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
     out = {kind: fit_weights(make_model(kind), KeyedViews(), BATCH, world)
-           for kind in ("dino", "ibot", "dinov2", "per_rank_ibot")}
+           for kind in ("dino", "ibot", "dinov2", "per_rank_ibot", "ibot_pp")}
     out["dinov3_gram"] = dinov3_runs(rank, world)  # before the known-bad patches below
     # Known-bad shared statistics: KoLeo neighbours, the patch centre, the Sinkhorn sums and
     # masked-patch counts of each rank's own batch.
@@ -114,10 +117,10 @@ def results() -> tuple[list[dict], dict[str, dict]]:
     ranks = run_in_processes(_worker, WORLD)
     data = Subset(KeyedViews(), global_order())
     single = {kind: fit_weights(make_model(kind), data, BATCH * WORLD, 1)
-              for kind in ("dino", "ibot", "dinov2")}
+              for kind in ("dino", "ibot", "dinov2", "ibot_pp")}
     single.update({f"{kind}_micro": fit_weights(make_model(kind, micro_batch_size=BATCH // 2),
                                                 data, BATCH * WORLD, 1)
-                   for kind in ("ibot", "dinov2")})
+                   for kind in ("ibot", "dinov2", "ibot_pp")})
     single["dinov3_gram"] = dinov3_runs()
     return ranks, single
 
@@ -129,7 +132,7 @@ def assert_weights_close(actual: dict, expected: dict, atol: float = 1e-9) -> No
                                        msg=lambda m, key=key: f"{key}: {m}")
 
 
-@pytest.mark.parametrize("kind", ["dino", "ibot", "dinov2"])
+@pytest.mark.parametrize("kind", ["dino", "ibot", "dinov2", "ibot_pp"])
 def test_two_processes_equal_one_process_holding_the_global_batch(results, kind: str) -> None:
     ranks, single = results
     start = make_model(kind).double().state_dict()
@@ -141,7 +144,7 @@ def test_two_processes_equal_one_process_holding_the_global_batch(results, kind:
         assert_weights_close(rank_state[kind], single[kind])
 
 
-@pytest.mark.parametrize("kind", ["ibot", "dinov2"])
+@pytest.mark.parametrize("kind", ["ibot", "dinov2", "ibot_pp"])
 def test_micro_batches_equal_the_whole_batch(results, kind: str) -> None:
     _, single = results
     assert_weights_close(single[f"{kind}_micro"], single[kind])
