@@ -1,4 +1,8 @@
-"""Sharded (FSDP2) training of every method: one 2-process spawn running many checks.
+"""Sharded (FSDP2) training of the methods: one 2-process spawn running many checks.
+
+Not yet here: DINOv3 and Distillation (their frozen Gram teacher / teacher is a plain module
+beside sharded ones: "got mixed torch.Tensor and DTensor" in the first forward) and VIbCReg
+(its DDP run differs from one process in this harness's absolute bound).
 
 :func:`run_all` spawns 2 CPU processes. Before joining a process group, rank r fits the
 single-process references (the global batch of 8 on one process) of every other method; then
@@ -7,8 +11,9 @@ both join one gloo group and every method is fitted with Lightning's DDP and wit
 one start-up for all fits). Tiny ViTs (depth 1, width 16, 16 px), 24 precomputed samples (3
 optimiser steps of 4 per rank), float64 through ``torch.set_default_dtype`` (Lightning refuses
 ``precision="64-true"`` for ``ModelParallelStrategy``; under ``32-true`` a float64 model and
-float64 data stay float64). iBOT and DINOv2 run with ``mask_probability=0``: their block masks
-are still drawn per rank. MAE and I-JEPA draw masks for the global batch on every rank.
+float64 data stay float64). Every sample carries its seed (:class:`KeyedViews`, as the data
+modules' batches do), so the masks of iBOT, DINOv2, MAE and I-JEPA are drawn per sample, the same
+on 1 process, under DDP and sharded.
 
 The resume check uses the real image-folder data module (random augmentations, its stateful
 loader) in fp32: a straight sharded run writes a distributed checkpoint after every step (3 per
@@ -34,11 +39,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning_ddp_utils import PrecomputedViews, TensorDataModule, ddp_global_order
 from pytorch_lightning.callbacks import ModelCheckpoint
-from torch.utils.data import Subset
+from torch.utils.data import DistributedSampler, Subset
 
 import ssl_lightning.callbacks.ema as ema_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
+from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.methods import (
     BYOL,
     DCL,
@@ -46,15 +52,24 @@ from ssl_lightning.methods import (
     IBOT,
     IJEPA,
     MAE,
+    MMCR,
+    NNBYOL,
     NNCLR,
+    WMSE,
     BarlowTwins,
     DINOv2,
+    DirectCLR,
+    FastSiam,
+    LeJEPA,
     MoCoV2,
+    MoCoV2Plus,
     MoCoV3,
+    NNSiam,
     SimCLR,
     SimSiam,
     SupCon,
     SwAV,
+    TiCo,
     VICReg,
 )
 from ssl_lightning.sharding import ShardedStrategy
@@ -64,9 +79,27 @@ OPT = dict(lr_scaling="none", warmup_epochs=0, image_size=16)
 HEAD = dict(projection_hidden_dim=16, projection_dim=8, head_batch_norm=False)
 DINO_HEAD = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8,
                  warmup_teacher_temperature_epochs=0, momentum_base=0.9)
-MIM = dict(shared_head=False, patch_out_dim=24, mask_probability=0.0, num_local_crops=1)
-#: Two 16 px views, and a local 8 px crop for the multi-crop methods.
-MULTI_CROP = ("dino", "swav", "ibot", "dinov2")
+MIM = dict(shared_head=False, patch_out_dim=24, mask_probability=0.5, num_local_crops=1)
+
+
+#: Methods whose draws depend on a sample's place in the step (DINOv2's stratified mask ratios):
+#: their one process sees the samplers' order, where rank r's sample j is at j * WORLD + r. The
+#: others see the rank batches concatenated, the order of the gathered batch (and of a queue).
+BY_POSITION = ("dinov2",)
+
+
+def sampler_order() -> list[int]:
+    """One process's sample order: DistributedSampler's with one replica (the DDP ranks take
+    every WORLD-th index of it)."""
+    return list(DistributedSampler(range(SAMPLES), num_replicas=1, rank=0, seed=0))
+
+
+class KeyedViews(PrecomputedViews):
+    """:class:`PrecomputedViews` with each sample's seed of epoch 0 (as ``SeededDataset``)."""
+
+    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        views, target = super().__getitem__(index)
+        return views, target, torch.tensor(sample_seed(0, 0, index), dtype=torch.int64)
 
 
 def vit(**kwargs: Any) -> ViT:
@@ -97,6 +130,26 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
                        **OPT),
     "ijepa": lambda: IJEPA(vit(patch_size=2, pool="mean"), predictor_dim=16, predictor_depth=1,
                            predictor_heads=2, momentum_base=0.9, **OPT),
+    "moco_v2_plus": lambda: MoCoV2Plus(vit(), projection_hidden_dim=16, projection_dim=8,
+                                       queue_size=16, shuffle_bn=False, momentum_base=0.9, **OPT),
+    "fastsiam": lambda: FastSiam(vit(), num_views=3, **HEAD, predictor_hidden_dim=4, **OPT),
+    "nnsiam": lambda: NNSiam(vit(), **HEAD, predictor_hidden_dim=4, queue_size=16, **OPT),
+    "nnbyol": lambda: NNBYOL(vit(), **HEAD, momentum_base=0.9, queue_size=16, **OPT),
+    "directclr": lambda: DirectCLR(vit(), loss_dim=8, **OPT),
+    "ibot_plus_plus": lambda: IBOT(vit(mask_token=True), **DINO_HEAD, **MIM,
+                                   patch_visible_weight=0.5, **OPT),
+    "lejepa": lambda: LeJEPA(vit(), **HEAD, num_slices=16, **OPT),
+    "tico": lambda: TiCo(vit(), **HEAD, momentum_base=0.9, **OPT),
+    "mmcr": lambda: MMCR(vit(), **HEAD, **OPT),
+    "wmse": lambda: WMSE(vit(), projection_hidden_dim=16, projection_dim=3,
+                         head_batch_norm=False, whitening_size=4, **OPT),
+}
+#: Views of a method when they are not two 16 px views.
+VIEWS: dict[str, tuple[int, ...]] = {
+    **{name: (16, 16, 8) for name in ("dino", "swav", "ibot", "dinov2", "ibot_plus_plus",
+                                      "lejepa")},
+    "fastsiam": (16, 16, 16),
+    "mmcr": (16, 16, 16),
 }
 
 
@@ -123,9 +176,10 @@ def _trainer(strategy: Any, devices: int, **kwargs: Any) -> pl.Trainer:
 def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tensor]:
     """Fit method ``name`` STEPS steps on the precomputed views (the global order on 1
     process) and return its full state."""
-    data = PrecomputedViews(SAMPLES, (16, 16, 8) if name in MULTI_CROP else (16, 16))
+    data = KeyedViews(SAMPLES, VIEWS.get(name, (16, 16)))
     if devices == 1:
-        data = Subset(data, ddp_global_order(SAMPLES, WORLD, BATCH))
+        data = Subset(data, sampler_order() if name in BY_POSITION
+                      else ddp_global_order(SAMPLES, WORLD, BATCH))
     model = make_method(name)
     _trainer(strategy, devices).fit(model, TensorDataModule(data, BATCH * WORLD // devices))
     return full_state(model)
