@@ -34,3 +34,15 @@ def forward_by_resolution(module: Callable[[Tensor], Tensor], views: Sequence[Te
         for i, chunk in zip(indices, out.split([views[i].shape[0] for i in indices]), strict=True):
             outputs[i] = chunk
     return outputs[0] if len(views) == 1 else torch.cat(outputs)
+
+
+def project_views_sample_major(backbone: Callable[[Tensor], Tensor],
+                               head: Callable[[Tensor], Tensor],
+                               views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """``head(backbone(view))`` of every view (backbone once per resolution, head once), laid
+    out sample-major as (B, V, D), and the first view's backbone features (B, F), for methods
+    whose loss compares the V views of each sample (LeJEPA, MMCR, W-MSE)."""
+    batch = views[0].shape[0]
+    features = forward_by_resolution(backbone, views)
+    z = head(features).view(len(views), batch, -1).transpose(0, 1)
+    return z, features[:batch]

@@ -11,7 +11,6 @@ from torch import Tensor, nn
 
 from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.distributed import all_reduce_sum_with_grad
-from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import BarlowTwinsLoss
 from ssl_lightning.methods.base import SSLMethod
 
@@ -63,10 +62,9 @@ class BarlowTwins(SSLMethod):
         head_batch_norm = renamed_argument(self, "projection_batch_norm", projection_batch_norm,
                                            head_batch_norm)
         super().__init__(backbone, **kwargs)
-        self.projector = self.build_head("projector", projector, lambda: build_mlp(
-            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=head_batch_norm, last_bias=False,
-        ), self.feature_dim, projection_dim, "projection_dim")
+        self.projector = self.build_mlp_projector(
+            projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm,
+            last_bias=False)
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:

@@ -28,6 +28,7 @@ from ssl_lightning.distributed import (
     flatten_gathered,
     rank,
 )
+from ssl_lightning.heads import build_mlp
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -260,6 +261,15 @@ class SSLMethod(SeededSteps):
                 f"{out_argument} to its output size or change the {name}."
             )
         return injected
+
+    def build_mlp_projector(self, injected: nn.Module | None, hidden_dim: int, out_dim: int,
+                            layers: int, batch_norm: bool, **mlp_options: Any) -> nn.Module:
+        """The ``projector`` head: ``injected`` when set (checked by :meth:`build_head`), else
+        :func:`~ssl_lightning.heads.build_mlp` from the backbone features to ``out_dim``
+        (``projection_dim``); ``mlp_options`` go to ``build_mlp`` (e.g. ``last_bias``)."""
+        return self.build_head("projector", injected, lambda: build_mlp(
+            self.feature_dim, hidden_dim, out_dim, layers, batch_norm=batch_norm, **mlp_options,
+        ), self.feature_dim, out_dim, "projection_dim")
 
     def forward(self, x: Tensor) -> Tensor:
         """Backbone features."""

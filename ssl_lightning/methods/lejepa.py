@@ -10,9 +10,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ssl_lightning.backbones.multicrop import forward_by_resolution
+from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.distributed import all_reduce_sum_with_grad
-from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import LeJEPALoss
 from ssl_lightning.losses.sigreg import sigreg_directions
 from ssl_lightning.methods.base import SSLMethod
@@ -68,10 +67,8 @@ class LeJEPA(SSLMethod):
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
-        self.projector = self.build_head("projector", projector, lambda: build_mlp(
-            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=head_batch_norm,
-        ), self.feature_dim, projection_dim, "projection_dim")
+        self.projector = self.build_mlp_projector(
+            projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> LeJEPALoss:
@@ -81,10 +78,8 @@ class LeJEPA(SSLMethod):
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views, max(2, self.hparams["num_global_views"]))
-        batch = views[0].shape[0]
-        features = forward_by_resolution(self.backbone, views)
-        z = self.projector(features).view(len(views), batch, -1).transpose(0, 1)
-        return {"z": z, "features": features[:batch]}
+        z, features = project_views_sample_major(self.backbone, self.projector, views)
+        return {"z": z, "features": features}
 
     def sigreg_directions(self, dim: int, like: Tensor) -> Tensor:
         """This step's (dim, num_slices) SIGReg directions, identical on every rank."""

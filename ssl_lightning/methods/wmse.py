@@ -10,8 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.backbones.multicrop import forward_by_resolution
-from ssl_lightning.heads import build_mlp
+from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.losses import WMSELoss
 from ssl_lightning.methods.base import SSLMethod
 
@@ -67,10 +66,8 @@ class WMSE(SSLMethod):
         if whitening_iters < 1:
             raise ValueError(f"whitening_iters must be >= 1, got {whitening_iters}.")
         self.min_global_batch = whitening_size
-        self.projector = self.build_head("projector", projector, lambda: build_mlp(
-            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=head_batch_norm,
-        ), self.feature_dim, projection_dim, "projection_dim")
+        self.projector = self.build_mlp_projector(
+            projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> WMSELoss:
@@ -89,10 +86,8 @@ class WMSE(SSLMethod):
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)
-        batch = views[0].shape[0]
-        features = forward_by_resolution(self.backbone, views)
-        z = self.projector(features).view(len(views), batch, -1).transpose(0, 1)
-        return {"z": z, "features": features[:batch]}
+        z, features = project_views_sample_major(self.backbone, self.projector, views)
+        return {"z": z, "features": features}
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z = outputs["z"]
