@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ssl_lightning.heads import PredictionHead, ProjectionHead
@@ -74,13 +73,7 @@ class BYOL(MomentumMethod):
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        self.require_views(views)
-        features = self.backbone(views[0])
-        p1 = self.predictor(self.projector(features))
-        p2 = self.predictor(self.projector(self.backbone(views[1])))
-        with torch.no_grad():
-            z1 = self.teacher_projector(self.teacher_backbone(views[0]))
-            z2 = self.teacher_projector(self.teacher_backbone(views[1]))
+        p1, p2, z1, z2, features = self.predict_both_views(views)
         return {"p1": p1, "p2": p2, "z1": z1, "z2": z2, "features": features}
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:

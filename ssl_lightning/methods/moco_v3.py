@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ssl_lightning.heads import PredictionHead, ProjectionHead
@@ -85,13 +84,7 @@ class MoCoV3(MomentumMethod):
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        self.require_views(views)
-        features = self.backbone(views[0])
-        q1 = self.predictor(self.projector(features))
-        q2 = self.predictor(self.projector(self.backbone(views[1])))
-        with torch.no_grad():
-            k1 = self.teacher_projector(self.teacher_backbone(views[0]))
-            k2 = self.teacher_projector(self.teacher_backbone(views[1]))
+        q1, q2, k1, k2, features = self.predict_both_views(views)
         return {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "features": features}
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:

@@ -11,10 +11,12 @@ lets a model's callbacks replace trainer callbacks of the same type: an ``EMACal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytorch_lightning as pl
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from ssl_lightning.callbacks.ema import EMACallback
 from ssl_lightning.deprecation import rename_state_keys_hook
@@ -54,3 +56,17 @@ class MomentumMethod(SSLMethod):
     def configure_callbacks(self) -> list[pl.Callback]:
         """The EMA teacher update, configured from this method's ``momentum_*`` arguments."""
         return [self.ema_callback]
+
+    def predict_both_views(self, views: Sequence[Tensor]
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The symmetric two-view forward of BYOL and MoCo v3: the student's predictions
+        (predictor ∘ projector ∘ backbone) of views 0 and 1, the teacher's projections of both
+        (no gradient), and view 0's backbone features."""
+        self.require_views(views)
+        features = self.backbone(views[0])
+        p1 = self.predictor(self.projector(features))
+        p2 = self.predictor(self.projector(self.backbone(views[1])))
+        with torch.no_grad():
+            z1 = self.teacher_projector(self.teacher_backbone(views[0]))
+            z2 = self.teacher_projector(self.teacher_backbone(views[1]))
+        return p1, p2, z1, z2, features
