@@ -99,7 +99,7 @@ class AIM(SSLMethod):
             uniform = keyed_uniform(keys.streams(0).cpu(), 1)[:, 0]
         else:
             world, rank = layout(self)
-            uniform = torch.rand(world * batch, dtype=torch.float64)[rank * batch:(rank + 1) * batch]
+            uniform = torch.rand(world, batch, dtype=torch.float64)[rank]
         low, high = self.prefix_range
         return low + (uniform * (high - low + 1)).long()
 
