@@ -1,11 +1,12 @@
-"""Tiny MAE / I-JEPA models for the masked-image tests (16 px images, 2 px patches: 8x8 grid)."""
+"""Tiny MAE / I-JEPA / SimMIM / AIM models for the masked-image tests (16 px images, 2 px
+patches: 8x8 grid)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ssl_lightning.backbones import ViT
-from ssl_lightning.methods import IJEPA, MAE
+from ssl_lightning.methods import AIM, IJEPA, MAE, SimMIM
 
 SIZE, PATCH, GRID = 16, 2, 8
 
@@ -28,3 +29,16 @@ def tiny_ijepa(**kwargs: Any) -> IJEPA:
                                 image_size=SIZE, lr=1e-3, lr_scaling="none", warmup_epochs=0,
                                 momentum_base=0.9)
     return IJEPA(tiny_vit(pool="mean"), **{**args, **kwargs})
+
+
+def tiny_simmim(**kwargs: Any) -> SimMIM:
+    """SimMIM on the tiny ViT with a mask token, mask units of 2 x 2 patches."""
+    args: dict[str, Any] = dict(mask_patch_size=2 * PATCH, image_size=SIZE, lr=1e-3,
+                                lr_scaling="none", warmup_epochs=0)
+    return SimMIM(tiny_vit(mask_token=True), **{**args, **kwargs})
+
+
+def tiny_aim(**kwargs: Any) -> AIM:
+    args: dict[str, Any] = dict(head_hidden_dim=16, head_layers=2, image_size=SIZE, lr=1e-3,
+                                lr_scaling="none", warmup_epochs=0)
+    return AIM(tiny_vit(pool="mean"), **{**args, **kwargs})

@@ -40,6 +40,7 @@ from ssl_lightning.data import (
 )
 from ssl_lightning.evaluation import LinearEval
 from ssl_lightning.methods import (
+    AIM,
     BYOL,
     DINO,
     IBOT,
@@ -49,6 +50,7 @@ from ssl_lightning.methods import (
     MoCoV2,
     MoCoV3,
     SimCLR,
+    SimMIM,
     SimSiam,
     SwAV,
     VICReg,
@@ -60,6 +62,23 @@ OPT = dict(optimizer="sgd", lr=0.3, lr_scaling="none", warmup_epochs=0.5, image_
 
 def _net() -> SmallConvNet:
     return SmallConvNet((4, 8), norm="group")
+
+
+def _vit(**kwargs: Any) -> ViT:
+    return ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=1, num_heads=2,
+               drop_path_rate=0.5, **kwargs)
+
+
+class _InitStreamAIM(AIM):
+    """Known-bad: prefixes from a generator made in ``__init__``, outside the checkpoint."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.generator = torch.Generator().manual_seed(0)
+
+    def draw_prefix(self, batch: int) -> torch.Tensor:
+        low, high = self.prefix_range
+        return torch.randint(low, high + 1, (batch,), generator=self.generator)
 
 
 METHODS: dict[str, Callable[[], pl.LightningModule]] = {
@@ -94,6 +113,10 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
                              gram_refresh_every=4, gram_max_refreshes=2, **OPT),
     # The teacher is built from the seeded RNG, so a resumed run rebuilds the same one.
     "distillation": lambda: Distillation(_net(), teacher=_net(), queue_size=8, **OPT),
+    # SimMIM's masks and AIM's prefixes (and drop path) drawn from the samples' seeds.
+    "simmim": lambda: SimMIM(_vit(mask_token=True), mask_patch_size=8, **OPT),
+    "aim": lambda: AIM(_vit(), head_hidden_dim=8, head_layers=2, **OPT),
+    "aim_init_stream": lambda: _InitStreamAIM(_vit(), head_hidden_dim=8, head_layers=2, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
@@ -111,7 +134,7 @@ def transform(method: str) -> MultiViewTransform:
         return BYOLViews("cifar", crop_size=SIZE)
     if method == "linear":
         return LinearEvalTransform("cifar", crop_size=SIZE)
-    if method == "distillation":
+    if method in ("distillation", "simmim", "aim", "aim_init_stream"):
         return SimCLRViews("cifar", num_views=1, crop_size=SIZE)
     return SimCLRViews("cifar", crop_size=SIZE)
 

@@ -24,7 +24,8 @@ class TokenBackbone(Protocol):
     grid: int
     num_prefix_tokens: int
 
-    def forward_tokens(self, x: Tensor, keep: Tensor | None = None) -> Tensor: ...
+    def forward_tokens(self, x: Tensor, keep: Tensor | None = None, mask: Tensor | None = None,
+                       causal_prefix: Tensor | None = None) -> Tensor: ...
 
     def pool_tokens(self, tokens: Tensor) -> Tensor: ...
 

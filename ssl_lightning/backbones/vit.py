@@ -13,7 +13,9 @@ Details used by the SSL recipes:
 - stochastic depth (:class:`DropPath`, Huang et al., 2016) as in DINO's ViT-S recipe;
 - :meth:`ViT.forward_tokens` runs on a per-sample subset of patches (MAE, He et al., CVPR 2022;
   I-JEPA, Assran et al., CVPR 2023) or with masked patches replaced by a learned mask token
-  (iBOT, Zhou et al., ICLR 2022), and returns [CLS], register and patch tokens;
+  (iBOT, Zhou et al., ICLR 2022; SimMIM, Xie et al., CVPR 2022), or with AIM's prefix-causal
+  attention (``causal_prefix``, :mod:`ssl_lightning.backbones.prefix_causal`), and returns [CLS],
+  register and patch tokens;
 - optional register tokens (Darcet et al., "Vision Transformers Need Registers", ICLR 2024);
 - DINOv2 / DINOv3 options (Oquab et al., TMLR 2024; Siméoni et al., arXiv 2508.10104):
   ``pos_embed="rope"`` (axial rotary embeddings, :mod:`ssl_lightning.backbones.rope`, no position
@@ -34,6 +36,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones.channels import check_in_chans
 from ssl_lightning.backbones.dense import tokens_to_map
+from ssl_lightning.backbones.prefix_causal import prefix_causal_mask
 from ssl_lightning.backbones.pretrained import load_pretrained
 from ssl_lightning.backbones.rope import RotaryPositionEmbedding, apply_rope
 from ssl_lightning.backbones.spec import remember_init_args
@@ -99,17 +102,19 @@ class Block(nn.Module):
         self.ls2 = layer_scale(dim, layer_scale_init)
         self.drop_path = DropPath(drop_path)
 
-    def attention(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def attention(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+                  attn_mask: Tensor | None = None) -> Tensor:
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, d // self.num_heads).unbind(2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        x = x + self.drop_path(self.ls1(self.attention(self.norm1(x), rope)))
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+                attn_mask: Tensor | None = None) -> Tensor:
+        x = x + self.drop_path(self.ls1(self.attention(self.norm1(x), rope, attn_mask)))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
@@ -142,7 +147,8 @@ class ViT(nn.Module):
         pos_embed: ``"learned"`` (ViT, DINO), ``"sincos"`` (fixed, MoCo v3) or ``"rope"``
             (DINOv3's rotary embeddings of the patch queries/keys; no position table).
         num_registers: Register tokens after [CLS] (no position embedding); 0: none.
-        mask_token: Create a learned mask token for ``forward_tokens(x, mask=...)`` (iBOT).
+        mask_token: Create a learned mask token for ``forward_tokens(x, mask=...)`` (iBOT,
+            SimMIM).
             Both default off, so existing checkpoints keep their keys.
         pool: Features of ``forward``: ``"cls"`` (the [CLS] token) or ``"mean"`` (the average of
             the patch tokens); no parameters, so checkpoints are the same for both.
@@ -299,7 +305,7 @@ class ViT(nn.Module):
 
     def forward_tokens(
         self, x: Tensor, keep: Tensor | None = None, mask: Tensor | None = None,
-        local_crops: bool = False,
+        local_crops: bool = False, causal_prefix: Tensor | None = None,
     ) -> Tensor:
         """All output tokens after the final LayerNorm: (B, prefix + patches, D).
 
@@ -315,6 +321,8 @@ class ViT(nn.Module):
                 ``mask_token=True``.
             local_crops: ``x`` holds local crops: in training, their [CLS] and registers go
                 through ``local_cls_norm`` (``untie_global_and_local_cls_norm``, DINOv3).
+            causal_prefix: (B,) int64 prefix lengths in patches, in [0, patches]: prefix-causal
+                attention (AIM, :func:`prefix_causal_mask`); None (default): bidirectional.
         """
         if x.shape[-1] % self.patch_size or x.shape[-2] % self.patch_size:
             raise ValueError(
@@ -343,15 +351,21 @@ class ViT(nn.Module):
                 )
             tokens = tokens.gather(1, keep.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
         cls = self.cls_token if self.rope is not None else self.cls_token + pos[:, :1]
-        prefix = [cls.expand(x.shape[0], -1, -1)]
+        heads = [cls.expand(x.shape[0], -1, -1)]
         if self.register_tokens is not None:
-            prefix.append(self.register_tokens.expand(x.shape[0], -1, -1))
-        tokens = torch.cat([*prefix, tokens], dim=1)
+            heads.append(self.register_tokens.expand(x.shape[0], -1, -1))
+        tokens = torch.cat([*heads, tokens], dim=1)
+        attn_mask = None
+        if causal_prefix is not None:
+            if keep is not None:
+                raise ValueError("forward_tokens: causal_prefix (causal attention over the patch "
+                                 "grid) cannot be combined with keep (a subset of the patches).")
+            attn_mask = prefix_causal_mask(causal_prefix, self.num_prefix_tokens, grid_h * grid_w)
         rope = None
         for block in self.blocks:  # augmented RoPE: a new draw per block, as DINOv3's code does
             if self.rope is not None and (rope is None or self.rope.augments):
                 rope = self.rope(grid_h, grid_w, tokens, keep)
-            tokens = block(tokens, rope)
+            tokens = block(tokens, rope, attn_mask)
         if local_crops and self.training and self.local_cls_norm is not None:
             head = self.local_cls_norm(tokens[:, :self.num_prefix_tokens])
             return torch.cat([head, self.norm(tokens[:, self.num_prefix_tokens:])], dim=1)

@@ -1,5 +1,6 @@
 """Pure loss modules: embeddings in, scalar out. A loss never reads the trainer."""
 
+from ssl_lightning.losses.aim import AIMLoss
 from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.dcl import DCLLoss
@@ -23,6 +24,7 @@ from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
 from ssl_lightning.losses.nnclr import NNCLRLoss
 from ssl_lightning.losses.nt_xent import NTXentLoss
 from ssl_lightning.losses.sigreg import SIGRegLoss
+from ssl_lightning.losses.simmim import SimMIMLoss
 from ssl_lightning.losses.sinkhorn import sinkhorn_knopp
 from ssl_lightning.losses.supcon import SupConLoss
 from ssl_lightning.losses.swav import SwAVLoss
@@ -37,4 +39,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss",
            "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
-           "PatchSimilarityDistillationLoss"]
+           "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss"]

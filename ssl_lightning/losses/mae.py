@@ -18,6 +18,21 @@ from torch import Tensor, nn
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
+def patchify(images: Tensor, patch: int) -> Tensor:
+    """(B, C, H, W) -> (B, H/p · W/p, p · p · C): row-major patches, pixels (row, col, channel)
+    as in the paper's code."""
+    b, c, h, w = images.shape
+    x = images.reshape(b, c, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(b, (h // patch) * (w // patch), patch * patch * c)
+
+
+def normalized_patches(patches: Tensor, eps: float = 1e-6) -> Tensor:
+    """Each patch (last dim) standardised by its own mean and unbiased variance:
+    ``(x − mean) / sqrt(var + eps)`` (MAE's ``norm_pix_loss`` target, also AIM's)."""
+    mean, var = patches.mean(dim=-1, keepdim=True), patches.var(dim=-1, keepdim=True)
+    return (patches - mean) / (var + eps).sqrt()
+
+
 class MAELoss(nn.Module):
     """``mean over masked patches and pixels of (prediction − target)²``.
 
@@ -48,6 +63,5 @@ class MAELoss(nn.Module):
         with torch.autocast(predictions.device.type, enabled=False):
             pred, target = at_least_fp32(predictions), at_least_fp32(patches.detach())
             if self.norm_pix_loss:
-                mean, var = target.mean(dim=-1, keepdim=True), target.var(dim=-1, keepdim=True)
-                target = (target - mean) / (var + self.eps).sqrt()
+                target = normalized_patches(target, self.eps)
             return (pred - target).pow(2).mean()

@@ -1,14 +1,15 @@
 """Patch-mask generators of the masked-image methods, one class per scheme: drawn from torch's
 CPU RNG, so a reseeded or replayed generator redraws the same masks.
 
-- :class:`RandomMasking`: MAE's uniform masks (:mod:`.uniform`).
+- :class:`RandomMasking`: MAE's uniform masks; :class:`RandomUnitMasking`: SimMIM's masks of
+  square units of patches (:mod:`.uniform`).
 - :class:`MultiBlockMasking`: I-JEPA's target and context blocks (:mod:`.multi_block`).
 - :class:`BlockMasking`: BEiT's blockwise masks of iBOT and DINOv2 (:mod:`.block`).
 """
 
 from ssl_lightning.masking.block import BlockMaskGenerator, BlockMasking
 from ssl_lightning.masking.multi_block import MultiBlockMasking, Range
-from ssl_lightning.masking.uniform import RandomMasking, random_masking
+from ssl_lightning.masking.uniform import RandomMasking, RandomUnitMasking, random_masking
 
 __all__ = ["BlockMaskGenerator", "BlockMasking", "MultiBlockMasking", "RandomMasking", "Range",
-           "random_masking"]
+           "RandomUnitMasking", "random_masking"]

@@ -1,4 +1,4 @@
-"""MAE's per-sample uniform masks, drawn on the CPU from torch's RNG.
+"""MAE's per-sample uniform masks and SimMIM's masks of square units, drawn on the CPU.
 
 He et al., "Masked Autoencoders Are Scalable Vision Learners", CVPR 2022, §3: a random subset of
 the patches is kept, by argsort of uniform noise. Given per-sample seeds, each sample's noise is
@@ -7,6 +7,11 @@ mask is the same for any number of processes or micro-batches. Without them, the
 *global* batch (``world_size × B`` samples) are drawn from the global CPU RNG and this rank's
 rows returned (ranks share one stream: ``SSLMethod`` reseeds the CPU generator identically on
 every rank for MAE).
+
+SimMIM (Xie et al., "SimMIM: A Simple Framework for Masked Image Modeling", CVPR 2022, §3.1)
+masks square units of ``unit × unit`` patches (its 32 px mask patches on 16 px ViT patches):
+:class:`RandomUnitMasking` draws a :class:`RandomMasking` mask over the units and spreads each
+unit's decision over its patches.
 """
 
 from __future__ import annotations
@@ -52,6 +57,36 @@ class RandomMasking:
                 rank * batch:(rank + 1) * batch]
         order = noise.argsort(dim=1)
         return order[:, :self.num_keep], order[:, self.num_keep:]
+
+
+class RandomUnitMasking:
+    """SimMIM masking: a random ``mask_ratio`` of the ``unit × unit``-patch units of a
+    ``grid × grid`` patch grid, as a (B, grid²) bool mask (True: masked), row-major.
+
+    Args:
+        grid: Patches per side.
+        unit: Patches per side of a mask unit; it must divide ``grid`` (1: per-patch masks).
+        mask_ratio: Fraction of the units masked, in (0, 1).
+    """
+
+    def __init__(self, grid: int, unit: int, mask_ratio: float) -> None:
+        if unit < 1 or grid % unit:
+            raise ValueError(f"The mask unit ({unit} patches per side) must divide the patch "
+                             f"grid ({grid} per side); choose mask_patch_size as patch_size x a "
+                             f"divisor of {grid}.")
+        self.grid, self.unit = grid, unit
+        self.units = RandomMasking((grid // unit) ** 2, mask_ratio)
+
+    def __call__(self, batch: int, world_size: int = 1, rank: int = 0,
+                 seeds: Tensor | None = None) -> Tensor:
+        """(B, grid²) bool masks of this rank's samples, from their (B,) int64 ``seeds`` when
+        given, else from torch's CPU RNG (see :class:`RandomMasking`)."""
+        _, masked = self.units(batch, world_size, rank, seeds)
+        side = self.grid // self.unit
+        units = torch.zeros(batch, side * side, dtype=torch.bool)
+        units.scatter_(1, masked, True)
+        units = units.view(batch, side, 1, side, 1).expand(-1, -1, self.unit, -1, self.unit)
+        return units.reshape(batch, self.grid * self.grid)
 
 
 def random_masking(

@@ -1,5 +1,6 @@
 """Self-supervised methods, each a LightningModule derived from SSLMethod."""
 
+from ssl_lightning.methods.aim import AIM
 from ssl_lightning.methods.barlow_twins import BarlowTwins
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
@@ -23,6 +24,7 @@ from ssl_lightning.methods.nnbyol import NNBYOL
 from ssl_lightning.methods.nnclr import NNCLR
 from ssl_lightning.methods.nnsiam import NNSiam
 from ssl_lightning.methods.simclr import SimCLR
+from ssl_lightning.methods.simmim import SimMIM
 from ssl_lightning.methods.simsiam import SimSiam
 from ssl_lightning.methods.supcon import SupCon
 from ssl_lightning.methods.swav import SwAV
@@ -35,4 +37,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
-           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation"]
+           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM"]

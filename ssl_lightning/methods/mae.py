@@ -29,18 +29,11 @@ from ssl_lightning.backbones.tokens import (
 )
 from ssl_lightning.heads import MaskedPredictor
 from ssl_lightning.losses import MAELoss
+from ssl_lightning.losses.mae import patchify
 from ssl_lightning.masking import RandomMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.sample_rng import active_keys
-
-
-def patchify(images: Tensor, patch: int) -> Tensor:
-    """(B, 3, H, W) -> (B, H/p · W/p, p · p · 3): row-major patches, pixels (row, col, channel)
-    as in the paper's code."""
-    b, c, h, w = images.shape
-    x = images.reshape(b, c, h // patch, patch, w // patch, patch)
-    return x.permute(0, 2, 4, 3, 5, 1).reshape(b, (h // patch) * (w // patch), patch * patch * c)
 
 
 class MAE(SSLMethod):

@@ -35,6 +35,7 @@ from torch.utils.data import Subset
 
 from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.methods import (
+    AIM,
     BYOL,
     DCL,
     DINO,
@@ -51,6 +52,7 @@ from ssl_lightning.methods import (
     MoCoV3,
     NNSiam,
     SimCLR,
+    SimMIM,
     SimSiam,
     SSLMethod,
     SupCon,
@@ -76,6 +78,10 @@ def _one_thread():  # type: ignore[no-untyped-def]
 
 def _backbone() -> SmallConvNet:
     return SmallConvNet((8, 16), norm="group")
+
+
+def _vit(**kwargs: Any) -> ViT:
+    return ViT(image_size=8, patch_size=2, embed_dim=16, depth=1, num_heads=2, **kwargs)
 
 
 METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
@@ -135,6 +141,11 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
     "vibcreg": (lambda **kw: VIbCReg(_backbone(), expander_hidden_dim=16, expander_dim=16,
                                      head_batch_norm=False, iternorm=False,
                                      covariance_weight=1.0, **kw), TWO_VIEWS),
+    # masked-image methods on a ViT: masks / prefixes from the step's CPU stream (no seeds here)
+    "simmim": (lambda **kw: SimMIM(_vit(mask_token=True), mask_patch_size=4, image_size=8, **kw),
+               (8,)),
+    "aim": (lambda **kw: AIM(_vit(), head_hidden_dim=16, head_layers=2, image_size=8, **kw),
+            (8,)),
 }
 #: Methods whose smallest global batch exceeds the naive test's batches of 2 (W-MSE: one
 #: whitening sub-batch of 4 > D samples); they refuse such a batch before the first step.
