@@ -43,6 +43,8 @@ from ssl_lightning.methods import (
     BYOL,
     DINO,
     IBOT,
+    MSN,
+    PMSN,
     BarlowTwins,
     DINOv3,
     Distillation,
@@ -94,6 +96,13 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
                              gram_refresh_every=4, gram_max_refreshes=2, **OPT),
     # The teacher is built from the seeded RNG, so a resumed run rebuilds the same one.
     "distillation": lambda: Distillation(_net(), teacher=_net(), queue_size=8, **OPT),
+    # Keyed token dropping of the anchor view, stochastic depth, prototypes, BatchNorm head.
+    "msn": lambda: MSN(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=2, num_heads=2,
+                           drop_path_rate=0.5), projection_hidden_dim=8, projection_dim=4,
+                       num_prototypes=6, mask_ratio=0.25, **OPT),
+    "pmsn": lambda: PMSN(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=2, num_heads=2,
+                             drop_path_rate=0.5), projection_hidden_dim=8, projection_dim=4,
+                         num_prototypes=6, mask_ratio=0.25, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
@@ -101,7 +110,7 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
 
 def transform(method: str) -> MultiViewTransform:
     """The method's own kind of views (random), small."""
-    if method in ("dino", "swav", "ibot_vit"):
+    if method in ("dino", "swav", "ibot_vit", "msn", "pmsn"):
         return MultiCropViews("swav" if method == "swav" else "dino", "cifar", num_local_crops=2,
                               global_size=SIZE, local_size=8)
     if method == "dinov3":
