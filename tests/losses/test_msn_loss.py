@@ -95,8 +95,8 @@ def test_regularizer_vanishes_at_the_prior() -> None:
     _, power = MSNLoss(power_law_exponent=0.25).terms(anchors, targets, prototypes)
     prior = torch.arange(1, 8, dtype=torch.float64) ** -0.25
     prior /= prior.sum()
-    torch.testing.assert_close(power, (torch.full((7,), 1 / 7, dtype=torch.float64) * (1 / 7 / prior).log())
-                               .sum(), rtol=1e-12, atol=0)
+    expected = (1 / 7 * (1 / 7 / prior).log()).sum()
+    torch.testing.assert_close(power, expected, rtol=1e-12, atol=0)
 
 
 def test_anchor_gradients_match_finite_differences() -> None:
