@@ -3,7 +3,8 @@
 ``--method`` picks SimCLR (default), SimCLR with an NT-Xent memory bank, NNCLR, DCL, DCLW,
 SupCon, MoCo v2+, FastSiam (4 views), NNSiam, NNBYOL or DirectCLR, each with the same backbone,
 projection size, optimiser and schedule (the methods without a temperature ignore
-``--temperature``).
+``--temperature``); MSN and PMSN mask patch tokens, so they run a small ViT with their own
+optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view.
 
 Both numbers come from this one script, with the same backbone architecture, data module,
 kNN bank and :class:`~ssl_lightning.callbacks.KNNCallback` (weighted cosine kNN, k=200,
@@ -26,14 +27,16 @@ import time
 import pytorch_lightning as pl
 import torch
 
-from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.callbacks import KNNCallback, OnlineProbe
 from ssl_lightning.data import CIFAR10DataModule, DeviceViews, UInt8Image
 from ssl_lightning.methods import (
     DCL,
     MMCR,
+    MSN,
     NNBYOL,
     NNCLR,
+    PMSN,
     WMSE,
     DirectCLR,
     FastSiam,
@@ -77,8 +80,16 @@ def _method(name: str, args: argparse.Namespace) -> SSLMethod:
     common = dict(projection_hidden_dim=512, temperature=args.temperature, optimizer="lars",
                   lr=args.lr, lr_scaling="linear", weight_decay=1e-6, warmup_epochs=1,
                   final_lr_ratio=0.0)
-    backbone = SmallConvNet(widths=tuple(args.widths))
+    backbone = (ViT(image_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4)
+                if name in VIT_METHODS else SmallConvNet(widths=tuple(args.widths)))
     return METHODS[name](backbone, args.queue, common)
+
+
+def _msn(common: dict) -> dict:
+    """MSN's own recipe (AdamW 1e-3, its temperature) with the shared head width."""
+    return dict(projection_hidden_dim=common["projection_hidden_dim"], projection_dim=128,
+                num_prototypes=1024, warmup_epochs=common["warmup_epochs"],
+                lr_scaling="none", weight_decay_end=None)
 
 
 METHODS = {
@@ -108,9 +119,13 @@ METHODS = {
                                        iternorm_groups=32,
                                        **{k: v for k, v in _no_temperature(c).items()
                                           if k != "projection_hidden_dim"}),
+    "msn": lambda b, q, c: MSN(b, **_msn(c)),
+    "pmsn": lambda b, q, c: PMSN(b, **_msn(c)),
 }
+#: Methods that mask patch tokens: a small ViT (patch 4, width 64, 4 blocks) instead.
+VIT_METHODS = {"msn", "pmsn"}
 #: Views per image of a method when it is not 2.
-VIEWS = {"fastsiam": 4, "mmcr": 4}
+VIEWS = {"fastsiam": 4, "mmcr": 4, "msn": 3, "pmsn": 3}  # MSN: target, anchor, 1 focal
 
 
 def _no_temperature(common: dict) -> dict:

@@ -44,6 +44,8 @@ from ssl_lightning.methods import (
     BYOL,
     DINO,
     IBOT,
+    MSN,
+    PMSN,
     BarlowTwins,
     DINOv3,
     Distillation,
@@ -117,6 +119,13 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "simmim": lambda: SimMIM(_vit(mask_token=True), mask_patch_size=8, **OPT),
     "aim": lambda: AIM(_vit(), head_hidden_dim=8, head_layers=2, **OPT),
     "aim_init_stream": lambda: _InitStreamAIM(_vit(), head_hidden_dim=8, head_layers=2, **OPT),
+    # Keyed token dropping of the anchor view, stochastic depth, prototypes, BatchNorm head.
+    "msn": lambda: MSN(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=2, num_heads=2,
+                           drop_path_rate=0.5), projection_hidden_dim=8, projection_dim=4,
+                       num_prototypes=6, mask_ratio=0.25, **OPT),
+    "pmsn": lambda: PMSN(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=2, num_heads=2,
+                             drop_path_rate=0.5), projection_hidden_dim=8, projection_dim=4,
+                         num_prototypes=6, mask_ratio=0.25, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
@@ -124,7 +133,7 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
 
 def transform(method: str) -> MultiViewTransform:
     """The method's own kind of views (random), small."""
-    if method in ("dino", "swav", "ibot_vit"):
+    if method in ("dino", "swav", "ibot_vit", "msn", "pmsn"):
         return MultiCropViews("swav" if method == "swav" else "dino", "cifar", num_local_crops=2,
                               global_size=SIZE, local_size=8)
     if method == "dinov3":

@@ -20,6 +20,7 @@ from ssl_lightning.losses.lejepa import LeJEPALoss
 from ssl_lightning.losses.mae import MAELoss
 from ssl_lightning.losses.mmcr import MMCRLoss
 from ssl_lightning.losses.moco_v3 import MoCoV3Loss
+from ssl_lightning.losses.msn import MSNLoss
 from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
 from ssl_lightning.losses.nnclr import NNCLRLoss
 from ssl_lightning.losses.nt_xent import NTXentLoss
@@ -39,4 +40,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss",
            "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
-           "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss"]
+           "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss"]

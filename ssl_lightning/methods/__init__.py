@@ -20,9 +20,11 @@ from ssl_lightning.methods.moco_v2 import MoCoV2
 from ssl_lightning.methods.moco_v2_plus import MoCoV2Plus
 from ssl_lightning.methods.moco_v3 import MoCoV3
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.msn import MSN
 from ssl_lightning.methods.nnbyol import NNBYOL
 from ssl_lightning.methods.nnclr import NNCLR
 from ssl_lightning.methods.nnsiam import NNSiam
+from ssl_lightning.methods.pmsn import PMSN
 from ssl_lightning.methods.simclr import SimCLR
 from ssl_lightning.methods.simmim import SimMIM
 from ssl_lightning.methods.simsiam import SimSiam
@@ -37,4 +39,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
-           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM"]
+           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN"]

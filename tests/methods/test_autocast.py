@@ -84,6 +84,9 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "DistillationLoss": lambda: (losses.DistillationLoss(), (_randn(B, D), _randn(B, D),
                                                              _randn(K, D), _randn(B, 4, D),
                                                              _randn(B, 4, D))),
+    "MSNLoss": lambda: (losses.MSNLoss(), (_randn(B, 3, D), _randn(B, D), _randn(K, D))),
+    "MSNLoss(PMSN)": lambda: (losses.MSNLoss(power_law_exponent=0.25),
+                              (_randn(B, 3, D), _randn(B, D), _randn(K, D))),
 }
 
 

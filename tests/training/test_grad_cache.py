@@ -40,8 +40,10 @@ from ssl_lightning.methods import (
     DCL,
     DINO,
     MMCR,
+    MSN,
     NNBYOL,
     NNCLR,
+    PMSN,
     WMSE,
     BarlowTwins,
     DirectCLR,
@@ -146,6 +148,13 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                (8,)),
     "aim": (lambda **kw: AIM(_vit(), head_hidden_dim=16, head_layers=2, image_size=8, **kw),
             (8,)),
+    # Unmasked here (its keyed token dropping is checked in tests/distributed/test_msn_ddp.py).
+    "msn": (lambda **kw: MSN(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                             num_prototypes=10, head_batch_norm=False, mask_ratio=0.0,
+                             momentum_base=0.9, **kw), MULTI_CROP),
+    "pmsn": (lambda **kw: PMSN(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                               num_prototypes=10, head_batch_norm=False, mask_ratio=0.0,
+                               momentum_base=0.9, **kw), MULTI_CROP),
 }
 #: Methods whose smallest global batch exceeds the naive test's batches of 2 (W-MSE: one
 #: whitening sub-batch of 4 > D samples); they refuse such a batch before the first step.

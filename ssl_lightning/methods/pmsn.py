@@ -1,0 +1,34 @@
+"""PMSN: Assran et al., "The Hidden Uniform Cluster Prior in Self-Supervised Learning", ICLR 2023.
+
+:class:`~ssl_lightning.methods.MSN` with the mean-entropy regulariser (a KL divergence of the
+mean anchor prediction to the uniform distribution) replaced by the KL divergence to a power
+law ``π_k ∝ k^{−s}`` (§5, Prior Matching for Siamese Networks; s = 0.25 in lightly's PMSN).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ssl_lightning.losses import MSNLoss
+from ssl_lightning.methods.msn import MSN
+
+
+class PMSN(MSN):
+    """MSN with a power-law prior on the mean prediction.
+
+    Args:
+        backbone: See :class:`MSN`.
+        power_law_exponent: s >= 0 of the prior ``π_k ∝ k^{−s}`` (0.25; 0 is MSN).
+        **kwargs: Other arguments of :class:`MSN`.
+    """
+
+    def __init__(self, backbone: nn.Module, power_law_exponent: float = 0.25,
+                 **kwargs: Any) -> None:
+        super().__init__(backbone, **kwargs)
+
+    def build_criterion(self) -> nn.Module:
+        hp = self.hparams
+        return MSNLoss(hp["temperature"], hp["sharpen_temperature"], hp["sinkhorn_iterations"],
+                       hp["regularization_weight"], hp["power_law_exponent"])
