@@ -64,7 +64,7 @@ def test_constructor_value_error_is_printed_as_its_own_message(fit, capsys) -> N
 
 
 @pytest.mark.parametrize(("args", "suggestion", "listed"), [
-    (["--model", "SimCRL"], "Did you mean 'SimCLR'?", "Available methods: BarlowTwins, BYOL"),
+    (["--model", "SimCRL"], "Did you mean 'SimCLR'?", "Available methods: AIM, "),
     (["--data", "CIFAR10DataModul"], "Did you mean 'CIFAR10DataModule'?",
      "Available data modules: CIFAR100DataModule, CIFAR10DataModule, ImageFolderDataModule"),
     (["--model.backbone", "SmallConvNett"], "Did you mean 'ssl_lightning.SmallConvNet'?",
