@@ -2,6 +2,10 @@
 
 - :class:`PrecomputedViews`: a dataset of fixed, precomputed views (deterministic, so two runs
   see exactly the same pixels), with integer targets.
+- :class:`KeyedViews`: :class:`PrecomputedViews` whose items also carry the sample's seed of
+  epoch 0, as ``SeededDataset``'s do (so masks and drop path are keyed by sample).
+- :func:`fit_weights`: the weights after a few float64 optimiser steps of ``Trainer.fit`` in an
+  already spawned process group (DDP) or one process.
 - :class:`TensorDataModule`: train loader in dataset order (no shuffling), optional val loaders.
 - :func:`ddp_global_order`: the sample order a single process must use to see, at every step,
   the concatenation of the per-rank batches of a Lightning DDP run (Lightning's training
@@ -32,6 +36,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ssl_lightning.data.seeding import sample_seed
+
 
 class PrecomputedViews(Dataset):
     """``num_samples`` items ``([view_0, ..., view_{V-1}], target)`` drawn once from a seed.
@@ -59,6 +65,35 @@ class PrecomputedViews(Dataset):
 
     def __getitem__(self, index: int) -> tuple[list[Tensor], Tensor]:
         return [v[index] for v in self.views], self.targets[index]
+
+
+class KeyedViews(PrecomputedViews):
+    """:class:`PrecomputedViews` (in ``dtype``) whose items ``(views, target, sample_seed)``
+    carry each sample's seed of epoch 0, as ``SeededDataset``'s do."""
+
+    def __init__(self, num_samples: int, view_sizes: Sequence[int] = (8, 8),
+                 num_classes: int = 4, seed: int = 0,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(num_samples, view_sizes, num_classes, seed)
+        self.views = [v.to(dtype) for v in self.views]
+
+    def __getitem__(self, index: int) -> tuple[list[Tensor], Tensor, Tensor]:
+        views, target = super().__getitem__(index)
+        return views, target, torch.tensor(sample_seed(0, 0, index), dtype=torch.int64)
+
+
+def fit_weights(model: pl.LightningModule, data: Dataset, batch: int, devices: int,
+                steps: int) -> dict[str, Tensor]:
+    """Weights after ``steps`` float64 optimiser steps, on ``devices`` processes (DDP in the
+    process group already spawned, e.g. by ``run_in_processes``) or on one."""
+    with tempfile.TemporaryDirectory() as root:
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+            max_steps=steps, precision="64-true", logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            default_root_dir=root)
+        trainer.fit(model, datamodule=TensorDataModule(data, batch))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class TensorDataModule(pl.LightningDataModule):

@@ -37,14 +37,13 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule, ddp_global_order
+from lightning_ddp_utils import KeyedViews, TensorDataModule, ddp_global_order
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DistributedSampler, Subset
 
 import ssl_lightning.callbacks.ema as ema_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
-from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.methods import (
     BYOL,
     DCL,
@@ -92,14 +91,6 @@ def sampler_order() -> list[int]:
     """One process's sample order: DistributedSampler's with one replica (the DDP ranks take
     every WORLD-th index of it)."""
     return list(DistributedSampler(range(SAMPLES), num_replicas=1, rank=0, seed=0))
-
-
-class KeyedViews(PrecomputedViews):
-    """:class:`PrecomputedViews` with each sample's seed of epoch 0 (as ``SeededDataset``)."""
-
-    def __getitem__(self, index: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-        views, target = super().__getitem__(index)
-        return views, target, torch.tensor(sample_seed(0, 0, index), dtype=torch.int64)
 
 
 def vit(**kwargs: Any) -> ViT:

@@ -17,7 +17,6 @@ in the same workers and must differ from the single process:
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 import pytest
@@ -25,13 +24,12 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule
+from lightning_ddp_utils import KeyedViews, fit_weights
 from torch import Tensor
 from torch.utils.data import DistributedSampler, Subset
 
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
-from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.losses import MSNLoss
 from ssl_lightning.methods import MSN, PMSN
 
@@ -105,44 +103,26 @@ def make_model(kind: str, **kwargs: Any) -> pl.LightningModule:
     return KINDS[kind](vit, **ARGS, **kwargs)
 
 
-class KeyedViews(PrecomputedViews):
-    """Precomputed 16/16/8 px views (target, anchor, focal) with the epoch-0 sample seed."""
-
-    def __init__(self) -> None:
-        super().__init__(SAMPLES, view_sizes=(16, 16, 8), seed=3)
-        self.views = [v.double() for v in self.views]
-
-    def __getitem__(self, index: int) -> tuple[list[Tensor], Tensor, Tensor]:
-        views, target = super().__getitem__(index)
-        return views, target, torch.tensor(sample_seed(0, 0, index), dtype=torch.int64)
-
-
-def fit_weights(model: pl.LightningModule, data: Any, batch: int, devices: int) -> dict:
-    """Weights after ``STEPS`` optimiser steps (DDP on the already spawned processes)."""
-    with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(
-            accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-            max_steps=STEPS, precision="64-true", logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-            default_root_dir=root)
-        trainer.fit(model, datamodule=TensorDataModule(data, batch))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+def keyed_views() -> KeyedViews:
+    """The float64 views of every sample, with its epoch-0 seed."""
+    return KeyedViews(SAMPLES, view_sizes=(16, 16, 8), seed=3, dtype=torch.float64)
 
 
 def _worker(rank: int, world: int) -> dict[str, dict]:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
-    return {kind: fit_weights(make_model(kind), KeyedViews(), BATCH, world) for kind in KINDS}
+    return {kind: fit_weights(make_model(kind), keyed_views(), BATCH, world, steps=STEPS)
+            for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
 def results() -> tuple[list[dict], dict[str, dict]]:
     ranks = run_in_processes(_worker, WORLD)
     order = list(DistributedSampler(range(SAMPLES), num_replicas=1, rank=0, seed=0))
-    data = Subset(KeyedViews(), order)
-    single = {kind: fit_weights(make_model(kind), data, BATCH * WORLD, 1)
+    data = Subset(keyed_views(), order)
+    single = {kind: fit_weights(make_model(kind), data, BATCH * WORLD, 1, steps=STEPS)
               for kind in ("msn", "pmsn")}
     single.update({f"{kind}_micro": fit_weights(make_model(kind, micro_batch_size=BATCH // 2),
-                                                data, BATCH * WORLD, 1)
+                                                data, BATCH * WORLD, 1, steps=STEPS)
                    for kind in ("msn", "pmsn")})
     return ranks, single
 

@@ -16,7 +16,6 @@ patch centre and the Sinkhorn sums / masked-patch counts of each rank's own batc
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 import pytest
@@ -24,14 +23,13 @@ import pytorch_lightning as pl
 import torch
 from dinov3_utils import check_dinov3_equal, dinov3_runs
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule
+from lightning_ddp_utils import KeyedViews, fit_weights
 from torch import Tensor
 from torch.utils.data import DistributedSampler, Subset
 
 import ssl_lightning.losses.ibot_patch as ibot_patch_module
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
-from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.methods import DINO, IBOT, DINOv2
 
 STEPS, BATCH, WORLD = 3, 4, 2
@@ -63,47 +61,30 @@ def make_model(kind: str, **kwargs: Any) -> pl.LightningModule:
     return cls(vit, **HEADS, **extra, **kwargs)
 
 
-class KeyedViews(PrecomputedViews):
-    """Precomputed 16/16/8 px views with the sample seed of epoch 0 (as ``SeededDataset``)."""
-
-    def __init__(self) -> None:
-        super().__init__(SAMPLES, view_sizes=(16, 16, 8), seed=3)
-        self.views = [v.double() for v in self.views]
-
-    def __getitem__(self, index: int) -> tuple[list[Tensor], Tensor, Tensor]:
-        views, target = super().__getitem__(index)
-        return views, target, torch.tensor(sample_seed(0, 0, index), dtype=torch.int64)
-
-
-def fit_weights(model: pl.LightningModule, data: Any, batch: int, devices: int) -> dict:
-    """Weights after ``STEPS`` optimiser steps (DDP on the already spawned processes)."""
-    with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(
-            accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-            max_steps=STEPS, precision="64-true", logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-            default_root_dir=root)
-        trainer.fit(model, datamodule=TensorDataModule(data, batch))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+def keyed_views() -> KeyedViews:
+    """The float64 views of every sample, with its epoch-0 seed."""
+    return KeyedViews(SAMPLES, view_sizes=(16, 16, 8), seed=3, dtype=torch.float64)
 
 
 def _worker(rank: int, world: int) -> dict[str, dict]:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
-    out = {kind: fit_weights(make_model(kind), KeyedViews(), BATCH, world)
+    out = {kind: fit_weights(make_model(kind), keyed_views(), BATCH, world, steps=STEPS)
            for kind in ("dino", "ibot", "dinov2", "per_rank_ibot", "ibot_pp")}
     out["dinov3_gram"] = dinov3_runs(rank, world)  # before the known-bad patches below
     # Known-bad shared statistics: KoLeo neighbours, the patch centre, the Sinkhorn sums and
     # masked-patch counts of each rank's own batch.
-    out["koleo_local"] = fit_weights(make_model("dinov2", koleo_scope="local"), KeyedViews(),
-                                     BATCH, world)
+    out["koleo_local"] = fit_weights(make_model("dinov2", koleo_scope="local"), keyed_views(),
+                                     BATCH, world, steps=STEPS)
     real_mean = ibot_patch_module.all_reduce_mean_no_grad
     ibot_patch_module.all_reduce_mean_no_grad = lambda x: x
-    out["patch_center_local"] = fit_weights(make_model("ibot"), KeyedViews(), BATCH, world)
+    out["patch_center_local"] = fit_weights(make_model("ibot"), keyed_views(), BATCH, world,
+                                            steps=STEPS)
     ibot_patch_module.all_reduce_mean_no_grad = real_mean
     sinkhorn_module.all_reduce_sum_no_grad = lambda x: x
     sinkhorn_module.world_size = lambda: 1
     ibot_patch_module.all_reduce_sum_no_grad = lambda x: x
-    out["sinkhorn_local"] = fit_weights(make_model("dinov2"), KeyedViews(), BATCH, world)
+    out["sinkhorn_local"] = fit_weights(make_model("dinov2"), keyed_views(), BATCH, world,
+                                        steps=STEPS)
     return out
 
 
@@ -115,11 +96,11 @@ def global_order() -> list[int]:
 @pytest.fixture(scope="module")
 def results() -> tuple[list[dict], dict[str, dict]]:
     ranks = run_in_processes(_worker, WORLD)
-    data = Subset(KeyedViews(), global_order())
-    single = {kind: fit_weights(make_model(kind), data, BATCH * WORLD, 1)
+    data = Subset(keyed_views(), global_order())
+    single = {kind: fit_weights(make_model(kind), data, BATCH * WORLD, 1, steps=STEPS)
               for kind in ("dino", "ibot", "dinov2", "ibot_pp")}
     single.update({f"{kind}_micro": fit_weights(make_model(kind, micro_batch_size=BATCH // 2),
-                                                data, BATCH * WORLD, 1)
+                                                data, BATCH * WORLD, 1, steps=STEPS)
                    for kind in ("ibot", "dinov2", "ibot_pp")})
     single["dinov3_gram"] = dinov3_runs()
     return ranks, single
