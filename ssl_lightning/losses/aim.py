@@ -13,25 +13,19 @@ loss is the mean of the images' terms, so under DDP no gathering is needed.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ssl_lightning.losses.mae import normalized_patches
+from ssl_lightning.losses.mae import PixelReconstructionLoss
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
-class AIMLoss(nn.Module):
+class AIMLoss(PixelReconstructionLoss):
     """Mean over images of the mean squared error of their non-prefix next-patch predictions.
 
     Args:
         norm_pix_loss: Standardise each target patch by its own mean and variance.
         eps: Added to the variance before the square root.
     """
-
-    def __init__(self, norm_pix_loss: bool = True, eps: float = 1e-6) -> None:
-        super().__init__()
-        if eps <= 0:
-            raise ValueError(f"eps must be > 0, got {eps}.")
-        self.norm_pix_loss, self.eps = norm_pix_loss, eps
 
     def forward(self, predictions: Tensor, patches: Tensor, prefix: Tensor) -> Tensor:
         """Loss of the local batch.
@@ -53,9 +47,7 @@ class AIMLoss(nn.Module):
             raise ValueError(f"prefix must hold B = {b} lengths in [1, {k - 1}], got "
                              f"{prefix.tolist()}.")
         with torch.autocast(predictions.device.type, enabled=False):
-            pred, target = at_least_fp32(predictions), at_least_fp32(patches.detach()[:, 1:])
-            if self.norm_pix_loss:
-                target = normalized_patches(target, self.eps)
+            pred, target = at_least_fp32(predictions), self.pixel_targets(patches[:, 1:])
             errors = (pred - target).pow(2).mean(dim=-1)  # (B, K − 1): target patch k + 1
             target_index = torch.arange(1, k, device=errors.device)
             weights = (target_index.view(1, -1) >= prefix.view(-1, 1)).to(errors.dtype)

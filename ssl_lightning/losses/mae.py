@@ -33,8 +33,9 @@ def normalized_patches(patches: Tensor, eps: float = 1e-6) -> Tensor:
     return (patches - mean) / (var + eps).sqrt()
 
 
-class MAELoss(nn.Module):
-    """``mean over masked patches and pixels of (prediction − target)²``.
+class PixelReconstructionLoss(nn.Module):
+    """The pixel targets shared by MAE, SimMIM and AIM: the input patches, detached, in fp32
+    even under autocast, each standardised by its own mean and variance with ``norm_pix_loss``.
 
     Args:
         norm_pix_loss: Standardise each target patch by its own mean and variance.
@@ -47,6 +48,27 @@ class MAELoss(nn.Module):
             raise ValueError(f"eps must be > 0, got {eps}.")
         self.norm_pix_loss, self.eps = norm_pix_loss, eps
 
+    def pixel_targets(self, patches: Tensor) -> Tensor:
+        """The targets of ``patches`` (B, N, P): call with autocast off."""
+        target = at_least_fp32(patches.detach())
+        return normalized_patches(target, self.eps) if self.norm_pix_loss else target
+
+    @staticmethod
+    def check_same_shape(predictions: Tensor, patches: Tensor) -> None:
+        """Refuse predictions that are not one per target pixel value."""
+        if predictions.shape != patches.shape:
+            raise ValueError(f"predictions {tuple(predictions.shape)} and patches "
+                             f"{tuple(patches.shape)} must have the same shape.")
+
+
+class MAELoss(PixelReconstructionLoss):
+    """``mean over masked patches and pixels of (prediction − target)²``.
+
+    Args:
+        norm_pix_loss: Standardise each target patch by its own mean and variance.
+        eps: Added to the variance before the square root.
+    """
+
     def forward(self, predictions: Tensor, patches: Tensor) -> Tensor:
         """Loss of the local batch.
 
@@ -57,11 +79,7 @@ class MAELoss(nn.Module):
         Returns:
             Scalar loss, in fp32 even under autocast.
         """
-        if predictions.shape != patches.shape:
-            raise ValueError(f"predictions {tuple(predictions.shape)} and patches "
-                             f"{tuple(patches.shape)} must have the same shape.")
+        self.check_same_shape(predictions, patches)
         with torch.autocast(predictions.device.type, enabled=False):
-            pred, target = at_least_fp32(predictions), at_least_fp32(patches.detach())
-            if self.norm_pix_loss:
-                target = normalized_patches(target, self.eps)
+            pred, target = at_least_fp32(predictions), self.pixel_targets(patches)
             return (pred - target).pow(2).mean()

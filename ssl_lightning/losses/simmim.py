@@ -12,13 +12,17 @@ mean of per-sample terms: under DDP no gathering is needed.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from ssl_lightning.losses.mae import PixelReconstructionLoss
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
-class SimMIMLoss(nn.Module):
-    """``mean over masked patches and pixel values of |prediction − target|``."""
+class SimMIMLoss(PixelReconstructionLoss):
+    """``mean over masked patches and pixel values of |prediction − target|`` (raw pixels)."""
+
+    def __init__(self) -> None:
+        super().__init__(norm_pix_loss=False)
 
     def forward(self, predictions: Tensor, patches: Tensor) -> Tensor:
         """Loss of the local batch.
@@ -30,9 +34,7 @@ class SimMIMLoss(nn.Module):
         Returns:
             Scalar loss, in fp32 even under autocast.
         """
-        if predictions.shape != patches.shape:
-            raise ValueError(f"predictions {tuple(predictions.shape)} and patches "
-                             f"{tuple(patches.shape)} must have the same shape.")
+        self.check_same_shape(predictions, patches)
         with torch.autocast(predictions.device.type, enabled=False):
-            pred, target = at_least_fp32(predictions), at_least_fp32(patches.detach())
+            pred, target = at_least_fp32(predictions), self.pixel_targets(patches)
             return (pred - target).abs().mean()
