@@ -8,6 +8,7 @@ from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.gram_crops import GramCropViews
 from ssl_lightning.data.image_folder import ImageFolderDataModule
 from ssl_lightning.data.mae_views import MAEViews
+from ssl_lightning.data.multichannel_device_views import ArrayImage, MultiChannelDeviceViews
 from ssl_lightning.data.multichannel_views import MultiChannelEval, MultiChannelViews
 from ssl_lightning.data.multicrop import MultiCropViews
 from ssl_lightning.data.transforms import (
@@ -34,6 +35,8 @@ __all__ = [
     "MultiCropViews",
     "MultiChannelViews",
     "MultiChannelEval",
+    "MultiChannelDeviceViews",
+    "ArrayImage",
     "GramCropViews",
     "EvalTransform",
     "LinearEvalTransform",

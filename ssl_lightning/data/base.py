@@ -28,6 +28,7 @@ from ssl_lightning.data.checks import (
 )
 from ssl_lightning.data.datasets import SKIPPED_IMAGES, OnError, UnreadableImages
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
+from ssl_lightning.data.multichannel_device_views import ArrayImage
 from ssl_lightning.data.seeding import EpochSampler, SeededDataset
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
 from ssl_lightning.data.worker_signals import ignore_stop_signals
@@ -63,8 +64,10 @@ class SSLDataModule(pl.LightningDataModule):
         eval_batch_size: Batch size of the validation loaders; ``batch_size`` if None.
         preset: Transform preset used for the default transforms.
         device_transform: Make the training views on the accelerator, batched, from uint8
-            images (:class:`DeviceViews`, in ``on_after_batch_transfer``); the default
-            ``train_transform`` then only decodes (:class:`UInt8Image`).
+            images (:class:`DeviceViews`, in ``on_after_batch_transfer``; the default
+            ``train_transform`` then only decodes, :class:`UInt8Image`) or from float arrays of
+            any channel count (:class:`MultiChannelDeviceViews`, decoded by
+            :class:`ArrayImage`).
         batched_views_on: Where ``device_transform`` runs: ``"device"`` (after the batch is
             on the accelerator), ``"workers"`` (in the loader workers' collate step, on CPU:
             batched augmentation without accelerator time) or ``"auto"``: the workers when
@@ -125,13 +128,14 @@ class SSLDataModule(pl.LightningDataModule):
                              f"{batched_views_on!r}.")
         self.batched_views_on = batched_views_on
         if device_transform is not None and train_transform is not None and not isinstance(
-                train_transform, UInt8Image):
+                train_transform, (UInt8Image, ArrayImage)):
             raise ValueError(
                 f"train_transform={type(train_transform).__name__} makes views itself, but "
                 f"device_transform={type(device_transform).__name__} makes them from the "
-                "decoded uint8 images (train_transform UInt8Image, the default with a "
-                "device_transform). Set device_transform: null to use your train_transform, "
-                "or leave train_transform unset.")
+                "decoded images (train_transform UInt8Image, the default with a "
+                "device_transform, or ArrayImage for multi-channel arrays). Set "
+                "device_transform: null to use your train_transform, or leave train_transform "
+                "unset.")
         self.train_transform = train_transform or (
             UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)
@@ -142,6 +146,7 @@ class SSLDataModule(pl.LightningDataModule):
         self._restored_loader: dict[str, Any] | None = None
         self._restored = False
         self._train_loader: StatefulDataLoader | None = None
+        self._views_made_in_workers = False
         self.train_dataset: Dataset | None = None
         self.eval_datasets: tuple[Dataset, Dataset] | None = None
 
@@ -194,8 +199,8 @@ class SSLDataModule(pl.LightningDataModule):
         if self.device_transform is None or self.trainer is None or not self.trainer.training:
             return batch
         views, targets, *seeds = batch  # (views, targets, per-sample seeds) of SeededDataset
-        if views[0].dtype != torch.uint8:
-            return batch  # the views were made in the loader workers (BatchedViewsCollate)
+        if self._views_made_in_workers:
+            return batch  # by the loader's BatchedViewsCollate
         return self.device_transform(views[0], seeds=seeds[0] if seeds else None), targets, *seeds
 
     def state_dict(self) -> dict[str, Any]:
@@ -244,6 +249,9 @@ class SSLDataModule(pl.LightningDataModule):
                 "(written before exact resume existed): the resumed run restarts the epoch at "
                 "its beginning, with other samples and augmentations than an uninterrupted run.")
         workers = self.num_workers > 0
+        collate = (BatchedViewsCollate(self.device_transform)
+                   if self.device_transform is not None and self._views_in_workers() else None)
+        self._views_made_in_workers = collate is not None
         loader = StatefulDataLoader(
             SeededDataset(dataset, self.train_seed),
             batch_size=self.batch_size,
@@ -254,9 +262,7 @@ class SSLDataModule(pl.LightningDataModule):
             persistent_workers=self.persistent_workers and workers,
             prefetch_factor=self.prefetch_factor if workers else None,
             worker_init_fn=ignore_stop_signals,
-            collate_fn=(BatchedViewsCollate(self.device_transform)
-                        if self.device_transform is not None and self._views_in_workers()
-                        else None),
+            collate_fn=collate,
         )
         if self._restored_loader is not None:
             _restore_position(loader, sampler, self._restored_loader)
@@ -315,8 +321,8 @@ class SSLDataModule(pl.LightningDataModule):
 
 
 class BatchedViewsCollate:
-    """Collate ``([uint8 image], target, seed)`` items, then make the views batched on the CPU
-    with ``views`` (:class:`DeviceViews`; runs in the loader workers)."""
+    """Collate ``([decoded image], target, seed)`` items, then make the views batched on the
+    CPU with ``views`` (:class:`DeviceViews` or a subclass; runs in the loader workers)."""
 
     def __init__(self, views: DeviceViews) -> None:
         self.views = views

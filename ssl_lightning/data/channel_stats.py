@@ -12,7 +12,7 @@ import torch
 
 from ssl_lightning.data.arrays import load_array
 from ssl_lightning.data.datasets import check_directory
-from ssl_lightning.data.indexing import find_images
+from ssl_lightning.data.indexing import ARRAY_EXTENSIONS, find_images
 
 
 def channel_statistics(paths: Iterable[str | Path]) -> tuple[list[float], list[float], int]:
@@ -57,7 +57,7 @@ def main(args: list[str] | None = None) -> tuple[list[float], list[float], int]:
                         help="use N images drawn at random (seeded by --seed) instead of all")
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(args)
-    paths = find_images(check_directory(options.images))
+    paths = find_images(check_directory(options.images), ARRAY_EXTENSIONS)
     if options.limit is not None and options.limit < len(paths):
         order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(options.seed))
         paths = [paths[i] for i in sorted(order[:options.limit].tolist())]

@@ -191,6 +191,7 @@ class ImageFolderDataset(Dataset):
         loader: Reads a file (:func:`load_image`: RGB PIL image;
             :func:`ssl_lightning.data.arrays.load_array`: float ``(C, H, W)`` tensor of any
             channel count and bit depth); raises :class:`CorruptImageError` for a bad file.
+        extensions: The files listed (``indexing.ARRAY_EXTENSIONS`` adds ``.npy``).
 
     Raises:
         FileNotFoundError: ``root`` is missing or holds no images.
@@ -204,6 +205,7 @@ class ImageFolderDataset(Dataset):
         hint: str = "",
         unreadable: UnreadableImages | None = None,
         loader: Callable[[str], Any] | None = None,
+        extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
     ) -> None:
         self.root = check_directory(root, hint)
         self.loader = loader if loader is not None else load_image
@@ -211,13 +213,13 @@ class ImageFolderDataset(Dataset):
         self.transform = transform
         self.unreadable = unreadable if unreadable is not None else UnreadableImages()
         self._unreadable: set[int] = set()  # indices found unreadable by this process
-        self.classes, files = index_images(self.root, self.labeled)
+        self.classes, files = index_images(self.root, self.labeled, extensions=extensions)
         self.samples = [(path, index if self.labeled else UNLABELED)
                         for index, paths in enumerate(files) for path in paths]
         if not self.samples:
             layout = f"{self.root}/<class>/<image>" if self.labeled else f"{self.root}/<image>"
             raise FileNotFoundError(
-                f"No images ({', '.join(IMAGE_EXTENSIONS)}) found in {self.root}; expected the "
+                f"No images ({', '.join(extensions)}) found in {self.root}; expected the "
                 f"layout {layout}. {hint}".strip()
             )
 

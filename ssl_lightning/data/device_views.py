@@ -118,7 +118,7 @@ def resized_crop(x: Tensor, boxes: Tensor, size: int) -> Tensor:
     """Crop every sample of ``x`` (n, c, h, w) to its box ``x0, y0, x1, y1`` (integers) and
     resize it to (size, size), as torchvision's ``resized_crop(..., antialias=True)``."""
     n, c, h, w = x.shape
-    x0, y0, x1, y1 = boxes.unbind(1)
+    x0, y0, x1, y1 = boxes.to(x.dtype).unbind(1)
     rows = _resample_weights(y0, y1 - y0, h, size)
     columns = _resample_weights(x0, x1 - x0, w, size)
     y = torch.bmm(x.reshape(n, c * h, w), columns.transpose(1, 2))  # (n, c*h, size)
@@ -131,8 +131,8 @@ def _gaussian_blur(x: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
     """Separable Gaussian blur with one sigma per sample (reflect padding, as torchvision)."""
     n, c, h, w = x.shape
     half = (kernel_size - 1) / 2
-    t = torch.linspace(-half, half, kernel_size, device=x.device)
-    kernel = torch.exp(-0.5 * (t / sigma.view(-1, 1)) ** 2)
+    t = torch.linspace(-half, half, kernel_size, device=x.device, dtype=x.dtype)
+    kernel = torch.exp(-0.5 * (t / sigma.to(x.dtype).view(-1, 1)) ** 2)
     kernel = (kernel / kernel.sum(1, keepdim=True)).repeat_interleave(c, 0)  # (n*c, k)
     pad = kernel_size // 2
     y = F.pad(x.reshape(1, n * c, h, w), (pad, pad, pad, pad), mode="reflect")
@@ -260,14 +260,10 @@ class DeviceViews:
         ``seeds``: optional int64 (B,) per-sample seeds (the data modules' loaders add them);
         view ``v`` of sample ``i`` is then a pure function of ``(seeds[i], v)``.
         """
-        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"DeviceViews expects uint8 (B, 3, H, W) images, got "
-                             f"{images.dtype} {tuple(images.shape)}; with a device_transform "
-                             "the data module's train_transform must only decode: UInt8Image.")
+        x = self.prepare(images)
         if seeds is not None and (seeds.dtype != torch.int64 or seeds.shape != images.shape[:1]):
             raise ValueError(f"seeds must be int64 of shape ({images.shape[0]},), got "
                              f"{seeds.dtype} {tuple(seeds.shape)}.")
-        x = images.float().div_(255)
         views = []
         for v in range(self.num_views):
             self._keys = None if seeds is None else view_seed_tensor(seeds.to(x.device), v)
@@ -277,6 +273,14 @@ class DeviceViews:
             finally:
                 self._keys = None
         return views
+
+    def prepare(self, images: Tensor) -> Tensor:
+        """The decoded batch, checked, as floats in [0, 1]: uint8 (B, 3, H, W) / 255."""
+        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"DeviceViews expects uint8 (B, 3, H, W) images, got "
+                             f"{images.dtype} {tuple(images.shape)}; with a device_transform "
+                             "the data module's train_transform must only decode: UInt8Image.")
+        return images.float().div_(255)
 
     def crop_boxes(self, n: int, height: int, width: int, device: Any) -> Tensor:
         """(n, 4) boxes ``x0, y0, x1, y1`` drawn as torchvision's RandomResizedCrop (10 tries,

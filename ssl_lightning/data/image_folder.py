@@ -16,6 +16,8 @@ from ssl_lightning.data.datasets import (
     has_class_folders,
     load_image,
 )
+from ssl_lightning.data.indexing import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS
+from ssl_lightning.data.multichannel_device_views import ArrayImage, MultiChannelDeviceViews
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName
 
 
@@ -42,13 +44,15 @@ class ImageFolderDataModule(SSLDataModule):
         image_reader: ``"rgb"``: 8-bit RGB PIL images (the default transforms); ``"array"``:
             float ``(C, H, W)`` tensors of any channel count and bit depth in the files' units
             (TIFF, ``.npy``, 16-bit PNG; :mod:`ssl_lightning.data.arrays`), which need
-            ``train_transform: MultiChannelViews`` and ``eval_transform: MultiChannelEval`` with
-            the data's per-channel mean and std (``python -m ssl_lightning channel-stats``).
+            ``train_transform: MultiChannelViews`` (or the batched ``device_transform:
+            MultiChannelDeviceViews``, whose default ``train_transform`` is ``ArrayImage()``)
+            and ``eval_transform: MultiChannelEval`` with the data's per-channel mean and std
+            (``python -m ssl_lightning channel-stats``).
         **kwargs: Loader and transform arguments of :class:`SSLDataModule`.
 
     Raises:
-        ValueError: ``image_reader: array`` without both transforms, or with a
-            ``device_transform`` (the batched views make 8-bit RGB views).
+        ValueError: ``image_reader: array`` without its transforms, or with the RGB
+            ``DeviceViews``; ``MultiChannelDeviceViews`` without ``image_reader: array``.
     """
 
     def __init__(
@@ -60,21 +64,31 @@ class ImageFolderDataModule(SSLDataModule):
         image_reader: Literal["rgb", "array"] = "rgb",
         **kwargs: Any,
     ) -> None:
+        batched = isinstance(kwargs.get("device_transform"), MultiChannelDeviceViews)
         if image_reader == "array":
-            missing = [name for name in ("train_transform", "eval_transform")
-                       if kwargs.get(name) is None]
-            if missing or kwargs.get("device_transform") is not None:
+            if batched and kwargs.get("train_transform") is None:
+                kwargs["train_transform"] = ArrayImage()
+            problems = [f"missing: {name}" for name in ("train_transform", "eval_transform")
+                        if kwargs.get(name) is None]
+            device_transform = kwargs.get("device_transform")
+            if device_transform is not None and not batched:
+                problems.append(f"got device_transform: {type(device_transform).__name__}")
+            if problems:
                 raise ValueError(
                     "image_reader: array reads images of any channel count in their own units; "
                     "the RGB transforms do not apply to them. Set train_transform: "
-                    "MultiChannelViews and eval_transform: MultiChannelEval with the data's "
-                    "mean and std (python -m ssl_lightning channel-stats --images DIR) and "
-                    "device_transform: null" + (f" (missing: {', '.join(missing)})." if missing
-                                                 else "."))
+                    "MultiChannelViews (or device_transform: MultiChannelDeviceViews, batched) "
+                    "and eval_transform: MultiChannelEval with the data's mean and std (python "
+                    "-m ssl_lightning channel-stats --images DIR), and no RGB device_transform "
+                    f"({'; '.join(problems)}).")
         elif image_reader != "rgb":
             raise ValueError(f"image_reader must be 'rgb' or 'array', got {image_reader!r}.")
+        elif batched:
+            raise ValueError("device_transform: MultiChannelDeviceViews makes views of float "
+                             "arrays; set image_reader: array to read the images as arrays.")
         super().__init__(preset=preset, **kwargs)
         self.loader = load_array if image_reader == "array" else load_image
+        self.extensions = ARRAY_EXTENSIONS if image_reader == "array" else IMAGE_EXTENSIONS
         self.train_dir = Path(train_dir)
         self.val_dir = Path(val_dir) if val_dir is not None else None
         self.train_labeled = train_labeled
@@ -103,16 +117,17 @@ class ImageFolderDataModule(SSLDataModule):
         return True
 
     def build_train(self, transform: MultiViewTransform) -> Dataset:
-        return ImageFolderDataset(self.train_dir, labeled=self._train_is_labeled(),
-                                  transform=transform, unreadable=self.unreadable,
-                                  loader=self.loader)
+        return self._dataset(self.train_dir, self._train_is_labeled(), transform)
 
     def build_eval(self, transform: EvalTransform) -> tuple[Dataset, Dataset] | None:
         if self.val_dir is None:
             return None
-        val = ImageFolderDataset(self.val_dir, labeled=True, transform=transform,
-                                 unreadable=self.unreadable, loader=self.loader)
+        val = self._dataset(self.val_dir, True, transform)
         if self._train_is_labeled():
-            return ImageFolderDataset(self.train_dir, labeled=True, transform=transform,
-                                      unreadable=self.unreadable, loader=self.loader), val
+            return self._dataset(self.train_dir, True, transform), val
         return Subset(val, range(0, len(val), 2)), Subset(val, range(1, len(val), 2))
+
+    def _dataset(self, folder: Path, labeled: bool, transform: Any) -> ImageFolderDataset:
+        return ImageFolderDataset(folder, labeled=labeled, transform=transform,
+                                  unreadable=self.unreadable, loader=self.loader,
+                                  extensions=self.extensions)

@@ -26,14 +26,16 @@ from pathlib import Path
 from ssl_lightning.io.atomic import atomic_open
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+#: The files ``image_reader: array`` reads (:mod:`ssl_lightning.data.arrays`): also NumPy arrays.
+ARRAY_EXTENSIONS = (*IMAGE_EXTENSIONS, ".npy")
 #: Folders modified this recently (seconds) are listed but not cached.
 SETTLE_S = 2.0
 _CACHE_VERSION = 1
 
 
-def is_image_name(name: str) -> bool:
-    """True for a visible file name with an image extension."""
-    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+def is_image_name(name: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> bool:
+    """True for a visible file name with one of ``extensions`` (lower case)."""
+    return not name.startswith(".") and name.lower().endswith(extensions)
 
 
 def directory_key(path: str | Path) -> tuple[int, int]:
@@ -86,9 +88,10 @@ def _entry_key(entry: os.DirEntry) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
-def walk_images(root: str | Path) -> tuple[list[str], dict[str, int]]:
-    """The image files under ``root`` (sorted) and the folders walked with their modification
-    times (ns).
+def walk_images(root: str | Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+                ) -> tuple[list[str], dict[str, int]]:
+    """The image files (``extensions``) under ``root`` (sorted) and the folders walked with their
+    modification times (ns).
 
     Hidden entries are skipped. Symbolic links are followed, but every real folder is walked
     once (a link to a folder above or already walked is skipped, so a link loop adds nothing)
@@ -118,7 +121,7 @@ def walk_images(root: str | Path) -> tuple[list[str], dict[str, int]]:
                 if key is not None and key not in visited:
                     visited.add(key)
                     children.append(entry.path)
-            elif is_image_name(entry.name) and _is_file(entry):
+            elif is_image_name(entry.name, extensions) and _is_file(entry):
                 real = (os.path.realpath(entry.path) if entry.is_symlink()
                         else os.path.join(real_folder, entry.name))
                 by_real_path.setdefault(real, entry.path)
@@ -126,10 +129,10 @@ def walk_images(root: str | Path) -> tuple[list[str], dict[str, int]]:
     return sorted(by_real_path.values()), folders
 
 
-def find_images(root: str | Path) -> list[str]:
+def find_images(root: str | Path, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> list[str]:
     """All image files under ``root`` (recursive, hidden entries skipped), sorted; see
     :func:`walk_images`."""
-    return walk_images(root)[0]
+    return walk_images(root, extensions)[0]
 
 
 def cache_directory() -> Path | None:
@@ -141,24 +144,25 @@ def cache_directory() -> Path | None:
     return base / "image_index"
 
 
-def _walk_dataset(root: str, labeled: bool) -> tuple[list[str], list[list[str]], dict[str, int]]:
+def _walk_dataset(root: str, labeled: bool, extensions: tuple[str, ...],
+                  ) -> tuple[list[str], list[list[str]], dict[str, int]]:
     """The classes, each class's images (one list, class -1, when unlabeled) and the folders
     walked with their modification times."""
     if not labeled:
-        files, folders = walk_images(root)
+        files, folders = walk_images(root, extensions)
         return [], [files], folders
     classes = [entry.name for entry in subfolders(root)]
     folders = {root: os.stat(root).st_mtime_ns}
     per_class = []
     for name in classes:
-        files, walked = walk_images(os.path.join(root, name))
+        files, walked = walk_images(os.path.join(root, name), extensions)
         per_class.append(files)
         folders.update(walked)
     return classes, per_class, folders
 
 
-def _cache_file(root: str, labeled: bool, cache_dir: Path) -> Path:
-    key = f"{os.path.abspath(root)}\0{'labeled' if labeled else 'unlabeled'}"
+def _cache_file(root: str, labeled: bool, extensions: tuple[str, ...], cache_dir: Path) -> Path:
+    key = f"{os.path.abspath(root)}\0{'labeled' if labeled else 'unlabeled'}\0{extensions}"
     return cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
@@ -177,8 +181,9 @@ def _read_cache(path: Path, root: str) -> tuple[list[str], list[list[str]]] | No
         return None
 
 
-def index_images(root: str | Path, labeled: bool,
-                 cache_dir: Path | None = None) -> tuple[list[str], list[list[str]]]:
+def index_images(root: str | Path, labeled: bool, cache_dir: Path | None = None,
+                 extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+                 ) -> tuple[list[str], list[list[str]]]:
     """The classes and the image files of each (:func:`walk_images` order) of a dataset folder,
     from the cache while no folder under ``root`` changed.
 
@@ -187,17 +192,19 @@ def index_images(root: str | Path, labeled: bool,
         labeled: ``root/<class>/...`` (classes: the sorted sub-folders, each walked); else one
             list of every image under ``root`` and no classes.
         cache_dir: Where to keep the index; default :func:`cache_directory` (None: no cache).
+        extensions: The file names listed (:data:`IMAGE_EXTENSIONS` or
+            :data:`ARRAY_EXTENSIONS`); each set has its own cache entry.
     """
     root = os.path.abspath(root)
     cache_dir = cache_dir if cache_dir is not None else cache_directory()
     if cache_dir is None:
-        return _walk_dataset(root, labeled)[:2]
-    path = _cache_file(root, labeled, cache_dir)
+        return _walk_dataset(root, labeled, extensions)[:2]
+    path = _cache_file(root, labeled, extensions, cache_dir)
     cached = _read_cache(path, root)
     if cached is not None:
         return cached
     started = time.time_ns()
-    classes, files, folders = _walk_dataset(root, labeled)
+    classes, files, folders = _walk_dataset(root, labeled, extensions)
     settled = started - int(SETTLE_S * 1e9)
     if all(mtime < settled for mtime in folders.values()):
         prefix = len(root) + 1

@@ -102,7 +102,7 @@ class MultiChannelViews(MultiViewTransform):
         if num_views < 1 or crop_size < 1:
             raise ValueError(f"num_views and crop_size must be >= 1, got {num_views}, "
                              f"{crop_size}.")
-        kernel = max(3, crop_size // 10 * 2 + 1)
+        kernel = int(0.1 * crop_size) // 2 * 2 + 1  # odd, 10 % of the crop (as DeviceViews)
         pipeline = v2.Compose([
             v2.RandomResizedCrop(crop_size, scale=crop_scale, antialias=True),
             v2.RandomHorizontalFlip(flip_p),

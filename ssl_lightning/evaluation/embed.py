@@ -33,8 +33,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ssl_lightning.backbones.dense import dense_features, has_dense_features
-from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset, load_image
-from ssl_lightning.data.transforms import EvalTransform
+from ssl_lightning.data.arrays import load_array
+from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
+from ssl_lightning.data.indexing import ARRAY_EXTENSIONS
+from ssl_lightning.data.multichannel_views import MultiChannelEval
+from ssl_lightning.data.transforms import EvalTransform, get_preset
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_from_checkpoint
 from ssl_lightning.evaluation.embed_writers import EmbeddingWriter, check_output_suffix
 from ssl_lightning.io import atomic_open, same_file
@@ -51,7 +54,7 @@ class _Readable(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor | None, int]:
         try:
-            image = load_image(self.folder.samples[index][0])
+            image = self.folder.loader(self.folder.samples[index][0])
         except CorruptImageError:
             if self.strict:
                 raise
@@ -107,7 +110,7 @@ def embed_shard(
 
 def _shard_worker(rank: int, world: int, config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    folder = ImageFolderDataset(config["images"])
+    folder = _folder(config["images"], config["image_reader"])
     n = len(folder)
     bounds = [n * r // world for r in range(world + 1)]
     backbone = backbone_from_checkpoint(config["checkpoint"], prefix=config["prefix"])
@@ -123,9 +126,14 @@ def embed_folder(
     checkpoint: str, images: str, output: str, *, batch_size: int = 256, num_workers: int = 0,
     devices: int = 1, preset: str = "cifar", crop_size: int | None = None,
     prefix: str = DEFAULT_PREFIX, on_error: str = "skip", chunk_rows: int = 65536,
-    patch_features: bool = False,
+    patch_features: bool = False, image_reader: str = "rgb", mean: list[float] | None = None,
+    std: list[float] | None = None,
 ) -> dict[str, Any]:
     """Embed every image under ``images`` into ``output``; see the module docstring.
+
+    ``image_reader="array"`` reads images of any channel count in their units
+    (:mod:`ssl_lightning.data.arrays`, ``.npy`` included), normalised by the per-channel
+    ``mean`` and ``std`` of the pre-training data (:class:`MultiChannelEval`).
 
     Returns:
         ``{"rows", "dim", "shape", "skipped": [paths], "output"}``: ``shape`` is a row's,
@@ -140,23 +148,47 @@ def embed_folder(
         raise ValueError(f"devices ({devices}) and batch_size ({batch_size}) must be >= 1.")
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}.")
-    folder = ImageFolderDataset(images)  # FileNotFoundError for a missing / image-less folder
+    transform = _transform(image_reader, preset, crop_size, mean, std)
+    folder = _folder(images, image_reader)  # FileNotFoundError: a missing / image-less folder
     backbone = backbone_from_checkpoint(checkpoint, prefix=prefix)  # fail fast on a bad one
     if patch_features and not has_dense_features(backbone):
         raise ValueError(
             f"--patch-features needs a backbone with dense features; the checkpoint's "
             f"{type(backbone).__name__} has none (see ssl_lightning.backbones.dense).")
-    transform = EvalTransform(preset, crop_size=crop_size,  # type: ignore[arg-type]
-                              resize_size=crop_size)
     with tempfile.TemporaryDirectory(prefix="ssl_embed_") as tmp:
         config = dict(images=images, checkpoint=checkpoint, prefix=prefix, tmp=tmp,
                       transform=transform, batch_size=batch_size, num_workers=num_workers,
-                      strict=on_error == "raise", patch_features=patch_features)
+                      strict=on_error == "raise", patch_features=patch_features,
+                      image_reader=image_reader)
         if devices == 1:
             _shard_worker(0, 1, config)
         else:
             torch.multiprocessing.spawn(_shard_worker, args=(devices, config), nprocs=devices)
         return _write_output(folder, Path(tmp), devices, output, chunk_rows)
+
+
+def _transform(image_reader: str, preset: str, crop_size: int | None,
+               mean: list[float] | None, std: list[float] | None) -> Any:
+    """The evaluation transform of ``image_reader`` (checked before anything is read)."""
+    if image_reader == "rgb":
+        if mean is not None or std is not None:
+            raise ValueError("--mean/--std normalise multi-channel arrays: add --image-reader "
+                             "array, or drop them (RGB images use the preset's statistics).")
+        return EvalTransform(preset, crop_size=crop_size,  # type: ignore[arg-type]
+                             resize_size=crop_size)
+    if image_reader != "array":
+        raise ValueError(f"image_reader must be 'rgb' or 'array', got {image_reader!r}.")
+    if mean is None or std is None:
+        raise ValueError("--image-reader array needs the pre-training data's per-channel --mean "
+                         "and --std (python -m ssl_lightning channel-stats --images DIR).")
+    crop = crop_size or get_preset(preset).crop_size
+    return MultiChannelEval(mean, std, crop_size=crop)
+
+
+def _folder(images: str, image_reader: str) -> ImageFolderDataset:
+    if image_reader == "array":
+        return ImageFolderDataset(images, loader=load_array, extensions=ARRAY_EXTENSIONS)
+    return ImageFolderDataset(images)
 
 
 def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str,
@@ -200,6 +232,13 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
     parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
                         help="unreadable images: skip and list them, or stop")
+    parser.add_argument("--image-reader", choices=["rgb", "array"], default="rgb",
+                        help="array: images of any channel count and bit depth (TIFF, .npy, "
+                             "16-bit PNG), normalised by --mean and --std")
+    parser.add_argument("--mean", type=float, nargs="+", default=None,
+                        help="per-channel mean of the pre-training data (--image-reader array)")
+    parser.add_argument("--std", type=float, nargs="+", default=None,
+                        help="per-channel std of the pre-training data (--image-reader array)")
     parser.add_argument("--patch-features", action="store_true",
                         help="write each image's (h, w, C) feature map instead of its pooled "
                              "feature")
@@ -209,7 +248,8 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
             ns.checkpoint, ns.images, ns.output, batch_size=ns.batch_size,
             num_workers=ns.num_workers, devices=ns.devices, preset=ns.preset,
             crop_size=ns.crop_size, prefix=ns.prefix, on_error=ns.on_error,
-            patch_features=ns.patch_features)
+            patch_features=ns.patch_features, image_reader=ns.image_reader, mean=ns.mean,
+            std=ns.std)
     except (ValueError, OSError, CorruptImageError, ImportError) as err:
         parser.exit(2, f"embed: error: {err}\n")
     size = "x".join(map(str, result["shape"]))
