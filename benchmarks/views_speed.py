@@ -9,7 +9,7 @@
   on the GPU in ``on_after_batch_transfer``, or in the loader workers' collate on CPU).
 - ``seeded``: the same pipelines as the data modules run them for exact resume:
   per image through :class:`SeededDataset` (the global RNG seeded per sample and per view, and
-  restored); batched through ``SeededDataset(with_seed=True)`` and the loader's
+  restored); batched through ``SeededDataset`` (which adds each sample's seed) and the loader's
   :class:`BatchedViewsCollate` (counter-based draws from per-sample seeds), i.e. exactly what a
   CPU loader worker runs with ``device_transform: DeviceViews``. The ratio seeded / unseeded is
   the cost of making augmentations a pure function of (seed, epoch, index, view).
@@ -54,24 +54,27 @@ def per_image(transform: Callable) -> Callable[[list[str]], int]:
     return run
 
 
-class _Images:
+class Images:
     """Decoded, transformed images by index (what an image-folder dataset does)."""
 
-    def __init__(self, paths: list[str], transform: Callable) -> None:
-        self.paths, self.transform = paths, transform
+    def __init__(self, paths: list[str], transform: Callable,
+                 loader: Callable[[str], object] = load_image) -> None:
+        self.paths, self.transform, self.loader = paths, transform, loader
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[list[torch.Tensor], int]:
-        return self.transform(load_image(self.paths[index])), 0
+        return self.transform(self.loader(self.paths[index])), 0
 
 
-def per_image_seeded(transform: Callable) -> Callable[[list[str]], int]:
+def per_image_seeded(transform: Callable, loader: Callable[[str], object] = load_image,
+                     ) -> Callable[[list[str]], int]:
+    """The per-image loader path: ``loader`` then ``transform``, seeded per sample."""
     def run(paths: list[str]) -> int:
-        data = SeededDataset(_Images(paths, transform), seed=0)
+        data = SeededDataset(Images(paths, transform, loader), seed=0)
         for index in range(len(paths)):
-            views, _ = data[(0, index)]
+            views, _, _ = data[(0, index)]
             assert len(views) == 2
         return len(paths)
     return run
@@ -90,14 +93,17 @@ def batched(batch: int) -> Callable[[list[str]], int]:
     return run
 
 
-def batched_seeded(batch: int) -> Callable[[list[str]], int]:
-    collate = BatchedViewsCollate(DeviceViews("cifar"))
+def batched_seeded(batch: int, views: DeviceViews | None = None, decode: Callable | None = None,
+                   loader: Callable[[str], object] = load_image) -> Callable[[list[str]], int]:
+    """The batched loader path: ``loader`` and ``decode`` per image, then ``views`` (default
+    ``DeviceViews("cifar")``) in the loader's collate, seeded per sample."""
+    collate = BatchedViewsCollate(views or DeviceViews("cifar"))
 
     def run(paths: list[str]) -> int:
-        data = SeededDataset(_Images(paths, UInt8Image()), seed=0, with_seed=True)
+        data = SeededDataset(Images(paths, decode or UInt8Image(), loader), seed=0)
         for start in range(0, len(paths), batch):
             items = [data[(0, i)] for i in range(start, min(start + batch, len(paths)))]
-            out, _ = collate(items)
+            out, _, _ = collate(items)
             assert len(out) == 2 and out[0].shape[0] == len(items)
         return len(paths)
     return run
