@@ -1,49 +1,24 @@
 """Run a function in N CPU processes joined by a gloo process group (loss-level DDP tests).
 
-``run_in_processes(fn, world_size, *args)`` spawns ``world_size`` processes, each calling
-``fn(rank, world_size, *args)`` with the default process group initialised, and returns the list
-of their (picklable) return values ordered by rank. ``fn`` must be a module-level function.
+``run_in_processes(fn, world_size, *args)`` runs ``fn(rank, world_size, *args)`` on each of
+``world_size`` processes with the default process group initialised, and returns the list of
+their (picklable) return values ordered by rank. ``fn`` must be a module-level function. The
+processes are the session's :mod:`process_pool` (started once, each job from a fresh state).
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        result = fn(rank, world_size, *args)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+from process_pool import pool
 
 
 def run_in_processes(fn: Callable[..., Any], world_size: int = 2, *args: Any) -> list[Any]:
-    """Spawn ``world_size`` gloo processes running ``fn(rank, world_size, *args)``."""
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_worker, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size)
-        return [
-            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
-            for r in range(world_size)
-        ]
+    """``fn(rank, world_size, *args)`` on ``world_size`` gloo processes, results by rank."""
+    return pool(world_size).run(fn, args)
 
 
 def average_gradients_like_ddp(module: torch.nn.Module) -> None:
