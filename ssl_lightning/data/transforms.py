@@ -298,6 +298,8 @@ class SimCLRViews(MultiViewTransform):
         solarize_p: Probability of solarisation.
         mean: Normalisation mean; preset default if None.
         std: Normalisation standard deviation; preset default if None.
+        jitter: Explicit (brightness, contrast, saturation, hue) of the colour jitter instead of
+            the ``jitter_strength`` rule (BYOL / ReSSL: (0.4, 0.4, 0.2, 0.1)).
         weak_views: Weak views (:func:`weak_augmentation`) appended after the ``num_views``
             views (ReSSL's teacher view: ``num_views=1, weak_views=1``).
         weak_crop_scale: Area range of the weak views' crop (ReSSL: (0.2, 1)).
@@ -316,6 +318,7 @@ class SimCLRViews(MultiViewTransform):
         solarize_p: float = 0.0,
         mean: Triple | None = None,
         std: Triple | None = None,
+        jitter: tuple[float, float, float, float] | None = None,
         weak_views: int = 0,
         weak_crop_scale: tuple[float, float] = (0.2, 1.0),
     ) -> None:
@@ -334,6 +337,7 @@ class SimCLRViews(MultiViewTransform):
             grayscale_p=grayscale_p,
             blur_p=blur_p if blur_p is not None else p.blur_p,
             solarize_p=solarize_p,
+            jitter=jitter,
             resize=crop if p.resize_first else None,
         )
         weak = weak_augmentation(crop, mean, std, weak_crop_scale,
