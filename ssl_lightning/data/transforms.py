@@ -196,35 +196,14 @@ def simclr_augmentation(
     return v2.Compose([*steps, ToNormalizedTensor(mean, std)])
 
 
-def weak_augmentation(
-    crop_size: int,
-    mean: Sequence[float],
-    std: Sequence[float],
-    crop_scale: tuple[float, float] = (0.2, 1.0),
-    flip_p: float = 0.5,
-    resize: int | None = None,
-) -> v2.Compose:
-    """ReSSL's weak view (Zheng et al. 2021, §3.3): random resized crop (scale (0.2, 1) in the
-    paper), horizontal flip, normalisation; no colour jitter, grayscale, blur or solarisation.
-
-    Args:
-        crop_size: Output side of the crop.
-        mean: Normalisation mean per channel.
-        std: Normalisation standard deviation per channel.
-        crop_scale: Range of the crop area as a fraction of the image area.
-        flip_p: Probability of a horizontal flip.
-        resize: First resize every image to a square of this side (:func:`square_resize`).
-    """
-    _check_positive("crop_size", crop_size)
-    if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
-        raise ValueError(f"weak crop_scale must satisfy 0 < min <= max <= 1, got {crop_scale}.")
-    _check_probability("flip_p", flip_p)
-    return v2.Compose([
-        *square_resize(resize),
-        v2.RandomResizedCrop(crop_size, scale=crop_scale, antialias=True),
-        v2.RandomHorizontalFlip(p=flip_p),
-        ToNormalizedTensor(mean, std),
-    ])
+def weak_augmentation(crop_size: int, mean: Sequence[float], std: Sequence[float],
+                      crop_scale: tuple[float, float] = (0.2, 1.0),
+                      resize: int | None = None) -> v2.Compose:
+    """ReSSL's weak view (Zheng et al. 2021, §3.3): :func:`simclr_augmentation` with only the
+    random resized crop (scale (0.2, 1) in the paper) and the horizontal flip left on; no colour
+    jitter, grayscale, blur or solarisation."""
+    return simclr_augmentation(crop_size, mean, std, crop_scale, jitter_p=0.0, grayscale_p=0.0,
+                               resize=resize)
 
 
 def check_weak_views(weak_views: int) -> int:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.distributed import all_reduce_sum_with_grad
-from ssl_lightning.heads import NeighbourTransformer, PredictionHead, ProjectionHead
+from ssl_lightning.heads import NeighbourTransformer, PredictionHead
 from ssl_lightning.losses import All4OneLoss
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.training.ema import Schedule, momentum_teacher
@@ -95,10 +95,9 @@ class All4One(MomentumMethod):
                              f"{neighbours}.")
         super().__init__(backbone, momentum_base=momentum_base,
                          momentum_schedule=momentum_schedule, **kwargs)
-        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
-            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=head_batch_norm, last_batch_norm=head_batch_norm,
-        ), self.feature_dim, projection_dim, "projection_dim")
+        self.projector = self.build_mlp_projector(projector, projection_hidden_dim, projection_dim,
+                                                  projection_layers, head_batch_norm,
+                                                  last_batch_norm=head_batch_norm)
         self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
             projection_dim, predictor_hidden_dim, projection_dim, batch_norm=head_batch_norm,
         ), projection_dim, projection_dim, "projection_dim")
