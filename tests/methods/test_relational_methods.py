@@ -78,3 +78,21 @@ def test_ressl_refuses_other_weak_views_before_training(expected: int, transform
 def test_bad_settings_fail_in_init(make, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make(SmallConvNet((4, 8), norm="group"))
+
+
+def test_support_set_top_k_is_ordered_and_checked() -> None:
+    from ssl_lightning.training.support_set import NearestNeighbourSupport
+
+    support = NearestNeighbourSupport(6, 3)
+    support.add(torch.eye(3).repeat(2, 1) * torch.tensor([[1.0], [1.0], [1.0], [2.0], [3.0],
+                                                          [4.0]]))
+    query = torch.tensor([[1.0, 0.2, 0.1]])
+    top = support.top_k(query, 3)
+    scores = torch.nn.functional.normalize(top[0], dim=1) @ torch.nn.functional.normalize(
+        query[0], dim=0)
+    assert torch.all(scores[:-1] >= scores[1:]) and torch.equal(top[:, 0],
+                                                                 support.nearest(query))
+    with pytest.raises(ValueError, match="k must be in"):
+        support.top_k(query, 7)
+    with pytest.raises(ValueError, match="queue_size"):
+        NearestNeighbourSupport(0, 3)
