@@ -1,7 +1,8 @@
 """kNN top-1 on the CIFAR-10 test split: random-init backbone vs a short pre-training.
 
 ``--method`` picks SimCLR (default), SimCLR with an NT-Xent memory bank, NNCLR, DCL, DCLW,
-SupCon, MoCo v2+, FastSiam (4 views), NNSiam, NNBYOL or DirectCLR, each with the same backbone,
+SupCon, MoCo v2+, FastSiam (4 views), NNSiam, NNBYOL, DirectCLR, ReSSL (a strong and a weak
+view) or All4One, each with the same backbone,
 projection size, optimiser and schedule (the methods without a temperature ignore
 ``--temperature``); MSN and PMSN mask patch tokens, so they run a small ViT with their own
 optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view.
@@ -38,11 +39,13 @@ from ssl_lightning.methods import (
     NNCLR,
     PMSN,
     WMSE,
+    All4One,
     DirectCLR,
     FastSiam,
     LeJEPA,
     MoCoV2Plus,
     NNSiam,
+    ReSSL,
     SimCLR,
     SSLMethod,
     SupCon,
@@ -121,11 +124,17 @@ METHODS = {
                                           if k != "projection_hidden_dim"}),
     "msn": lambda b, q, c: MSN(b, **_msn(c)),
     "pmsn": lambda b, q, c: PMSN(b, **_msn(c)),
+    "ressl": lambda b, q, c: ReSSL(b, projection_dim=128, queue_size=q, **_no_temperature(c)),
+    "all4one": lambda b, q, c: All4One(b, projection_dim=128, predictor_hidden_dim=512,
+                                       queue_size=q, **c),
 }
 #: Methods that mask patch tokens: a small ViT (patch 4, width 64, 4 blocks) instead.
 VIT_METHODS = {"msn", "pmsn"}
 #: Views per image of a method when it is not 2.
-VIEWS = {"fastsiam": 4, "mmcr": 4, "msn": 3, "pmsn": 3}  # MSN: target, anchor, 1 focal
+VIEWS = {"fastsiam": 4, "mmcr": 4, "msn": 3, "pmsn": 3,  # MSN: target, anchor, 1 focal
+         "ressl": 1}  # and a weak view (WEAK_VIEWS)
+#: Weak views (crop + flip) appended after the others: ReSSL's teacher view.
+WEAK_VIEWS = {"ressl": 1}
 
 
 def _no_temperature(common: dict) -> dict:
@@ -141,7 +150,8 @@ def main() -> None:
         persistent_workers=args.workers > 0, knn_train_subset=args.knn_bank, eval_batch_size=512,
         # Views made batch-wise from uint8 images: on CPU much cheaper than per-image PIL ops.
         train_transform=UInt8Image(),
-        device_transform=DeviceViews(preset="cifar", num_views=VIEWS.get(args.method, 2)),
+        device_transform=DeviceViews(preset="cifar", num_views=VIEWS.get(args.method, 2),
+                                     weak_views=WEAK_VIEWS.get(args.method, 0)),
     )
     model = _method(args.method, args)
     out_dir = os.path.dirname(os.path.abspath(args.out))

@@ -6,7 +6,8 @@ the number of negatives from the batch size. The queue and its pointer are persi
 so they travel with the method's checkpoint and resume exactly.
 
 Under DDP the caller enqueues the keys gathered from every rank (rank-major order) so that all
-ranks hold the same queue. The same queue is NNCLR's support set (:meth:`FeatureQueue.nearest`)
+ranks hold the same queue. The same queue is NNCLR's support set (:meth:`FeatureQueue.nearest`,
+All4One's :meth:`FeatureQueue.top_k`)
 and NT-Xent's memory bank.
 """
 
@@ -52,17 +53,27 @@ class FeatureQueue(nn.Module):
         return self.queue.clone()
 
     @torch.no_grad()
-    def nearest(self, query: Tensor) -> Tensor:
-        """For each row of ``query`` (N, D), a copy of the stored embedding with the highest cosine
-        similarity (the nearest neighbour on the unit sphere; NNCLR's ``NN(z, Q)``), (N, D)."""
+    def top_k(self, query: Tensor, k: int) -> Tensor:
+        """For each row of ``query`` (N, D), copies of the ``k`` stored embeddings with the
+        highest cosine similarity, most similar first, (N, k, D) (All4One's neighbour sets)."""
         if query.dim() != 2 or query.shape[1:] != self.queue.shape[1:]:
             raise ValueError(f"Queries of shape {tuple(query.shape)} do not fit a queue of "
                              f"{tuple(self.queue.shape)}.")
+        if not 1 <= k <= self.size:
+            raise ValueError(f"k must be in [1, {self.size}] (the queue size), got {k}.")
         dtype = torch.promote_types(query.dtype, self.queue.dtype)  # not bf16 under autocast
         with torch.autocast(device_type=query.device.type, enabled=False):
             stored = F.normalize(self.queue.to(dtype), dim=1)
-            index = (F.normalize(query.to(dtype), dim=1) @ stored.T).argmax(dim=1)
+            similarity = F.normalize(query.to(dtype), dim=1) @ stored.T
+            index = similarity.argmax(dim=1, keepdim=True) if k == 1 else similarity.topk(
+                k, dim=1).indices
         return self.queue[index].clone()
+
+    @torch.no_grad()
+    def nearest(self, query: Tensor) -> Tensor:
+        """For each row of ``query`` (N, D), a copy of the stored embedding with the highest cosine
+        similarity (the nearest neighbour on the unit sphere; NNCLR's ``NN(z, Q)``), (N, D)."""
+        return self.top_k(query, 1)[:, 0]
 
     @torch.no_grad()
     def enqueue(self, keys: Tensor) -> None:

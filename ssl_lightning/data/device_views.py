@@ -12,6 +12,10 @@ Appendix A) with the parameter ranges of ``torchvision.transforms``, drawn with 
 distributions as :class:`~ssl_lightning.data.SimCLRViews` (tests/data/test_views_distribution.py,
 docs/batched_views.md).
 
+With ``weak_views`` the batch also gets ReSSL's weak views (Zheng et al. 2021, §3.3: random
+resized crop of scale (0.2, 1) and a flip, nothing photometric; the per-image
+:func:`~ssl_lightning.data.transforms.weak_augmentation`), after the ``num_views`` views.
+
 Enable it with ``SSLDataModule(device_transform=DeviceViews(...))``: the module's
 ``on_after_batch_transfer`` hook turns the uint8 training batch into views. It also runs on the
 CPU, where one batched call is much cheaper than per-image transforms.
@@ -29,7 +33,12 @@ from PIL import Image
 from torch import Tensor
 
 from ssl_lightning.data.seeding import counter_uniform, view_seed_tensor
-from ssl_lightning.data.transforms import MultiViewTransform, Triple, get_preset
+from ssl_lightning.data.transforms import (
+    MultiViewTransform,
+    Triple,
+    check_weak_views,
+    get_preset,
+)
 from ssl_lightning.distributed import rank
 
 _GRAY = (0.2989, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
@@ -186,6 +195,8 @@ class DeviceViews:
         solarize_p: Probability of solarisation (values >= 128/255 inverted).
         mean: Normalisation mean; preset default if None.
         std: Normalisation standard deviation; preset default if None.
+        weak_views: Weak views appended after the ``num_views`` views (ReSSL's teacher view).
+        weak_crop_scale: Area range of the weak views' crop (ReSSL: (0.2, 1)).
     """
 
     def __init__(
@@ -203,6 +214,8 @@ class DeviceViews:
         solarize_p: float = 0.0,
         mean: Triple | None = None,
         std: Triple | None = None,
+        weak_views: int = 0,
+        weak_crop_scale: tuple[float, float] = (0.2, 1.0),
     ) -> None:
         p = get_preset(preset)
         self.crop_size = crop_size if crop_size is not None else p.crop_size
@@ -232,6 +245,11 @@ class DeviceViews:
         self._generator: torch.Generator | None = None
         self._keys: Tensor | None = None  # per-sample streams of the view being made
         self._counter = 0
+        self.weak_views = check_weak_views(weak_views)
+        self._weak = None if weak_views == 0 else DeviceViews(
+            preset, weak_views, self.crop_size, weak_crop_scale, crop_ratio, flip_p,
+            jitter_strength=0.0, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0, mean=self.mean,
+            std=self.std)
 
     def _uniform(self, shape: tuple[int, ...], low: float = 0.0, high: float = 1.0, *,
                  device: Any, rows: Tensor | None = None) -> Tensor:
@@ -255,7 +273,8 @@ class DeviceViews:
         return torch.empty(shape, device=device).uniform_(low, high, generator=self._generator)
 
     def __call__(self, images: Tensor, seeds: Tensor | None = None) -> list[Tensor]:
-        """``images``: uint8 (B, 3, H, W) -> ``num_views`` float (B, 3, crop, crop) tensors.
+        """``images``: uint8 (B, 3, H, W) -> ``num_views`` (+ ``weak_views``) float (B, 3, crop,
+        crop) tensors.
 
         ``seeds``: optional int64 (B,) per-sample seeds (the data modules' loaders add them);
         view ``v`` of sample ``i`` is then a pure function of ``(seeds[i], v)``.
@@ -265,13 +284,14 @@ class DeviceViews:
             raise ValueError(f"seeds must be int64 of shape ({images.shape[0]},), got "
                              f"{seeds.dtype} {tuple(seeds.shape)}.")
         views = []
-        for v in range(self.num_views):
-            self._keys = None if seeds is None else view_seed_tensor(seeds.to(x.device), v)
-            self._counter = 0
+        for v in range(self.num_views + self.weak_views):
+            maker = self if v < self.num_views or self._weak is None else self._weak
+            maker._keys = None if seeds is None else view_seed_tensor(seeds.to(x.device), v)
+            maker._counter = 0
             try:
-                views.append(self.view(x))
+                views.append(maker.view(x))
             finally:
-                self._keys = None
+                maker._keys = None
         return views
 
     def prepare(self, images: Tensor) -> Tensor:

@@ -11,8 +11,9 @@ with p=0.8, grayscale 0.2; blur with p=1.0 on the first global crop, 0.1 on the 
 solarisation 0.2), 0.5 on the local crops. The CIFAR presets keep the scales and use 32 px /
 16 px crops without blur (a 3-pixel blur kernel on a 16 px image removes most of the content).
 
-Views come out ordered ``[global_1, global_2, local_1, ..., local_V]``: the methods rely on the
-global crops being first.
+Views come out ordered ``[global_1, global_2, local_1, ..., local_V]`` (then ``weak_views``
+global-size weak views, :func:`~ssl_lightning.data.transforms.weak_augmentation`): the methods
+rely on the global crops being first.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from typing import Literal
 from ssl_lightning.data.transforms import (
     MultiViewTransform,
     Triple,
+    check_weak_views,
     get_preset,
     simclr_augmentation,
+    weak_augmentation,
 )
 
 Recipe = Literal["dino", "swav"]
@@ -74,6 +77,8 @@ class MultiCropViews(MultiViewTransform):
             None.
         mean: Normalisation mean; dataset default if None.
         std: Normalisation standard deviation; dataset default if None.
+        weak_views: Weak global-size views appended after the local crops (ReSSL's teacher view).
+        weak_crop_scale: Area range of the weak views' crop (ReSSL: (0.2, 1)).
     """
 
     def __init__(
@@ -89,6 +94,8 @@ class MultiCropViews(MultiViewTransform):
         interpolation: Interpolation | None = None,
         mean: Triple | None = None,
         std: Triple | None = None,
+        weak_views: int = 0,
+        weak_crop_scale: tuple[float, float] = (0.2, 1.0),
     ) -> None:
         if recipe not in RECIPES:
             raise ValueError(
@@ -116,6 +123,10 @@ class MultiCropViews(MultiViewTransform):
         g_scale = global_scale if global_scale is not None else r.global_scale
         l_scale = local_scale if local_scale is not None else r.local_scale
         local = crop(l_size, l_scale, 2)
-        super().__init__([crop(g_size, g_scale, 0), crop(g_size, g_scale, 1)] + [local] * n_local)
+        weak = weak_augmentation(g_size, mean if mean is not None else stats.mean,
+                                 std if std is not None else stats.std, weak_crop_scale)
+        super().__init__([crop(g_size, g_scale, 0), crop(g_size, g_scale, 1)] + [local] * n_local
+                         + [weak] * check_weak_views(weak_views))
+        self.weak_views = weak_views
         self.num_global_crops = 2
         self.num_local_crops = n_local

@@ -11,6 +11,10 @@
   first resized to 32 px squares) and ``"imagenet"`` (224 px, s=1.0, blur p=0.5; crops of the
   image as it is) presets. :func:`simclr_augmentation` builds one such pipeline and is
   meant to be reused by other view recipes.
+- :func:`weak_augmentation`: the weak view of ReSSL (Zheng et al., "ReSSL: Relational
+  Self-Supervised Learning with Weak Augmentation", NeurIPS 2021, §3.3): a random resized crop
+  of scale (0.2, 1) and a horizontal flip, nothing photometric. The view recipes append
+  ``weak_views`` of them after their other views, for a method whose teacher sees a weak view.
 - :class:`EvalTransform`: single deterministic view for kNN / probe evaluation.
 - :class:`LinearEvalTransform`: the supervised training augmentation for linear evaluation
   (random crop + flip), as a one-view :class:`MultiViewTransform`.
@@ -192,6 +196,24 @@ def simclr_augmentation(
     return v2.Compose([*steps, ToNormalizedTensor(mean, std)])
 
 
+def weak_augmentation(crop_size: int, mean: Sequence[float], std: Sequence[float],
+                      crop_scale: tuple[float, float] = (0.2, 1.0),
+                      resize: int | None = None) -> v2.Compose:
+    """ReSSL's weak view (Zheng et al. 2021, §3.3): :func:`simclr_augmentation` with only the
+    random resized crop (scale (0.2, 1) in the paper) and the horizontal flip left on; no colour
+    jitter, grayscale, blur or solarisation."""
+    return simclr_augmentation(crop_size, mean, std, crop_scale, jitter_p=0.0, grayscale_p=0.0,
+                               resize=resize)
+
+
+def check_weak_views(weak_views: int) -> int:
+    """``weak_views`` itself, or a ``ValueError`` when it is negative."""
+    if weak_views < 0:
+        raise ValueError(f"weak_views must be >= 0 (the number of weak views appended after the "
+                         f"other views), got {weak_views}.")
+    return weak_views
+
+
 class MultiViewTransform:
     """Base class of training transforms: one image in, a list of view tensors out.
 
@@ -208,6 +230,9 @@ class MultiViewTransform:
     Args:
         transforms: One callable per view, each mapping an image to a (C, H, W) tensor.
     """
+
+    #: How many of the views, at the end of the list, are weak (:func:`weak_augmentation`).
+    weak_views: int = 0
 
     def __init__(self, transforms: Sequence[Callable[..., Any]]) -> None:
         if len(transforms) == 0:
@@ -252,6 +277,11 @@ class SimCLRViews(MultiViewTransform):
         solarize_p: Probability of solarisation.
         mean: Normalisation mean; preset default if None.
         std: Normalisation standard deviation; preset default if None.
+        jitter: Explicit (brightness, contrast, saturation, hue) of the colour jitter instead of
+            the ``jitter_strength`` rule (BYOL / ReSSL: (0.4, 0.4, 0.2, 0.1)).
+        weak_views: Weak views (:func:`weak_augmentation`) appended after the ``num_views``
+            views (ReSSL's teacher view: ``num_views=1, weak_views=1``).
+        weak_crop_scale: Area range of the weak views' crop (ReSSL: (0.2, 1)).
     """
 
     def __init__(
@@ -267,23 +297,32 @@ class SimCLRViews(MultiViewTransform):
         solarize_p: float = 0.0,
         mean: Triple | None = None,
         std: Triple | None = None,
+        jitter: tuple[float, float, float, float] | None = None,
+        weak_views: int = 0,
+        weak_crop_scale: tuple[float, float] = (0.2, 1.0),
     ) -> None:
         _check_positive("num_views", num_views)
         p = get_preset(preset)
         crop = crop_size if crop_size is not None else p.crop_size
+        mean = mean if mean is not None else p.mean
+        std = std if std is not None else p.std
         pipeline = simclr_augmentation(
             crop_size=crop,
-            mean=mean if mean is not None else p.mean,
-            std=std if std is not None else p.std,
+            mean=mean,
+            std=std,
             crop_scale=crop_scale,
             jitter_strength=jitter_strength if jitter_strength is not None else p.jitter_strength,
             jitter_p=jitter_p,
             grayscale_p=grayscale_p,
             blur_p=blur_p if blur_p is not None else p.blur_p,
             solarize_p=solarize_p,
+            jitter=jitter,
             resize=crop if p.resize_first else None,
         )
-        super().__init__([pipeline] * num_views)
+        weak = weak_augmentation(crop, mean, std, weak_crop_scale,
+                                 resize=crop if p.resize_first else None)
+        super().__init__([pipeline] * num_views + [weak] * check_weak_views(weak_views))
+        self.weak_views = weak_views
 
 
 class EvalTransform:

@@ -1,6 +1,7 @@
 """Pure loss modules: embeddings in, scalar out. A loss never reads the trainer."""
 
 from ssl_lightning.losses.aim import AIMLoss
+from ssl_lightning.losses.all4one import All4OneLoss, FeatureRedundancyLoss
 from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.dcl import DCLLoss
@@ -24,6 +25,7 @@ from ssl_lightning.losses.msn import MSNLoss
 from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
 from ssl_lightning.losses.nnclr import NNCLRLoss
 from ssl_lightning.losses.nt_xent import NTXentLoss
+from ssl_lightning.losses.ressl import ReSSLLoss
 from ssl_lightning.losses.sigreg import SIGRegLoss
 from ssl_lightning.losses.simmim import SimMIMLoss
 from ssl_lightning.losses.sinkhorn import sinkhorn_knopp
@@ -40,4 +42,5 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss",
            "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
-           "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss"]
+           "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
+           "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss"]

@@ -38,16 +38,20 @@ class NNCLRLoss(nn.Module):
         chunk_size: Anchor rows per block of the chunked kernel; ``None`` for dense logits.
         gather: Gather the predictions inside the loss (autograd-aware all-gather): then
             ``forward`` takes this rank's (B, D) predictions and no ``rank_offset``.
+        detach_neighbours: The anchors carry no gradient (NNCLR: support-set entries); False
+            when they are network outputs (All4One's centroid term, Estepa et al. 2023).
     """
 
     def __init__(
-        self, temperature: float = 0.1, chunk_size: int | None = 1024, gather: bool = False
+        self, temperature: float = 0.1, chunk_size: int | None = 1024, gather: bool = False,
+        detach_neighbours: bool = True,
     ) -> None:
         super().__init__()
         check_loss_settings("NNCLRLoss", temperature, chunk_size)
         self.temperature = temperature
         self.chunk_size = chunk_size
         self.gather = gather
+        self.detach_neighbours = detach_neighbours
 
     def forward(
         self, neighbours: Tensor, predictions_all: Tensor, rank_offset: int | None = None
@@ -55,7 +59,8 @@ class NNCLRLoss(nn.Module):
         """Mean loss over the local anchors.
 
         Args:
-            neighbours: Support-set neighbours of the local view-1 projections, (B, D); detached.
+            neighbours: Support-set neighbours of the local view-1 projections, (B, D); detached
+                unless ``detach_neighbours=False``.
             predictions_all: View-2 predictions of the global batch, (W·B, D), rank-major
                 (this rank's (B, D) with ``gather=True``).
             rank_offset: Index of this rank's first sample in ``predictions_all`` (rank · B);
@@ -72,7 +77,8 @@ class NNCLRLoss(nn.Module):
         batch = neighbours.shape[0]
         with torch.autocast(device_type=neighbours.device.type, enabled=False):
             p = F.normalize(at_least_fp32(predictions_all), dim=1)
-            nn_ = F.normalize(at_least_fp32(neighbours.detach()), dim=1).to(p.dtype)
+            anchors = neighbours.detach() if self.detach_neighbours else neighbours
+            nn_ = F.normalize(at_least_fp32(anchors), dim=1).to(p.dtype)
             positive = torch.arange(batch, device=p.device) + rank_offset
             return positive_cross_entropy(
                 nn_, p, positive, self.temperature, None, self.chunk_size

@@ -1,6 +1,7 @@
 """Self-supervised methods, each a LightningModule derived from SSLMethod."""
 
 from ssl_lightning.methods.aim import AIM
+from ssl_lightning.methods.all4one import All4One
 from ssl_lightning.methods.barlow_twins import BarlowTwins
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
@@ -25,6 +26,7 @@ from ssl_lightning.methods.nnbyol import NNBYOL
 from ssl_lightning.methods.nnclr import NNCLR
 from ssl_lightning.methods.nnsiam import NNSiam
 from ssl_lightning.methods.pmsn import PMSN
+from ssl_lightning.methods.ressl import ReSSL
 from ssl_lightning.methods.simclr import SimCLR
 from ssl_lightning.methods.simmim import SimMIM
 from ssl_lightning.methods.simsiam import SimSiam
@@ -39,4 +41,5 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
-           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN"]
+           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
+           "ReSSL", "All4One"]

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.methods.byol import BYOL
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.training.support_set import NearestNeighbourSupport
 
 
 class NNBYOL(BYOL):
@@ -31,14 +30,11 @@ class NNBYOL(BYOL):
     batch_coupled_loss: ClassVar[bool] = True  # the step's neighbours come from earlier batches
 
     def __init__(self, backbone: nn.Module, queue_size: int = 65536, **kwargs: Any) -> None:
-        if queue_size < 1:
-            raise ValueError(f"queue_size (the support set) must be >= 1, got {queue_size}.")
         super().__init__(backbone, **kwargs)
-        self.support_set = FeatureQueue(queue_size, self.hparams["projection_dim"])
+        self.support_set = NearestNeighbourSupport(queue_size, self.hparams["projection_dim"])
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z1, z2 = outputs["z1"], outputs["z2"]  # momentum projections (no gradient)
-        loss = self.criterion(outputs["p1"], outputs["p2"], self.support_set.nearest(z1),
-                              self.support_set.nearest(z2))
-        self.support_set.enqueue(F.normalize(self.gather_no_grad(z1), dim=1))
+        loss = self.criterion(outputs["p1"], outputs["p2"], *self.support_set.neighbours(z1, z2))
+        self.support_set.add(self.gather_no_grad(z1))
         return loss

@@ -14,14 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import NNCLRLoss
 from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.training.support_set import NearestNeighbourSupport
 
 
 class NNCLR(SSLMethod):
@@ -75,8 +74,6 @@ class NNCLR(SSLMethod):
         predictor_hidden_dim = renamed_argument(
             self, "prediction_hidden_dim", prediction_hidden_dim, predictor_hidden_dim)
         queue_size = renamed_argument(self, "support_set_size", support_set_size, queue_size)
-        if queue_size < 1:
-            raise ValueError(f"queue_size (the support set) must be >= 1, got {queue_size}.")
         super().__init__(backbone, **kwargs)
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
@@ -85,7 +82,7 @@ class NNCLR(SSLMethod):
         self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
             projection_dim, predictor_hidden_dim, projection_dim, batch_norm=head_batch_norm,
         ), projection_dim, projection_dim, "projection_dim")
-        self.support_set = FeatureQueue(queue_size, projection_dim)
+        self.support_set = NearestNeighbourSupport(queue_size, projection_dim)
         self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
@@ -104,9 +101,8 @@ class NNCLR(SSLMethod):
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z1, z2, p1, p2 = (outputs[k] for k in ("z1", "z2", "p1", "p2"))
         offset = self.rank_offset(z1.shape[0])
-        neighbour1 = self.support_set.nearest(z1.detach())
-        neighbour2 = self.support_set.nearest(z2.detach())
+        neighbour1, neighbour2 = self.support_set.neighbours(z1, z2)
         loss = (self.criterion(neighbour1, self.gather(p2), offset)
                 + self.criterion(neighbour2, self.gather(p1), offset)) / 2
-        self.support_set.enqueue(F.normalize(self.gather(z1.detach()), dim=1))
+        self.support_set.add(self.gather(z1.detach()))
         return loss

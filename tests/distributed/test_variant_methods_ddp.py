@@ -1,11 +1,13 @@
-"""MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR and iBOT++ trained by Lightning on 2 CPU
+"""MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR, iBOT++, ReSSL and All4One trained by Lightning
+on 2 CPU
 processes (``strategy="ddp"``, gloo, float64) end with the weights, teachers, queues and pointers
 of one process trained on the concatenated rank batches, to 1e-9.
 
 One spawn (``run_in_processes``) runs every method: each worker already holds the process group,
 so Lightning's DDP strategy joins it (``LOCAL_RANK`` / ``WORLD_SIZE`` set: processes launched
-externally) and several Trainer fits share the two processes. The known-bad variant, an NNSiam
-support set filled from the rank's own projections only, must differ.
+externally) and several Trainer fits share the two processes. The known-bad variants, an NNSiam
+support set filled from the rank's own projections only and an All4One feature term on each
+rank's own batch statistics (solo-learn's), must differ.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.methods import (
     IBOT,
     NNBYOL,
+    All4One,
     DirectCLR,
     FastSiam,
     MoCoV2Plus,
     NNSiam,
+    ReSSL,
     SSLMethod,
 )
 
@@ -57,6 +61,19 @@ class _FixedMasksIBOT(IBOT):
         return (index + view + patch) % 3 == 0
 
 
+class _LocalStatisticsAll4One(All4One):
+    """Known-bad: the feature term's column norms and cross-correlation from this rank only."""
+
+    def reduce_sum(self, x: Tensor) -> Tensor:
+        return x
+
+
+def _all4one(cls: type[All4One] = All4One) -> All4One:
+    return cls(_convnet(), queue_size=16, predictor_hidden_dim=8, head_batch_norm=False,
+               neighbours=3, transformer_layers=1, transformer_heads=2, momentum_base=0.9,
+               **HEADS, **OPTIM)
+
+
 def _convnet() -> SmallConvNet:
     return SmallConvNet((4, 8), norm="group")
 
@@ -79,10 +96,17 @@ METHODS: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...]]] = {
                               momentum_base=0.9, **HEADS, **OPTIM), (8, 8)),
     "directclr": (lambda: DirectCLR(_convnet(), loss_dim=5, temperature=0.2, **OPTIM), (8, 8)),
     "ibot_plus_plus": (_ibot, (16, 16)),
+    "ressl": (lambda: ReSSL(_convnet(), queue_size=16, momentum_base=0.9, **HEADS, **OPTIM),
+              (8, 8)),
+    "all4one": (_all4one, (8, 8)),
+    "all4one_local_statistics": (lambda: _all4one(_LocalStatisticsAll4One), (8, 8)),
     "nnsiam_local_support": (lambda: _LocalSupportSetNNSiam(
         _convnet(), queue_size=16, predictor_hidden_dim=8, head_batch_norm=False, **HEADS,
         **OPTIM), (8, 8)),
 }
+
+
+KNOWN_BAD = ("nnsiam_local_support", "all4one_local_statistics")
 
 
 def _fit(name: str, batch_size: int, world: int, order: list[int] | None = None) -> dict:
@@ -122,11 +146,11 @@ def runs() -> tuple[list[dict], dict]:
     ranks = run_in_processes(_worker, 2)
     order = ddp_global_order(SAMPLES, 2, BATCH)
     single = {name: _fit(name, 2 * BATCH, 1, order) for name in METHODS
-              if not name.endswith("_local_support")}
+              if name not in KNOWN_BAD}
     return ranks, single
 
 
-@pytest.mark.parametrize("name", [n for n in METHODS if not n.endswith("_local_support")])
+@pytest.mark.parametrize("name", [n for n in METHODS if n not in KNOWN_BAD])
 def test_two_processes_equal_one_process(runs, name: str) -> None:
     ranks, single = runs
     pl.seed_everything(0, verbose=False)
@@ -144,3 +168,10 @@ def test_per_rank_support_set_is_caught(runs) -> None:
     ranks, single = runs
     problems = _differences(ranks[0]["nnsiam_local_support"]["model"], single["nnsiam"]["model"])
     assert "support_set.queue" in problems, problems
+
+
+def test_per_rank_feature_statistics_are_caught(runs) -> None:
+    ranks, single = runs
+    problems = _differences(ranks[0]["all4one_local_statistics"]["model"],
+                            single["all4one"]["model"])
+    assert any(k.startswith("projector") for k in problems), problems

@@ -87,6 +87,11 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "MSNLoss": lambda: (losses.MSNLoss(), (_randn(B, 3, D), _randn(B, D), _randn(K, D))),
     "MSNLoss(PMSN)": lambda: (losses.MSNLoss(power_law_exponent=0.25),
                               (_randn(B, 3, D), _randn(B, D), _randn(K, D))),
+    "ReSSLLoss": lambda: (losses.ReSSLLoss(), (_randn(B, D), _randn(B, D), _randn(K, D))),
+    "FeatureRedundancyLoss": lambda: (losses.FeatureRedundancyLoss(),
+                                      tuple(_randn(B, D) for _ in range(4))),
+    "All4OneLoss": lambda: (losses.All4OneLoss(chunk_size=3),
+                            tuple([_randn(B, D), _randn(B, D)] for _ in range(6))),
 }
 
 

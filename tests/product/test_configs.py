@@ -43,6 +43,11 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.projection_dim", "64",
               "--model.init_args.predictor_hidden_dim", "32"]
        for name in ("fastsiam.yaml", "nnsiam.yaml")},
+    # issue 27's ReSSL and All4One: a small backbone, heads and queue (a 98304 x 256 support
+    # set alone costs seconds per step on a CPU)
+    **{name: [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
+              "--model.init_args.projection_dim", "64", "--model.init_args.queue_size", "256"]
+       for name in ("ressl.yaml", "all4one.yaml")},
     "moco_v3_vit.yaml": ["--model.init_args.projection_hidden_dim", "64",
                          "--model.init_args.backbone.init_args.depth", "2"],
     "mae.yaml": ["--model.init_args.backbone.init_args.depth", "1",

@@ -1,4 +1,5 @@
-"""Exact resume of the queues of MoCo v2+ (one per view), NNSiam and NNBYOL (support sets). A
+"""Exact resume of the queues of MoCo v2+ (one per view), NNSiam, NNBYOL and All4One (support
+sets) and ReSSL (teacher keys). A
 2-epoch run and the same run stopped after epoch 1 and resumed from its last.ckpt end with
 identical weights, teachers, optimizer state, queue contents and pointers (Lightning Trainer,
 CPU, precomputed views; the queues wrap around in epoch 2)."""
@@ -19,7 +20,7 @@ from lightning_ddp_utils import (
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.methods import NNBYOL, MoCoV2Plus, NNSiam
+from ssl_lightning.methods import NNBYOL, All4One, MoCoV2Plus, NNSiam, ReSSL
 
 
 class _StopAfterEpoch(pl.Callback):
@@ -37,6 +38,11 @@ def _model(name: str) -> pl.LightningModule:
         return MoCoV2Plus(backbone, **common)
     if name == "nnsiam":
         return NNSiam(backbone, predictor_hidden_dim=8, **common)
+    if name == "ressl":
+        return ReSSL(backbone, **common)
+    if name == "all4one":
+        return All4One(backbone, predictor_hidden_dim=8, neighbours=3, transformer_layers=1,
+                       transformer_heads=2, **common)
     return NNBYOL(backbone, **common)
 
 
@@ -44,7 +50,7 @@ def _data() -> TensorDataModule:
     return TensorDataModule(PrecomputedViews(8), batch_size=4)
 
 
-@pytest.mark.parametrize("name", ["moco_v2_plus", "nnsiam", "nnbyol"])
+@pytest.mark.parametrize("name", ["moco_v2_plus", "nnsiam", "nnbyol", "ressl", "all4one"])
 def test_stop_and_resume_equals_uninterrupted_run(name: str, tmp_path) -> None:
     straight = fit_and_dump(_model(name), _data(), max_epochs=2)[0]
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)

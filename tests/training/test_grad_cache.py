@@ -45,6 +45,7 @@ from ssl_lightning.methods import (
     NNCLR,
     PMSN,
     WMSE,
+    All4One,
     BarlowTwins,
     DirectCLR,
     FastSiam,
@@ -53,6 +54,7 @@ from ssl_lightning.methods import (
     MoCoV2Plus,
     MoCoV3,
     NNSiam,
+    ReSSL,
     SimCLR,
     SimMIM,
     SimSiam,
@@ -155,6 +157,12 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
     "pmsn": (lambda **kw: PMSN(_backbone(), projection_hidden_dim=16, projection_dim=8,
                                num_prototypes=10, head_batch_norm=False, mask_ratio=0.0,
                                momentum_base=0.9, **kw), MULTI_CROP),
+    "ressl": (lambda **kw: ReSSL(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                                 queue_size=16, momentum_base=0.9, **kw), TWO_VIEWS),
+    "all4one": (lambda **kw: All4One(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                                     predictor_hidden_dim=8, head_batch_norm=False,
+                                     queue_size=16, neighbours=3, transformer_layers=1,
+                                     transformer_heads=2, momentum_base=0.9, **kw), TWO_VIEWS),
 }
 #: Methods whose smallest global batch exceeds the naive test's batches of 2 (W-MSE: one
 #: whitening sub-batch of 4 > D samples); they refuse such a batch before the first step.
