@@ -10,6 +10,7 @@ from ssl_lightning.data.image_folder import ImageFolderDataModule
 from ssl_lightning.data.mae_views import MAEViews
 from ssl_lightning.data.multichannel_views import MultiChannelEval, MultiChannelViews
 from ssl_lightning.data.multicrop import MultiCropViews
+from ssl_lightning.data.streaming import StreamingDataModule
 from ssl_lightning.data.transforms import (
     EvalTransform,
     LinearEvalTransform,
@@ -24,6 +25,7 @@ __all__ = [
     "CIFAR100DataModule",
     "ImageFolderDataModule",
     "ImageFolderDataset",
+    "StreamingDataModule",
     "CorruptImageError",
     "MultiViewTransform",
     "SimCLRViews",

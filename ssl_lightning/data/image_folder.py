@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
 from ssl_lightning.data.arrays import load_array
-from ssl_lightning.data.base import SSLDataModule
+from ssl_lightning.data.base import SSLDataModule, eval_splits
 from ssl_lightning.data.datasets import (
     ImageFolderDataset,
     check_directory,
@@ -112,7 +112,7 @@ class ImageFolderDataModule(SSLDataModule):
             return None
         val = ImageFolderDataset(self.val_dir, labeled=True, transform=transform,
                                  unreadable=self.unreadable, loader=self.loader)
-        if self._train_is_labeled():
-            return ImageFolderDataset(self.train_dir, labeled=True, transform=transform,
-                                      unreadable=self.unreadable, loader=self.loader), val
-        return Subset(val, range(0, len(val), 2)), Subset(val, range(1, len(val), 2))
+        train = ImageFolderDataset(self.train_dir, labeled=True, transform=transform,
+                                   unreadable=self.unreadable, loader=self.loader) \
+            if self._train_is_labeled() else None
+        return eval_splits(val, train)
