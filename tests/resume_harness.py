@@ -3,12 +3,13 @@ modules and random augmentations, in a process of its own.
 
 Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs
 ``{"method", "data_root", "workers", "epochs", "out", "ckpt_dir", "resume", "device_views",
-"views_on", "shards", "devices", "expect_error", "epoch_ckpt_dir"}`` (``device_views``: the
+"views_on", "shards", "devices", "expect_error", "epoch_ckpt_dir"}``. ``device_views``: the
 batched ``DeviceViews`` path, made ``views_on`` the device or the workers; ``shards``: a
-folder with the ``train`` and ``test`` shard folders of ``data_root``, read by ``StreamingDataModule``; ``devices``: 2 runs
-``ddp_spawn`` on 2 processes, whose dump holds rank 0's model only; ``expect_error``: the fit
-must raise a ``ValueError``, whose message is dumped as ``error``; ``epoch_ckpt_dir``: a
-checkpoint at the end of every epoch, ``epoch=N.ckpt``):
+folder with the ``train`` and ``test`` shard folders of ``data_root``, read by
+``StreamingDataModule``; ``devices``: 2 runs ``ddp_spawn`` on 2 processes, whose dump holds
+rank 0's model only; ``expect_error``: the fit must raise a ``ValueError``, whose message is
+dumped as ``error``; ``epoch_ckpt_dir``: a checkpoint at the end of every epoch
+(``epoch=N.ckpt``).
 ``ckpt_dir`` writes a checkpoint after every optimizer step (``step=N.ckpt``), ``resume``
 continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
 ``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
