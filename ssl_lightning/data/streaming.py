@@ -99,8 +99,10 @@ class ShardDataset(ReplacingDataset):
         try:
             return load_image(io.BytesIO(bytes(data)))
         except CorruptImageError as err:
-            raise CorruptImageError(f"Cannot decode image {name} (from {source}): "
-                                    f"{str(err).split(': ', 1)[-1]}") from err
+            cause = type(err.__cause__ or err).__name__
+            raise CorruptImageError(
+                f"Cannot decode image {name} (from {source}: {cause}); fix or remove the "
+                "source image and rerun the shard command into a new folder.") from err
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"
