@@ -94,7 +94,7 @@ def test_corrupt_sample_follows_the_skip_policy_of_the_image_folder(tmp_path: Pa
     stream = StreamingDataModule(str(tmp_path / "shards"), **common)
     folder = ImageFolderDataModule(str(images), **common)
     with pytest.warns(UserWarning, match=r"Cannot decode image .*shards/shard-0000\d#\d \(from "
-                                         r"class_1/.*\.jpg\)"):
+                                         r"class_1/.*\.jpg: UnidentifiedImageError\)"):
         batches = [list(module.train_dataloader()) for module in (stream, folder)]
     for (views_s, y_s, seeds_s), (views_f, y_f, seeds_f) in zip(*batches, strict=True):
         assert torch.equal(y_s, y_f) and torch.equal(seeds_s, seeds_f)
