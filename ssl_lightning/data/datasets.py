@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import torch
@@ -58,8 +58,8 @@ class CorruptImageError(RuntimeError):
         super().__init__(message)
 
 
-def load_image(path: str | Path) -> Image.Image:
-    """Open ``path`` as an RGB PIL image, fully decoded.
+def load_image(path: str | Path | BinaryIO) -> Image.Image:
+    """Open ``path`` (a file, or an open binary stream) as an RGB PIL image, fully decoded.
 
     16-bit and float grayscale images (PIL modes ``I;16``, ``I``, ``F``) are scaled to 8 bit
     first (:func:`to_8bit`), since PIL's own conversion clips them to white.
