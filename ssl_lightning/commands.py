@@ -1,5 +1,5 @@
 """The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``channel-stats``,
-``consolidate``) and the top-level help text."""
+``consolidate``, ``shard``) and the top-level help text."""
 
 from __future__ import annotations
 
@@ -32,6 +32,12 @@ def _consolidate(args: list[str]) -> Any:
     return main(args)
 
 
+def _shard(args: list[str]) -> Any:
+    from ssl_lightning.data.shards import main
+
+    return main(args)
+
+
 def _list(args: list[str]) -> Any:
     from ssl_lightning.cli.listing import main
 
@@ -41,7 +47,7 @@ def _list(args: list[str]) -> Any:
 #: ``python -m ssl_lightning <name> ...`` commands that are not LightningCLI subcommands.
 EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
     "embed": _embed, "export": _export, "list": _list, "channel-stats": _channel_stats,
-    "consolidate": _consolidate,
+    "consolidate": _consolidate, "shard": _shard,
 }
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # shipped with the package
@@ -72,5 +78,6 @@ def project_description() -> str:
         "simclr`), embed (`embed --help`), export (`export --help`), "
         "list (`list methods|backbones|configs [--filter TEXT]`), channel-stats "
         "(`channel-stats --images DIR`: per-channel mean/std of multi-channel images), "
-        "consolidate (`consolidate SHARDED_DIR OUTPUT`: one file from a sharded checkpoint).",
+        "consolidate (`consolidate SHARDED_DIR OUTPUT`: one file from a sharded checkpoint), shard "
+        "(`shard --images DIR --output DIR`: litdata shards for StreamingDataModule).",
     ])

@@ -67,6 +67,12 @@ CHECKPOINT_FROM: dict[str, str] = {"linear.yaml": "simclr.yaml", "knn.yaml": "si
 #: The model argument that receives the ``CHECKPOINT_FROM`` checkpoint (default ``checkpoint``).
 CHECKPOINT_ARGUMENTS: dict[str, str] = {"distillation.yaml": "teacher_checkpoint"}
 
+#: The config also run on litdata shards of the tiny image folder (``spec["shards"]``), composed
+#: with ``configs/shared/streaming.yaml``, under the name :data:`STREAMING_RUN`.
+STREAMING_CONFIG = "simclr.yaml"
+STREAMING_RUN = "simclr.yaml+shards"
+STREAMING_PIECE = ROOT / "configs" / "shared" / "streaming.yaml"
+
 SMALL_CONVNET = '{"class_path": "ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'
 STEPS_PER_EPOCH = 2
 EPOCHS = 2
@@ -88,8 +94,10 @@ class MatrixProbe(pl.Callback):
             trainer.should_stop = True
 
 
-def shrink_args(config: Path, data_root: Path, world_size: int) -> list[str]:
-    """CLI arguments that shrink ``config`` to a seconds-long CPU run (1 or 2 processes)."""
+def shrink_args(config: Path, data_root: Path, world_size: int,
+                shards: Path | None = None) -> list[str]:
+    """CLI arguments that shrink ``config`` to a seconds-long CPU run (1 or 2 processes), on
+    ``data_root`` or on its ``shards`` (``shards/train``, ``shards/test``)."""
     declared = yaml.safe_load(config.read_text())
     model = declared["model"].get("init_args") or {}
     args: list[str] = []
@@ -104,8 +112,10 @@ def shrink_args(config: Path, data_root: Path, world_size: int) -> list[str]:
             small = 32 if key.endswith("hidden_dim") else 64
             if value > small:
                 args += [f"--model.init_args.{key}", str(small)]
-    args += ["--data.init_args.root", str(data_root), "--data.init_args.batch_size", "4",
-             "--data.init_args.num_workers", "0"]
+    args += (["--data.init_args.root", str(data_root)] if shards is None else
+             ["--data.init_args.train_shards", str(shards / "train"),
+              "--data.init_args.val_shards", str(shards / "test")])
+    args += ["--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0"]
     args += ["--trainer.accelerator", "cpu", "--trainer.devices", str(world_size),
              "--trainer.precision", "32-true", "--trainer.max_epochs", str(EPOCHS),
              "--trainer.limit_train_batches", str(STEPS_PER_EPOCH),
@@ -131,8 +141,10 @@ def _last_checkpoint(workdir: Path) -> str:
 
 
 def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
-               checkpoints: dict[str, str], extra: list[str] | None = None) -> dict[str, Any]:
-    """Run one config (and its resume leg); returns what the test checks."""
+               checkpoints: dict[str, str], extra: list[str] | None = None,
+               shards: Path | None = None) -> dict[str, Any]:
+    """Run one config (and its resume leg), on ``shards`` with ``configs/shared/streaming.yaml``
+    if given; returns what the test checks."""
     import torch
 
     from ssl_lightning.cli import main
@@ -140,7 +152,9 @@ def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)
     subcommand = SUBCOMMANDS.get(config.name, "fit")
-    args = [subcommand, "--config", str(config), *shrink_args(config, data_root, world_size)]
+    pieces = ["--config", str(STREAMING_PIECE)] if shards is not None else []
+    args = [subcommand, "--config", str(config), *pieces,
+            *shrink_args(config, data_root, world_size, shards)]
     if config.name in CHECKPOINT_FROM:
         source = CHECKPOINT_FROM[config.name]
         if source not in checkpoints:
@@ -189,14 +203,17 @@ def drive(spec: dict[str, Any], out_dir: Path) -> None:
     checkpoints: dict[str, str] = {}
     out = out_dir / f"rank{rank}.json"
     runs = [(c.name, c, None) for c in _ordered([Path(c) for c in spec["configs"]])]
+    if spec.get("shards"):
+        runs.append((STREAMING_RUN, ROOT / "configs" / STREAMING_CONFIG, None))
     if spec.get("diverge"):
         runs.append(("__diverge__", ROOT / "configs" / "simclr.yaml", spec["diverge"]))
     for name, config, extra in runs:
         results[name] = {"status": "running"}
         out.write_text(json.dumps(results, indent=1))
         try:
+            shards = Path(spec["shards"]) if name == STREAMING_RUN else None
             result = run_config(config, Path(spec["workdir"]) / name.replace(".yaml", ""),
-                                Path(spec["data_root"]), world_size, checkpoints, extra)
+                                Path(spec["data_root"]), world_size, checkpoints, extra, shards)
             results[name] = {"status": "ok", **result}
         except BaseException as caught:  # noqa: BLE001 (reported per config)
             err = _innermost(caught)  # the CLI's exit(1) and its one-line error wrap the cause

@@ -3,8 +3,13 @@ modules and random augmentations, in a process of its own.
 
 Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs
 ``{"method", "data_root", "workers", "epochs", "out", "ckpt_dir", "resume", "device_views",
-"views_on"}`` (``device_views``: the batched ``DeviceViews`` path, made ``views_on`` the device
-or the workers):
+"views_on", "shards", "devices", "expect_error", "epoch_ckpt_dir"}``. ``device_views``: the
+batched ``DeviceViews`` path, made ``views_on`` the device or the workers; ``shards``: a
+folder with the ``train`` and ``test`` shard folders of ``data_root``, read by
+``StreamingDataModule``; ``devices``: 2 runs ``ddp_spawn`` on 2 processes, whose dump holds
+rank 0's model only; ``expect_error``: the fit must raise a ``ValueError``, whose message is
+dumped as ``error``; ``epoch_ckpt_dir``: a checkpoint at the end of every epoch
+(``epoch=N.ckpt``).
 ``ckpt_dir`` writes a checkpoint after every optimizer step (``step=N.ckpt``), ``resume``
 continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
 ``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
@@ -37,6 +42,7 @@ from ssl_lightning.data import (
     MultiCropViews,
     MultiViewTransform,
     SimCLRViews,
+    StreamingDataModule,
 )
 from ssl_lightning.evaluation import LinearEval
 from ssl_lightning.methods import (
@@ -169,7 +175,9 @@ def run(job: dict[str, Any]) -> None:
     model = METHODS[job["method"]]()
     root = job["data_root"]
     device = DeviceViews("cifar", crop_size=SIZE) if job.get("device_views") else None
-    data = ImageFolderDataModule(
+    kind, root = ((StreamingDataModule, job["shards"]) if job.get("shards")
+                  else (ImageFolderDataModule, root))
+    data = kind(
         f"{root}/train", f"{root}/test", preset="cifar", batch_size=4, num_workers=job["workers"],
         prefetch_factor=2, eval_batch_size=12, device_transform=device,
         batched_views_on=job.get("views_on", "auto"),
@@ -180,15 +188,28 @@ def run(job: dict[str, Any]) -> None:
     if job.get("ckpt_dir"):
         callbacks.append(ModelCheckpoint(job["ckpt_dir"], filename="{step}", save_top_k=-1,
                                          every_n_train_steps=1))
+    if job.get("epoch_ckpt_dir"):
+        callbacks.append(ModelCheckpoint(job["epoch_ckpt_dir"], filename="{epoch}", save_top_k=-1,
+                                         every_n_epochs=1, save_on_train_epoch_end=True))
     if job.get("preempt_dir"):
         preemption = PreemptionCheckpoint(job["preempt_dir"])
         callbacks += [preemption, _WaitForSignal(preemption, job["wait_step"],
                                                  job["out"] + ".waiting")]
+    devices = job.get("devices", 1)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=job["epochs"], logger=False,
+        accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto",
+        max_epochs=job["epochs"], logger=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        enable_checkpointing=bool(job.get("ckpt_dir")), callbacks=callbacks,
+        enable_checkpointing=bool(job.get("ckpt_dir") or job.get("epoch_ckpt_dir")),
+        callbacks=callbacks,
         default_root_dir=job.get("ckpt_dir") or job["out"] + ".dir", deterministic=True)
+    if job.get("expect_error"):
+        try:
+            trainer.fit(model, data, ckpt_path=job.get("resume"))
+        except ValueError as err:
+            torch.save({"error": str(err)}, job["out"])
+            return
+        raise AssertionError(f"{job['out']}: the fit ran without the expected error")
     trainer.fit(model, data, ckpt_path=job.get("resume"))
     torch.save({
         "global_step": trainer.global_step,

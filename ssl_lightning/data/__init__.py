@@ -11,6 +11,7 @@ from ssl_lightning.data.mae_views import MAEViews
 from ssl_lightning.data.multichannel_device_views import ArrayImage, MultiChannelDeviceViews
 from ssl_lightning.data.multichannel_views import MultiChannelEval, MultiChannelViews
 from ssl_lightning.data.multicrop import MultiCropViews
+from ssl_lightning.data.streaming import StreamingDataModule
 from ssl_lightning.data.transforms import (
     EvalTransform,
     LinearEvalTransform,
@@ -25,6 +26,7 @@ __all__ = [
     "CIFAR100DataModule",
     "ImageFolderDataModule",
     "ImageFolderDataset",
+    "StreamingDataModule",
     "CorruptImageError",
     "MultiViewTransform",
     "SimCLRViews",

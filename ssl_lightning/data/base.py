@@ -265,10 +265,33 @@ class SSLDataModule(pl.LightningDataModule):
             collate_fn=collate,
         )
         if self._restored_loader is not None:
+            self._check_new_layout(sampler, _saved_sampler_state(self._restored_loader)[1])
             _restore_position(loader, sampler, self._restored_loader)
             self._restored_loader = None
         self._train_loader = loader
         return loader
+
+    def _check_new_layout(self, sampler: EpochSampler, saved: dict[str, Any]) -> None:
+        """Refuse another data layout (world size, batch size, dataset) unless Lightning
+        resumes at the start of an epoch. A checkpoint written after an epoch's last batch but
+        before the epoch ended (a step checkpoint) finishes the sampler's epoch, yet Lightning
+        counts that epoch's batches in the new layout and would run the rest of it on the next
+        epoch's first samples (half an epoch, unseen)."""
+        layout = sampler.state_dict()
+        changed = {k: (saved[k], layout[k]) for k in ("num_replicas", "batch_size",
+                                                      "dataset_size") if saved[k] != layout[k]}
+        trainer = self.trainer
+        if not changed or trainer is None:
+            return
+        if _epoch_unfinished(trainer):
+            changes = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+            raise ValueError(
+                f"The checkpoint {trainer.ckpt_path} was written inside epoch {saved['epoch']} "
+                f"(by Lightning's loop, after batch {saved['yielded'] // saved['batch_size']}) "
+                f"and the data layout changed ({changes}): "
+                "the position in the epoch cannot be mapped. Resume with the checkpoint's "
+                "world size (devices x nodes), batch_size and dataset, or from a checkpoint "
+                "written at the end of an epoch (ModelCheckpoint's save_on_train_epoch_end).")
 
     def _views_in_workers(self) -> bool:
         """``"auto"``: the workers unless the trainer runs on an accelerator (also without a
@@ -320,6 +343,15 @@ class SSLDataModule(pl.LightningDataModule):
             )
 
 
+def eval_splits(val: Dataset, labeled_train: Dataset | None) -> tuple[Dataset, Dataset]:
+    """The (bank, queries) evaluation splits: the labeled train set and ``val``; without one,
+    ``val``'s even positions (bank) and odd positions (queries), so both cover every class."""
+    if labeled_train is not None:
+        return labeled_train, val
+    size = len(val)  # type: ignore[arg-type]
+    return Subset(val, range(0, size, 2)), Subset(val, range(1, size, 2))
+
+
 class BatchedViewsCollate:
     """Collate ``([decoded image], target, seed)`` items, then make the views batched on the
     CPU with ``views`` (:class:`DeviceViews` or a subclass; runs in the loader workers)."""
@@ -330,6 +362,16 @@ class BatchedViewsCollate:
     def __call__(self, items: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         (images,), targets, seeds = default_collate(items)
         return self.views(images, seeds=seeds), targets, seeds
+
+
+def _epoch_unfinished(trainer: pl.Trainer) -> bool:
+    """Whether Lightning's fit loop resumes inside an epoch: the checkpoint being restored
+    counts an epoch started but not processed (read from the checkpoint, since the loops are
+    restored after the data module builds its loader)."""
+    loaded = getattr(trainer._checkpoint_connector, "_loaded_checkpoint", None) or {}
+    progress = loaded.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
+    current = progress.get("current", {})
+    return int(current.get("ready", 0)) > int(current.get("processed", 0))
 
 
 def _saved_sampler_state(state: dict[str, Any]) -> tuple[int, dict[str, Any]]:

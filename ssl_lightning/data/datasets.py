@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import torch
@@ -58,8 +58,8 @@ class CorruptImageError(RuntimeError):
         super().__init__(message)
 
 
-def load_image(path: str | Path) -> Image.Image:
-    """Open ``path`` as an RGB PIL image, fully decoded.
+def load_image(path: str | Path | BinaryIO) -> Image.Image:
+    """Open ``path`` (a file, or an open binary stream) as an RGB PIL image, fully decoded.
 
     16-bit and float grayscale images (PIL modes ``I;16``, ``I``, ``F``) are scaled to 8 bit
     first (:func:`to_8bit`), since PIL's own conversion clips them to white.
@@ -176,52 +176,23 @@ class UnreadableImages:
             os.close(handle)
 
 
-class ImageFolderDataset(Dataset):
-    """Images under a folder, labeled by class sub-folder or unlabeled.
+class ReplacingDataset(Dataset):
+    """Samples read by ``loader``, an unreadable one handled by ``unreadable`` (raise, or skip:
+    replaced by another sample drawn from the sample's seed, see :class:`UnreadableImages`).
 
-    Args:
-        root: The folder.
-        labeled: ``True``: ``root/<class>/<image>`` with targets = class index (sorted names);
-            ``False``: every image under ``root`` with target -1; ``None``: labeled when ``root``
-            holds only sub-folders (no loose images).
-        transform: Applied to the PIL image (e.g. a :class:`MultiViewTransform`).
-        hint: Appended to the missing/empty-directory errors (how to get the data).
-        unreadable: What an image that cannot be decoded does; None raises
-            :class:`CorruptImageError` (``UnreadableImages()``).
-        loader: Reads a file (:func:`load_image`: RGB PIL image;
-            :func:`ssl_lightning.data.arrays.load_array`: float ``(C, H, W)`` tensor of any
-            channel count and bit depth); raises :class:`CorruptImageError` for a bad file.
-        extensions: The files listed (``indexing.ARRAY_EXTENSIONS`` adds ``.npy``).
-
-    Raises:
-        FileNotFoundError: ``root`` is missing or holds no images.
+    A subclass sets ``root`` (named in errors), ``samples`` (``(name, target)`` pairs, ``name``
+    what ``loader`` reads), ``loader``, ``transform`` and ``unreadable``, then calls
+    ``super().__init__()``.
     """
 
-    def __init__(
-        self,
-        root: str | Path,
-        labeled: bool | None = None,
-        transform: Callable[[Image.Image], Any] | None = None,
-        hint: str = "",
-        unreadable: UnreadableImages | None = None,
-        loader: Callable[[str], Any] | None = None,
-        extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
-    ) -> None:
-        self.root = check_directory(root, hint)
-        self.loader = loader if loader is not None else load_image
-        self.labeled = has_class_folders(self.root) if labeled is None else labeled
-        self.transform = transform
-        self.unreadable = unreadable if unreadable is not None else UnreadableImages()
+    root: Path
+    samples: list[tuple[str, int]]
+    loader: Callable[[str], Any]
+    transform: Callable[[Any], Any] | None
+    unreadable: UnreadableImages
+
+    def __init__(self) -> None:
         self._unreadable: set[int] = set()  # indices found unreadable by this process
-        self.classes, files = index_images(self.root, self.labeled, extensions=extensions)
-        self.samples = [(path, index if self.labeled else UNLABELED)
-                        for index, paths in enumerate(files) for path in paths]
-        if not self.samples:
-            layout = f"{self.root}/<class>/<image>" if self.labeled else f"{self.root}/<image>"
-            raise FileNotFoundError(
-                f"No images ({', '.join(extensions)}) found in {self.root}; expected the "
-                f"layout {layout}. {hint}".strip()
-            )
 
     @property
     def targets(self) -> list[int]:
@@ -284,6 +255,54 @@ class ImageFolderDataset(Dataset):
                 f"unreadable, more than max_corrupt_fraction={policy.max_fraction:g} (the last: "
                 f"{path}{listing}): replace or delete them, or raise max_corrupt_fraction "
                 f"(--data.max_corrupt_fraction {admits:g} allows {len(bad)}).")
+
+
+class ImageFolderDataset(ReplacingDataset):
+    """Images under a folder, labeled by class sub-folder or unlabeled.
+
+    Args:
+        root: The folder.
+        labeled: ``True``: ``root/<class>/<image>`` with targets = class index (sorted names);
+            ``False``: every image under ``root`` with target -1; ``None``: labeled when ``root``
+            holds only sub-folders (no loose images).
+        transform: Applied to the PIL image (e.g. a :class:`MultiViewTransform`).
+        hint: Appended to the missing/empty-directory errors (how to get the data).
+        unreadable: What an image that cannot be decoded does; None raises
+            :class:`CorruptImageError` (``UnreadableImages()``).
+        loader: Reads a file (:func:`load_image`: RGB PIL image;
+            :func:`ssl_lightning.data.arrays.load_array`: float ``(C, H, W)`` tensor of any
+            channel count and bit depth); raises :class:`CorruptImageError` for a bad file.
+        extensions: The files listed (``indexing.ARRAY_EXTENSIONS`` adds ``.npy``).
+
+    Raises:
+        FileNotFoundError: ``root`` is missing or holds no images.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        labeled: bool | None = None,
+        transform: Callable[[Image.Image], Any] | None = None,
+        hint: str = "",
+        unreadable: UnreadableImages | None = None,
+        loader: Callable[[str], Any] | None = None,
+        extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+    ) -> None:
+        self.root = check_directory(root, hint)
+        self.loader = loader if loader is not None else load_image
+        self.labeled = has_class_folders(self.root) if labeled is None else labeled
+        self.transform = transform
+        self.unreadable = unreadable if unreadable is not None else UnreadableImages()
+        super().__init__()
+        self.classes, files = index_images(self.root, self.labeled, extensions=extensions)
+        self.samples = [(path, index if self.labeled else UNLABELED)
+                        for index, paths in enumerate(files) for path in paths]
+        if not self.samples:
+            layout = f"{self.root}/<class>/<image>" if self.labeled else f"{self.root}/<image>"
+            raise FileNotFoundError(
+                f"No images ({', '.join(extensions)}) found in {self.root}; expected the "
+                f"layout {layout}. {hint}".strip()
+            )
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"

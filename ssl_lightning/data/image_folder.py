@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
 from ssl_lightning.data.arrays import load_array
-from ssl_lightning.data.base import SSLDataModule
+from ssl_lightning.data.base import SSLDataModule, eval_splits
 from ssl_lightning.data.datasets import (
     ImageFolderDataset,
     check_directory,
@@ -123,9 +123,8 @@ class ImageFolderDataModule(SSLDataModule):
         if self.val_dir is None:
             return None
         val = self._dataset(self.val_dir, True, transform)
-        if self._train_is_labeled():
-            return self._dataset(self.train_dir, True, transform), val
-        return Subset(val, range(0, len(val), 2)), Subset(val, range(1, len(val), 2))
+        train = self._dataset(self.train_dir, True, transform) if self._train_is_labeled() else None
+        return eval_splits(val, train)
 
     def _dataset(self, folder: Path, labeled: bool, transform: Any) -> ImageFolderDataset:
         return ImageFolderDataset(folder, labeled=labeled, transform=transform,

@@ -45,7 +45,7 @@ EXTERNAL_MODULES = (
     "pytorch_lightning.callbacks", "pytorch_lightning.loggers", "pytorch_lightning.strategies",
     "pytorch_lightning.cli", "pytorch_lightning.plugins", "lightning_fabric.plugins",
     "torchvision.models", "torchvision.datasets", "torchvision.transforms",
-    "torchvision.transforms.v2", "torchdata.stateful_dataloader", "torchmetrics",
+    "torchvision.transforms.v2", "torchdata.stateful_dataloader", "litdata", "torchmetrics",
     "torchmetrics.classification", "jsonargparse", "PIL.Image", "numpy", "timm.models",
     "onnxruntime", "builtins",
 )

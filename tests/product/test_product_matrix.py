@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from product_matrix import CONFIGS, ROOT, SUBCOMMANDS, shrink_args
+from product_matrix import CONFIGS, ROOT, STREAMING_RUN, SUBCOMMANDS, shrink_args
 
 TIMEOUT_S = 900  # whole matrix; a hang in one config fails it with the config named
 DIVERGE = ["--model.init_args.lr", "1e6", "--model.init_args.warmup_epochs", "0",
@@ -51,17 +51,30 @@ def _diverge_args(data_root: Path) -> list[str]:
     return ["fit", "--config", str(config), *shrink_args(config, data_root, 1), *DIVERGE]
 
 
+def _shards(images: Path, out: Path) -> str | None:
+    """litdata shards of the tiny folder's splits (None without litdata: no shard run)."""
+    try:
+        from ssl_lightning.data.shards import write_shards
+
+        for split in ("train", "test"):
+            write_shards(images / split, out / split, shard_size=10, progress=False)
+    except ImportError:
+        return None
+    return str(out)
+
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) -> dict[str, Any]:
     """Runs everything once: ``{world_size: {rank: results}}``, plus the divergence CLI run."""
     tmp = tmp_path_factory.mktemp("matrix")
+    shards = _shards(tiny_image_folder, tmp / "shards")
     procs: list[tuple[int, int, subprocess.Popen, Path]] = []
     logs = []
     port = _free_port()
     for world in (1, 2):
         spec = {"configs": [str(c) for c in CONFIGS], "workdir": str(tmp / f"w{world}"),
                 "data_root": str(tiny_image_folder), "timeout_s": 300,
-                "diverge": DIVERGE if world == 2 else None}
+                "diverge": DIVERGE if world == 2 else None, "shards": shards}
         spec_path = tmp / f"spec{world}.json"
         spec_path.write_text(json.dumps(spec))
         for rank in range(world):
@@ -126,6 +139,15 @@ def test_config_runs_and_resumes(matrix: dict[str, Any], config: Path, world: in
         for key in ("val/knn_top1", "val/top1", "train/loss"):  # reduced: equal on both ranks
             if key in rank0:
                 assert rank0[key] == pytest.approx(rank1[key], abs=1e-6), (config.name, key)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_config_runs_and_resumes_on_shards(matrix: dict[str, Any], world: int) -> None:
+    """simclr.yaml + configs/shared/streaming.yaml on shards of the tiny folder."""
+    pytest.importorskip("litdata")
+    for rank, results in matrix[world].items():
+        _check(results.get(STREAMING_RUN, {}), STREAMING_RUN, world, rank, results["_log"])
+        assert "val/knn_top1" in results[STREAMING_RUN]["metrics"]
 
 
 def test_divergence_stops_every_rank_at_the_same_step(matrix: dict[str, Any]) -> None:

@@ -13,6 +13,13 @@ One shared set of runs (``tests/resume_harness.py``, three fresh processes):
    from step 9 with its views made in 2 workers' collate; a pre-change checkpoint (no
    data-module state).
 
+The same runs on litdata shards of the image folder (``StreamingDataModule``, when litdata is
+installed): a straight 1-process run with a checkpoint after every step (its weights equal the
+image-folder SimCLR run's: the same batches) resumed from steps 2 and 9; a straight 2-process
+run (``ddp_spawn``) resumed inside epoch 1 on 2 processes with 2 workers; its mid-epoch
+checkpoint and its checkpoint after epoch 0's last batch refused on 1 process, its
+end-of-epoch-0 checkpoint resumed there.
+
 Tiny data: 24 train images of 32 px (6 steps of 4 per epoch), 16 px crops, SmallConvNet; and DINO
 with a tiny ViT whose stochastic depth (``drop_path_rate=0.5``) draws from torch's global RNG.
 """
@@ -30,6 +37,13 @@ from typing import Any
 import pytest
 import torch
 from lightning_ddp_utils import assert_states_close
+
+try:
+    import litdata  # noqa: F401
+
+    STREAMING = True
+except ImportError:
+    STREAMING = False
 
 HARNESS = Path(__file__).resolve().parents[1] / "resume_harness.py"
 METHODS = ["simclr", "moco_v2", "moco_v3", "byol", "dino", "swav", "vicreg", "barlow_twins",
@@ -78,7 +92,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
     straight += [job("simclr_w2", "simclr", 2),
                  job("device", "simclr", 0, device_views=True, views_on="device",
                      ckpt_dir=str(root / "ckpt_dv"))]
-    _run_jobs(straight, root / "straight.json")
+    stream = _streaming_jobs(data, root, job) if STREAMING else {"straight": [], "resumes": []}
+    _run_jobs(straight + stream["straight"], root / "straight.json")
 
     sigterm = _sigterm_run(job("sigterm", "simclr", 2, preempt_dir=str(root / "preempt"),
                                wait_step=SIGTERM_AT), root / "sigterm.json")
@@ -94,9 +109,34 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
                 job("device_from9", "simclr", 2, device_views=True, views_on="workers",
                     resume=str(root / "ckpt_dv/step=9.ckpt")),
                 job("old_resumed", "simclr", 0, resume=str(root / "old.ckpt"))]
-    stderr = _run_jobs(resumes, root / "resumes.json")
+    stderr = _run_jobs(resumes + stream["resumes"], root / "resumes.json")
     load = lambda name: torch.load(root / f"{name}.pt", weights_only=True)  # noqa: E731
     return {"load": load, "sigterm": sigterm, "resume_stderr": stderr, "root": root}
+
+
+def _streaming_jobs(data: Path, root: Path, job: Any) -> dict[str, list[dict[str, Any]]]:
+    """Shards of ``data`` and the streaming jobs of both harness runs (see the docstring)."""
+    from ssl_lightning.data.shards import write_shards
+
+    for split in ("train", "test"):
+        write_shards(data / split, root / "shards" / split, shard_size=5, progress=False)
+    shards, ddp = str(root / "shards"), root / "ckpt_stream_ddp"
+    return {
+        "straight": [job("stream", "simclr", 0, shards=shards, ckpt_dir=str(root / "ckpt_stream")),
+                     job("stream_ddp", "simclr", 0, shards=shards, devices=2, ckpt_dir=str(ddp),
+                         epoch_ckpt_dir=str(ddp / "epochs"))],
+        "resumes": [
+            *[job(f"stream_from{step}", "simclr", workers, shards=shards,
+                  resume=str(root / f"ckpt_stream/step={step}.ckpt"))
+              for step, workers in RESUME_POINTS.items()],
+            job("stream_ddp_from4", "simclr", 2, shards=shards, devices=2,
+                resume=str(ddp / "step=4.ckpt")),
+            job("stream_ddp_to1_mid", "simclr", 0, shards=shards, expect_error=True,
+                resume=str(ddp / "step=4.ckpt")),
+            job("stream_ddp_to1_last", "simclr", 0, shards=shards, expect_error=True,
+                resume=str(ddp / "step=3.ckpt")),
+            job("stream_ddp_to1_end", "simclr", 0, shards=shards,
+                resume=str(ddp / "epochs" / "epoch=0.ckpt"))]}
 
 
 def _assert_identical(resumed: dict[str, Any], straight: dict[str, Any]) -> None:
@@ -148,6 +188,34 @@ def test_batched_views_resume_in_the_workers_is_bit_identical(runs: dict[str, An
     # The batched path is a different pipeline: the equality above is not the SimCLRViews run.
     assert not torch.equal(straight["model"]["backbone.net.0.weight"],
                            runs["load"]("simclr")["model"]["backbone.net.0.weight"])
+
+
+needs_litdata = pytest.mark.skipif(not STREAMING, reason="litdata is not installed")
+
+
+@needs_litdata
+def test_streaming_resume_is_bit_identical_and_equals_the_image_folder_run(
+        runs: dict[str, Any]) -> None:
+    straight = runs["load"]("stream")
+    assert_states_close(straight["model"], runs["load"]("simclr")["model"], atol=0.0)
+    for step in RESUME_POINTS:  # from step 2 with 2 workers, from step 9 with none
+        _assert_identical(runs["load"](f"stream_from{step}"), straight)
+
+
+@needs_litdata
+def test_streaming_resume_on_2_processes_and_a_changed_world_size(runs: dict[str, Any]) -> None:
+    """2 processes: 12 images per rank, 3 steps per epoch; resumed at step 4 (inside epoch 1)
+    with 2 workers per rank, rank 0's weights equal the straight run's."""
+    straight = runs["load"]("stream_ddp")["model"]
+    assert_states_close(runs["load"]("stream_ddp_from4")["model"], straight, atol=0.0)
+    error = runs["load"]("stream_ddp_to1_mid")["error"]
+    assert "'num_replicas': 2" in error and "'num_replicas': 1" in error
+    assert "end of an epoch" in error
+    # After epoch 0's last batch but before the epoch ended: Lightning would count 3 more
+    # batches of 6 in epoch 0 of the new layout.
+    error = runs["load"]("stream_ddp_to1_last")["error"]
+    assert "num_replicas: 2 -> 1" in error and "save_on_train_epoch_end" in error
+    assert runs["load"]("stream_ddp_to1_end")["global_step"] == 3 + 6  # epoch 1 on 1 process
 
 
 def test_sigterm_saves_at_the_next_step_and_exits_preempted(runs: dict[str, Any]) -> None:

@@ -1,0 +1,162 @@
+"""``python -m ssl_lightning shard --images DIR --output DIR``: a folder of images written as
+litdata shards (the encoded image bytes, unchanged, with the ImageFolder label and the file's
+path), read back by :class:`~ssl_lightning.data.StreamingDataModule`.
+
+Each shard of ``--shard-size`` images is a litdata dataset folder of its own
+(:mod:`ssl_lightning.data.shard_manifest`), written under a temporary name in the output
+folder and renamed when complete; the manifest is rewritten (atomically) after every shard. An
+interrupted run resumes: shards listed in the manifest are verified (sizes and SHA-256) and
+kept, a shard that fails is rewritten, and the run continues after the last one. Labels are the
+sorted class folders when ``--images`` holds only class folders (at least 2), as
+:class:`~ssl_lightning.data.ImageFolderDataModule` reads them; otherwise -1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ssl_lightning.data.datasets import UNLABELED, check_directory, has_class_folders
+from ssl_lightning.data.indexing import index_images
+from ssl_lightning.data.shard_manifest import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    describe_shard,
+    read_manifest,
+    shard_name,
+    verify_shard,
+)
+from ssl_lightning.io.atomic import atomic_open
+
+#: Prefix and suffix of a shard being written (``.shard-00003.<random>.tmp``).
+_TEMP_PREFIX, _TEMP_SUFFIX = ".shard-", ".tmp"
+
+
+def list_source(images: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """The classes and the ``(path relative to images, label)`` of every image, in the order
+    :class:`~ssl_lightning.data.ImageFolderDataset` lists them."""
+    labeled = has_class_folders(images)
+    classes, files = index_images(images, labeled)
+    if labeled and len(classes) < 2:
+        labeled, (classes, files) = False, index_images(images, False)
+    prefix = len(os.path.abspath(images)) + 1
+    samples = [(path[prefix:], label if labeled else UNLABELED)
+               for label, paths in enumerate(files) for path in paths]
+    if not samples:
+        raise FileNotFoundError(f"No images found under {images}.")
+    return (classes if labeled else []), samples
+
+
+def _digest(samples: list[tuple[str, int]]) -> str:
+    return hashlib.sha256(json.dumps(samples).encode()).hexdigest()
+
+
+def _write_manifest(output: Path, manifest: dict[str, Any]) -> None:
+    with atomic_open(output / MANIFEST, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1)
+
+
+def _write_shard(images: Path, output: Path, number: int,
+                 samples: list[tuple[str, int]]) -> dict[str, Any]:
+    """Write one shard under a temporary name, rename it into place, return its entry."""
+    from litdata.streaming.writer import BinaryWriter
+
+    temp = output / f"{_TEMP_PREFIX}{number:05d}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
+    writer = BinaryWriter(str(temp), chunk_size=len(samples))
+    for index, (relative, label) in enumerate(samples):
+        writer.add_item(index, ((images / relative).read_bytes(), label, relative))
+    writer.done()
+    writer.merge(1)
+    final = output / shard_name(number)
+    if final.exists():  # a shard of this folder that failed verification: replaced
+        shutil.rmtree(final)
+    os.rename(temp, final)
+    return describe_shard(final, [label for _, label in samples])
+
+
+def _start(images: Path, output: Path, shard_size: int, classes: list[str],
+           samples: list[tuple[str, int]]) -> dict[str, Any]:
+    """The manifest to continue from: the existing one (checked to be of the same source and
+    shard size) or a new one, in a new or empty folder."""
+    fresh = {"format": FORMAT, "version": VERSION, "engine": "litdata",
+             "images": str(images.resolve()), "classes": classes, "shard_size": shard_size,
+             "num_images": len(samples), "source_sha256": _digest(samples), "complete": False,
+             "bytes": 0, "shards": []}
+    if not (output / MANIFEST).exists():
+        if output.exists() and any(p for p in output.iterdir()
+                                   if not p.name.startswith(_TEMP_PREFIX)):
+            raise FileExistsError(f"--output {output} holds files and no {MANIFEST}: choose a "
+                                  "new or empty folder (nothing there is overwritten).")
+        output.mkdir(parents=True, exist_ok=True)
+        return fresh
+    manifest = read_manifest(output)
+    for key in ("images", "shard_size", "num_images", "source_sha256"):
+        if manifest.get(key) != fresh[key]:
+            raise ValueError(
+                f"{output} holds shards of another source or layout ({key}: "
+                f"{manifest.get(key)!r} there, {fresh[key]!r} now; the images changed or "
+                "--shard-size differs). Write to a new folder.")
+    return manifest
+
+
+def write_shards(images: str | Path, output: str | Path, shard_size: int = 1000,
+                 progress: bool = True) -> dict[str, Any]:
+    """Write (or finish, or repair) the shard folder ``output`` of the images under
+    ``images``; return its manifest.
+
+    Raises:
+        ValueError: ``shard_size`` < 1, or ``output`` holds shards of another source.
+        FileExistsError: ``output`` holds other files and no manifest.
+    """
+    from tqdm import tqdm
+
+    if shard_size < 1:
+        raise ValueError(f"--shard-size must be >= 1, got {shard_size}.")
+    images, output = check_directory(images), Path(output)
+    classes, samples = list_source(images)
+    manifest = _start(images, output, shard_size, classes, samples)
+    for stale in output.glob(f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}"):  # an interrupted shard
+        shutil.rmtree(stale)
+    parts = [samples[i:i + shard_size] for i in range(0, len(samples), shard_size)]
+    done: list[dict[str, Any]] = manifest["shards"]
+    bar = tqdm(total=len(samples), desc="shard", unit="img", disable=not progress)
+    for number, entry in enumerate(list(done)):
+        if verify_shard(output, entry, checksums=True) is not None:
+            done[number] = _write_shard(images, output, number, parts[number])
+        bar.update(entry["count"])
+    for number in range(len(done), len(parts)):
+        done.append(_write_shard(images, output, number, parts[number]))
+        manifest["bytes"] = sum(entry["bytes"] for entry in done)
+        _write_manifest(output, manifest)
+        bar.update(len(parts[number]))
+    bar.close()
+    manifest["bytes"] = sum(entry["bytes"] for entry in done)
+    manifest["complete"] = True
+    _write_manifest(output, manifest)
+    return manifest
+
+
+def main(args: list[str] | None = None) -> dict[str, Any]:
+    """The ``shard`` command."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ssl_lightning shard",
+        description="Write a folder of images (ImageFolder labels when it holds class folders) "
+                    "as litdata shards with a manifest, for StreamingDataModule. Rerun the "
+                    "same command to resume an interrupted run or repair damaged shards.")
+    parser.add_argument("--images", required=True, help="folder of images")
+    parser.add_argument("--output", required=True, help="new, empty or earlier shard folder")
+    parser.add_argument("--shard-size", type=int, default=1000, help="images per shard")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    options = parser.parse_args(args)
+    manifest = write_shards(options.images, options.output, options.shard_size,
+                            progress=not options.no_progress)
+    print(f"{manifest['num_images']} images, {len(manifest['classes'])} classes, "
+          f"{len(manifest['shards'])} shards, {manifest['bytes']} bytes in {options.output}")
+    return manifest

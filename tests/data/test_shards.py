@@ -1,0 +1,96 @@
+"""The shard command: every image's bytes and label once, in ImageFolder order, a manifest
+with counts, classes, bytes and checksums, and a resumed run that keeps the verified shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("litdata")
+from litdata import StreamingDataset  # noqa: E402
+
+from ssl_lightning.commands import EXTRA_COMMANDS  # noqa: E402
+from ssl_lightning.data import ImageFolderDataset  # noqa: E402
+from ssl_lightning.data.shard_manifest import MANIFEST, file_sha256  # noqa: E402
+from ssl_lightning.data.shards import write_shards  # noqa: E402
+
+
+def _read_all(output: Path, manifest: dict) -> list[tuple[bytes, int, str]]:
+    items = []
+    for entry in manifest["shards"]:
+        shard = StreamingDataset(str(output / entry["name"]))
+        items += [(bytes(data), int(label), path) for data, label, path in
+                  (shard[i] for i in range(len(shard)))]
+    return items
+
+
+def test_shards_hold_every_image_and_label_in_image_folder_order(tmp_path, tiny_image_folder):
+    source = tiny_image_folder / "train"
+    manifest = EXTRA_COMMANDS["shard"](["--images", str(source), "--output",
+                                        str(tmp_path / "out"), "--shard-size", "5",
+                                        "--no-progress"])
+    folder = ImageFolderDataset(source)
+    items = _read_all(tmp_path / "out", manifest)
+    assert [(Path(p).read_bytes(), t) for p, t in folder.samples] == [(d, t) for d, t, _ in items]
+    assert [str(source / p) for _, _, p in items] == [p for p, _ in folder.samples]
+    assert manifest["classes"] == folder.classes and manifest["num_images"] == 24
+    assert manifest["complete"] and [e["count"] for e in manifest["shards"]] == [5] * 4 + [4]
+    entry = manifest["shards"][1]
+    assert entry["labels"] == [t for _, t in folder.samples[5:10]]
+    chunk = tmp_path / "out" / entry["name"] / "chunk-0-0.bin"
+    assert entry["files"]["chunk-0-0.bin"] == {"bytes": chunk.stat().st_size,
+                                               "sha256": file_sha256(chunk)}
+    assert manifest["bytes"] == sum(e["bytes"] for e in manifest["shards"])
+    assert json.loads((tmp_path / "out" / MANIFEST).read_text()) == manifest
+
+
+def test_flat_folder_is_unlabeled(tmp_path, make_image_folder):
+    source = make_image_folder(tmp_path / "one_class", classes=1, per_class=3)
+    manifest = write_shards(source, tmp_path / "out", progress=False)
+    assert manifest["classes"] == [] and manifest["shards"][0]["labels"] == [-1] * 3
+
+
+def test_interrupted_run_resumes_keeping_verified_shards(tmp_path, tiny_image_folder,
+                                                         monkeypatch):
+    import ssl_lightning.data.shards as shards
+
+    out, source = tmp_path / "out", tiny_image_folder / "train"
+    original, calls = shards._write_shard, []
+
+    def interrupted(images, output, number, samples):  # type: ignore[no-untyped-def]
+        if number == 3:
+            raise KeyboardInterrupt
+        calls.append(number)
+        return original(images, output, number, samples)
+
+    monkeypatch.setattr(shards, "_write_shard", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(source, out, shard_size=5, progress=False)
+    partial = json.loads((out / MANIFEST).read_text())
+    assert not partial["complete"] and len(partial["shards"]) == 3
+    kept = {n: (out / f"shard-0000{n}" / "chunk-0-0.bin").stat().st_mtime_ns for n in range(3)}
+    (out / "shard-00001" / "chunk-0-0.bin").write_bytes(b"damaged")  # rewritten on resume
+
+    calls.clear()
+    monkeypatch.setattr(shards, "_write_shard", lambda *a: (calls.append(a[2]), original(*a))[1])
+    resumed = write_shards(source, out, shard_size=5, progress=False)
+    assert calls == [1, 3, 4]  # shards 0 and 2 verified and kept
+    assert (out / "shard-00000" / "chunk-0-0.bin").stat().st_mtime_ns == kept[0]
+    fresh = write_shards(source, tmp_path / "fresh", shard_size=5, progress=False)
+    assert _read_all(out, resumed) == _read_all(tmp_path / "fresh", fresh)
+    chunks = lambda m: [e["files"]["chunk-0-0.bin"] for e in m["shards"]]  # noqa: E731
+    assert chunks(resumed) == chunks(fresh)  # (litdata's index.json names its folder)
+
+
+def test_refuses_a_folder_of_other_files_or_another_layout(tmp_path, tiny_image_folder):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds files and no manifest.json"):
+        write_shards(tiny_image_folder / "train", other, progress=False)
+    assert (other / "notes.txt").read_text() == "mine"
+    write_shards(tiny_image_folder / "train", tmp_path / "out", shard_size=5, progress=False)
+    with pytest.raises(ValueError, match="shard_size: 5 there, 7 now"):
+        write_shards(tiny_image_folder / "train", tmp_path / "out", shard_size=7, progress=False)
