@@ -1,0 +1,10 @@
+"""Exact distributed k-means over memory banks (DeepCluster v2, SMoG)."""
+
+from ssl_lightning.clustering.kmeans import (
+    assign_to_centroids,
+    initial_centroids,
+    spherical_kmeans,
+    update_centroids,
+)
+
+__all__ = ["assign_to_centroids", "initial_centroids", "spherical_kmeans", "update_centroids"]
