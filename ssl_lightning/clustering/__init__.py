@@ -1,5 +1,6 @@
 """Exact distributed k-means over memory banks (DeepCluster v2, SMoG)."""
 
+from ssl_lightning.clustering.bank import DatasetBank
 from ssl_lightning.clustering.kmeans import (
     assign_to_centroids,
     initial_centroids,
@@ -7,4 +8,5 @@ from ssl_lightning.clustering.kmeans import (
     update_centroids,
 )
 
-__all__ = ["assign_to_centroids", "initial_centroids", "spherical_kmeans", "update_centroids"]
+__all__ = ["DatasetBank", "assign_to_centroids", "initial_centroids", "spherical_kmeans",
+           "update_centroids"]

@@ -4,6 +4,7 @@ from ssl_lightning.losses.aim import AIMLoss
 from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.dcl import DCLLoss
+from ssl_lightning.losses.deepcluster import DeepClusterLoss
 from ssl_lightning.losses.dino import DINOLoss
 from ssl_lightning.losses.distillation import (
     DistillationLoss,
@@ -40,4 +41,5 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "NNCLRLoss", "SupConLoss", "IBOTPatchLoss", "KoLeoLoss",
            "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
-           "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss"]
+           "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
+           "DeepClusterLoss"]

@@ -5,6 +5,7 @@ from ssl_lightning.methods.barlow_twins import BarlowTwins
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dcl import DCL
+from ssl_lightning.methods.deepcluster_v2 import DeepClusterV2
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.methods.dinov3 import DINOv3
@@ -39,4 +40,5 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
-           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN"]
+           "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
+           "DeepClusterV2"]
