@@ -24,6 +24,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from lightning_ddp_utils import (
+    KeyedViews,
     PrecomputedViews,
     TensorDataModule,
     ddp_global_order,
@@ -46,6 +47,7 @@ from ssl_lightning.methods import (
     PMSN,
     WMSE,
     BarlowTwins,
+    DeepClusterV2,
     DirectCLR,
     FastSiam,
     LeJEPA,
@@ -155,7 +157,14 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
     "pmsn": (lambda **kw: PMSN(_backbone(), projection_hidden_dim=16, projection_dim=8,
                                num_prototypes=10, head_batch_norm=False, mask_ratio=0.0,
                                momentum_base=0.9, **kw), MULTI_CROP),
+    # Dataset indices from the sample seeds (KeyedViews batches), k-means at the epoch start.
+    "deepcluster_v2": (lambda **kw: DeepClusterV2(_backbone(), projection_hidden_dim=16,
+                                                  projection_dim=8, num_prototypes=(6, 4),
+                                                  kmeans_iterations=3, head_batch_norm=False,
+                                                  **kw), MULTI_CROP),
 }
+#: Methods reading each sample's dataset index from its seed (batches with sample seeds).
+KEYED = {"deepcluster_v2"}
 #: Methods whose smallest global batch exceeds the naive test's batches of 2 (W-MSE: one
 #: whitening sub-batch of 4 > D samples); they refuse such a batch before the first step.
 MIN_BATCH_ABOVE_TWO = {"wmse"}
@@ -186,7 +195,8 @@ def _fit(name: str, batch_size: int, micro: int | None, **trainer_kwargs: Any) -
     torch.manual_seed(0)
     model = make(micro_batch_size=micro, **OPTIM)
     recorder = RecordSteps()
-    state = fit_and_dump(model, TensorDataModule(PrecomputedViews(24, sizes), batch_size),
+    data = (KeyedViews if name in KEYED else PrecomputedViews)(24, sizes)
+    state = fit_and_dump(model, TensorDataModule(data, batch_size),
                          callbacks=[recorder], max_steps=3,
                          precision="64-true", **trainer_kwargs)[0]
     return {**state, "features": recorder.features, "losses": recorder.losses}
