@@ -122,6 +122,10 @@ class SSLMethod(SeededSteps):
     #: State-dict prefixes a checkpoint leaves out because loading rebuilds them (a frozen
     #: teacher); the ``--ckpt_path`` check does not ask for them.
     unsaved_state_prefixes: ClassVar[tuple[str, ...]] = ()
+    #: State-dict keys whose shape comes from the training data (sized when fit starts, or from
+    #: the checkpoint on load: DeepCluster v2's dataset bank), not from the constructor; the
+    #: ``--ckpt_path`` check does not compare their shapes.
+    data_sized_state: ClassVar[tuple[str, ...]] = ()
     #: Deprecated constructor argument names of this class -> their new names (accepted with a
     #: warning for one release, see :mod:`ssl_lightning.deprecation`; never saved).
     renamed_arguments: ClassVar[dict[str, str]] = {}

@@ -54,6 +54,7 @@ class DeepClusterV2(SSLMethod):
 
     views_used = None  # every multi-crop view
     batch_coupled_loss = False  # the targets come from the bank, not from the batch
+    data_sized_state = ("bank.embeddings", "assignments")  # one row per training sample
 
     assignments: Tensor
     clustered_epoch: Tensor
