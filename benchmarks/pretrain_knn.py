@@ -4,7 +4,8 @@
 SupCon, MoCo v2+, FastSiam (4 views), NNSiam, NNBYOL or DirectCLR, each with the same backbone,
 projection size, optimiser and schedule (the methods without a temperature ignore
 ``--temperature``); MSN and PMSN mask patch tokens, so they run a small ViT with their own
-optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view.
+optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view; DeepCluster v2 takes its
+config's 3 x 3000 clusters and temperature 0.1.
 
 Both numbers come from this one script, with the same backbone architecture, data module,
 kNN bank and :class:`~ssl_lightning.callbacks.KNNCallback` (weighted cosine kNN, k=200,
@@ -38,6 +39,7 @@ from ssl_lightning.methods import (
     NNCLR,
     PMSN,
     WMSE,
+    DeepClusterV2,
     DirectCLR,
     FastSiam,
     LeJEPA,
@@ -120,6 +122,10 @@ METHODS = {
                                        **{k: v for k, v in _no_temperature(c).items()
                                           if k != "projection_hidden_dim"}),
     "msn": lambda b, q, c: MSN(b, **_msn(c)),
+    # the config's 3 heads of 3000 clusters and its temperature 0.1 (configs/deepcluster_v2.yaml)
+    "deepcluster_v2": lambda b, q, c: DeepClusterV2(b, projection_dim=128,
+                                                    num_prototypes=(3000, 3000, 3000),
+                                                    **{**c, "temperature": 0.1}),
     "pmsn": lambda b, q, c: PMSN(b, **_msn(c)),
 }
 #: Methods that mask patch tokens: a small ViT (patch 4, width 64, 4 blocks) instead.

@@ -87,6 +87,10 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "MSNLoss": lambda: (losses.MSNLoss(), (_randn(B, 3, D), _randn(B, D), _randn(K, D))),
     "MSNLoss(PMSN)": lambda: (losses.MSNLoss(power_law_exponent=0.25),
                               (_randn(B, 3, D), _randn(B, D), _randn(K, D))),
+    "DeepClusterLoss": lambda: (losses.DeepClusterLoss(),
+                                ([_randn(B, 3, K), _randn(B, 3, K - 2)],
+                                 torch.stack([torch.randint(K, (B,)),
+                                              torch.randint(K - 2, (B,))]))),
 }
 
 
