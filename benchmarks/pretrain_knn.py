@@ -5,7 +5,7 @@ SupCon, MoCo v2+, FastSiam (4 views), NNSiam, NNBYOL or DirectCLR, each with the
 projection size, optimiser and schedule (the methods without a temperature ignore
 ``--temperature``); MSN and PMSN mask patch tokens, so they run a small ViT with their own
 optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view; DeepCluster v2 takes its
-config's 3 x 3000 clusters and temperature 0.1.
+config's 3 x 3000 clusters and temperature 0.1, SMoG 300 groups, a 300-batch bank, τ 0.1.
 
 Both numbers come from this one script, with the same backbone architecture, data module,
 kNN bank and :class:`~ssl_lightning.callbacks.KNNCallback` (weighted cosine kNN, k=200,
@@ -46,6 +46,7 @@ from ssl_lightning.methods import (
     MoCoV2Plus,
     NNSiam,
     SimCLR,
+    SMoG,
     SSLMethod,
     SupCon,
     TiCo,
@@ -126,6 +127,10 @@ METHODS = {
     "deepcluster_v2": lambda b, q, c: DeepClusterV2(b, projection_dim=128,
                                                     num_prototypes=(3000, 3000, 3000),
                                                     **{**c, "temperature": 0.1}),
+    # the config's groups, bank, reset interval and temperature (configs/smog.yaml)
+    "smog": lambda b, q, c: SMoG(b, projection_dim=128, num_groups=300, reset_every=300,
+                                 queue_size=300 * 128, momentum_base=0.99,
+                                 momentum_schedule="constant", **{**c, "temperature": 0.1}),
     "pmsn": lambda b, q, c: PMSN(b, **_msn(c)),
 }
 #: Methods that mask patch tokens: a small ViT (patch 4, width 64, 4 blocks) instead.

@@ -55,6 +55,7 @@ from ssl_lightning.methods import (
     SimCLR,
     SimMIM,
     SimSiam,
+    SMoG,
     SwAV,
     VICReg,
 )
@@ -139,6 +140,10 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     # Bank written at the indices derived from the sample seeds, k-means at each epoch start.
     "deepcluster_v2": lambda: DeepClusterV2(_net(), projection_hidden_dim=8, projection_dim=4,
                                             num_prototypes=(5, 3), kmeans_iterations=3, **OPT),
+    # Groups reset by k-means every 4 steps (resumed at 2 and at 9, between resets).
+    "smog": lambda: SMoG(_net(), projection_hidden_dim=8, projection_dim=4, num_groups=3,
+                         reset_every=4, queue_size=8, kmeans_iterations=3, momentum_base=0.9,
+                         **OPT),
     "deepcluster_v2_unsaved": lambda: _UnsavedAssignmentsDeepClusterV2(
         _net(), projection_hidden_dim=8, projection_dim=4, num_prototypes=(5, 3),
         kmeans_iterations=3, **OPT),

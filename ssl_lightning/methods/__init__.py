@@ -29,6 +29,7 @@ from ssl_lightning.methods.pmsn import PMSN
 from ssl_lightning.methods.simclr import SimCLR
 from ssl_lightning.methods.simmim import SimMIM
 from ssl_lightning.methods.simsiam import SimSiam
+from ssl_lightning.methods.smog import SMoG
 from ssl_lightning.methods.supcon import SupCon
 from ssl_lightning.methods.swav import SwAV
 from ssl_lightning.methods.tico import TiCo
@@ -41,4 +42,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
-           "DeepClusterV2"]
+           "DeepClusterV2", "SMoG"]

@@ -1,6 +1,8 @@
-"""MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR, iBOT++ and DeepCluster v2 trained by Lightning
+"""MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR, iBOT++, DeepCluster v2 and SMoG trained by
+Lightning
 on 2 CPU processes (``strategy="ddp"``, gloo, float64) end with the weights, teachers, queues and
-pointers (DeepCluster v2: dataset bank, k-means assignments, prototypes) of one process trained
+pointers (DeepCluster v2: dataset bank, k-means assignments, prototypes; SMoG: groups, bank) of
+one process trained
 on the concatenated rank batches, to 1e-9; spherical k-means on the ranks' row shares gives the
 centroids of one process on all rows.
 
@@ -35,6 +37,7 @@ from ssl_lightning.methods import (
     FastSiam,
     MoCoV2Plus,
     NNSiam,
+    SMoG,
     SSLMethod,
 )
 
@@ -102,6 +105,10 @@ METHODS: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...]]] = {
     "deepcluster_v2": (lambda: DeepClusterV2(_convnet(), num_prototypes=(5, 3),
                                              kmeans_iterations=3, head_batch_norm=False,
                                              **HEADS, **OPTIM), (8, 8, 4)),
+    # groups reset by k-means over the bank at step 2 (of 3), momentum-updated at every step
+    "smog": (lambda: SMoG(_convnet(), num_groups=4, reset_every=2, queue_size=16,
+                          kmeans_iterations=3, head_batch_norm=False, momentum_base=0.9,
+                          **HEADS, **OPTIM), (8, 8)),
     "nnsiam_local_support": (lambda: _LocalSupportSetNNSiam(
         _convnet(), queue_size=16, predictor_hidden_dim=8, head_batch_norm=False, **HEADS,
         **OPTIM), (8, 8)),

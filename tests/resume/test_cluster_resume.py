@@ -1,7 +1,8 @@
-"""Exact resume of DeepCluster v2: stopped inside epoch 0 and inside epoch 1 and resumed, a run
+"""Exact resume of DeepCluster v2 and SMoG: stopped inside epoch 0 and inside epoch 1 and resumed,
+a run
 with the real image-folder data module and random multi-crop augmentations ends bit-identical to
-the uninterrupted run (weights, prototypes, the dataset bank, the epoch's k-means assignments,
-optimiser, schedules, probe; ``tests/resume_harness.py``).
+the uninterrupted run (weights, prototypes, the dataset bank, the epoch's k-means assignments;
+SMoG's groups, bank and teacher; optimiser, schedules, probe; ``tests/resume_harness.py``).
 
 Known-bad: assignments kept outside the checkpoint (a plain attribute) end elsewhere after a
 resume inside an epoch (Lightning does not call ``on_train_epoch_start`` again there).
@@ -15,7 +16,7 @@ import pytest
 import torch
 from test_resume_exact import RESUME_POINTS, _assert_identical, _run_jobs
 
-METHODS = ["deepcluster_v2", "deepcluster_v2_unsaved"]
+METHODS = ["deepcluster_v2", "deepcluster_v2_unsaved", "smog"]
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +30,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  #
         return {"method": method, "data_root": str(data), "workers": workers, "epochs": 2,
                 "out": str(root / f"{name}.pt"), **extra}
 
-    ckpt = str(root / "ckpt")
-    _run_jobs([job("deepcluster_v2", "deepcluster_v2", 0, ckpt_dir=ckpt)],
+    ckpts = {m: str(root / f"ckpt_{m.replace('_unsaved', '')}") for m in METHODS}
+    _run_jobs([job(m, m, 0, ckpt_dir=ckpts[m]) for m in ("deepcluster_v2", "smog")],
               root / "straight.json")
-    _run_jobs([job(f"{m}_from{step}", m, workers, resume=f"{ckpt}/step={step}.ckpt")
+    _run_jobs([job(f"{m}_from{step}", m, workers, resume=f"{ckpts[m]}/step={step}.ckpt")
                for m in METHODS for step, workers in RESUME_POINTS.items()],
               root / "resumes.json")
     return lambda name: torch.load(root / f"{name}.pt", weights_only=True)
@@ -52,3 +53,9 @@ def test_assignments_outside_the_checkpoint_are_caught(runs: Any) -> None:
     moved = [k for k, v in straight["model"].items()
              if not torch.equal(resumed["model"][k], v)]
     assert "prototypes.0.layer.weight" in moved, moved
+
+
+def test_smog_resume_inside_epoch_0_and_1_is_bit_identical(runs: Any) -> None:
+    straight = runs("smog")
+    for step in RESUME_POINTS:
+        _assert_identical(runs(f"smog_from{step}"), straight)

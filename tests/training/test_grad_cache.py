@@ -58,6 +58,7 @@ from ssl_lightning.methods import (
     SimCLR,
     SimMIM,
     SimSiam,
+    SMoG,
     SSLMethod,
     SupCon,
     SwAV,
@@ -162,6 +163,9 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                                                   projection_dim=8, num_prototypes=(6, 4),
                                                   kmeans_iterations=3, head_batch_norm=False,
                                                   **kw), MULTI_CROP),
+    "smog": (lambda **kw: SMoG(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                               num_groups=4, reset_every=2, queue_size=16, kmeans_iterations=3,
+                               head_batch_norm=False, momentum_base=0.9, **kw), TWO_VIEWS),
 }
 #: Methods reading each sample's dataset index from its seed (batches with sample seeds).
 KEYED = {"deepcluster_v2"}
