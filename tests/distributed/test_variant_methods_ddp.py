@@ -9,8 +9,9 @@ centroids of one process on all rows.
 One spawn (``run_in_processes``) runs every method: each worker already holds the process group,
 so Lightning's DDP strategy joins it (``LOCAL_RANK`` / ``WORLD_SIZE`` set: processes launched
 externally) and several Trainer fits share the two processes. The known-bad variants, an NNSiam
-support set filled from the rank's own projections only and DeepCluster v2 k-means whose sums
-and counts are not summed over ranks (local centroids), must differ.
+support set filled from the rank's own projections only, DeepCluster v2 k-means whose sums
+and counts are not summed over ranks (local centroids) and SMoG groups moved by the rank's own
+projections, must differ.
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ class _LocalKMeansDeepClusterV2(DeepClusterV2):
         self.bank.__class__ = _LocalBank
 
 
+class _LocalGroupsSMoG(SMoG):
+    """Known-bad: groups and bank moved by this rank's projections only."""
+
+    def gather_no_grad(self, x: Tensor) -> Tensor:
+        return x
+
+
 class _FixedMasksIBOT(IBOT):
     """iBOT++ with masks that are a function of the sample's place in the global batch (the
     same in both runs; the method's own masks come from a per-rank stream)."""
@@ -109,6 +117,9 @@ METHODS: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...]]] = {
     "smog": (lambda: SMoG(_convnet(), num_groups=4, reset_every=2, queue_size=16,
                           kmeans_iterations=3, head_batch_norm=False, momentum_base=0.9,
                           **HEADS, **OPTIM), (8, 8)),
+    "smog_local_groups": (lambda: _LocalGroupsSMoG(
+        _convnet(), num_groups=4, reset_every=2, queue_size=16, kmeans_iterations=3,
+        head_batch_norm=False, momentum_base=0.9, **HEADS, **OPTIM), (8, 8)),
     "nnsiam_local_support": (lambda: _LocalSupportSetNNSiam(
         _convnet(), queue_size=16, predictor_hidden_dim=8, head_batch_norm=False, **HEADS,
         **OPTIM), (8, 8)),
@@ -116,7 +127,7 @@ METHODS: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...]]] = {
         _convnet(), num_prototypes=(5, 3), kmeans_iterations=3, head_batch_norm=False,
         **HEADS, **OPTIM), (8, 8, 4)),
 }
-KNOWN_BAD = ("nnsiam_local_support", "deepcluster_v2_local_kmeans")
+KNOWN_BAD = ("nnsiam_local_support", "deepcluster_v2_local_kmeans", "smog_local_groups")
 #: Methods that read each sample's dataset index from its seed (KeyedViews batches).
 KEYED = ("deepcluster_v2", "deepcluster_v2_local_kmeans")
 
@@ -202,3 +213,9 @@ def test_local_kmeans_is_caught(runs) -> None:
     problems = _differences(ranks[0]["deepcluster_v2_local_kmeans"]["model"],
                             single["deepcluster_v2"]["model"])
     assert "assignments" in problems and "prototypes.0.layer.weight" in problems, problems
+
+
+def test_smog_local_groups_are_caught(runs) -> None:
+    ranks, single = runs
+    problems = _differences(ranks[0]["smog_local_groups"]["model"], single["smog"]["model"])
+    assert "groups" in problems and "bank.queue" in problems, problems
