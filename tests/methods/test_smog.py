@@ -38,9 +38,12 @@ def test_group_update_matches_the_float64_reference() -> None:
 
 def test_step_loss_matches_the_reference() -> None:
     torch.manual_seed(0)
-    model = _smog().double()
-    views = [torch.randn(4, 3, 8, 8, dtype=torch.float64) for _ in range(2)]
+    model = _smog(num_groups=8, queue_size=16).double()
+    views = [torch.randn(8, 3, 8, 8, dtype=torch.float64) for _ in range(2)]
     outputs = model.forward_views(views)
+    # groups at teacher projections of both views: their groups differ, so a swap is seen
+    model.groups.copy_(F.normalize(torch.cat([outputs["z1"][:4], outputs["z2"][:4]]), dim=1))
+    assert not torch.equal(model.groups_of(outputs["z1"]), model.groups_of(outputs["z2"]))
     before = model.groups.clone()
     loss = model.loss_from_outputs(outputs)
     rows = F.normalize(torch.cat([outputs["s1"], outputs["s2"]]), dim=1)
