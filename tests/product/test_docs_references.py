@@ -35,7 +35,7 @@ FOREIGN_NAMES = frozenset({
     "ssl_default_config.yaml",
     "vitg14.yaml", "in1k_vith14_ep300.yaml", "configs/in1k_vith14_ep300.yaml",
     "SimCLRTransform", "DataAugmentationDINO", "MultiCropWrapper", "CosineWDSchedule",
-    "VmHWM", "VmRSS",
+    "VmHWM", "VmRSS", "KMeans",
 })
 #: Files a run writes beside its logs, or that a user writes (examples), not files of the tree.
 OUTPUT_FILES = frozenset({"config.yaml", "my.yaml", "my_methods.py"})
