@@ -18,7 +18,7 @@ Lightning does not call ``on_train_epoch_start`` again) keeps the epoch's assign
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -143,7 +143,7 @@ class DeepClusterV2(SSLMethod):
                                                    self.hparams["kmeans_iterations"], seed)
         with torch.no_grad():
             for head, c in zip(self.prototypes, centroids, strict=True):
-                head.weight.copy_(c)
+                cast(SwAVPrototypes, head).weight.copy_(c)
         self.assignments.copy_(assignments)
         self.clustered_epoch.fill_(epoch)
 

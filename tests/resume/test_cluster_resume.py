@@ -14,29 +14,16 @@ from typing import Any
 
 import pytest
 import torch
-from test_resume_exact import RESUME_POINTS, _assert_identical, _run_jobs
+from test_resume_exact import RESUME_POINTS, _assert_identical, straight_and_resumed
 
 METHODS = ["deepcluster_v2", "deepcluster_v2_unsaved", "smog"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
-    root = tmp_path_factory.mktemp("cluster_resume")
-    data = root / "data"
-    make_image_folder(data / "train", classes=2, per_class=12, seed=0)
-    make_image_folder(data / "test", classes=2, per_class=6, seed=1)
-
-    def job(name: str, method: str, workers: int, **extra: Any) -> dict[str, Any]:
-        return {"method": method, "data_root": str(data), "workers": workers, "epochs": 2,
-                "out": str(root / f"{name}.pt"), **extra}
-
-    ckpts = {m: str(root / f"ckpt_{m.replace('_unsaved', '')}") for m in METHODS}
-    _run_jobs([job(m, m, 0, ckpt_dir=ckpts[m]) for m in ("deepcluster_v2", "smog")],
-              root / "straight.json")
-    _run_jobs([job(f"{m}_from{step}", m, workers, resume=f"{ckpts[m]}/step={step}.ckpt")
-               for m in METHODS for step, workers in RESUME_POINTS.items()],
-              root / "resumes.json")
-    return lambda name: torch.load(root / f"{name}.pt", weights_only=True)
+    return straight_and_resumed(tmp_path_factory.mktemp("cluster_resume"), make_image_folder,
+                                ["deepcluster_v2", "smog"], {m: m.replace("_unsaved", "")
+                                                             for m in METHODS})
 
 
 def test_resume_inside_epoch_0_and_1_is_bit_identical(runs: Any) -> None:
