@@ -5,7 +5,8 @@ SupCon, MoCo v2+, FastSiam (4 views), NNSiam, NNBYOL, DirectCLR, ReSSL (a strong
 view) or All4One, each with the same backbone,
 projection size, optimiser and schedule (the methods without a temperature ignore
 ``--temperature``); MSN and PMSN mask patch tokens, so they run a small ViT with their own
-optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view.
+optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view; DeepCluster v2 takes its
+config's 3 x 3000 clusters and temperature 0.1, SMoG 300 groups, a 300-batch bank, τ 0.1.
 
 Both numbers come from this one script, with the same backbone architecture, data module,
 kNN bank and :class:`~ssl_lightning.callbacks.KNNCallback` (weighted cosine kNN, k=200,
@@ -40,6 +41,7 @@ from ssl_lightning.methods import (
     PMSN,
     WMSE,
     All4One,
+    DeepClusterV2,
     DirectCLR,
     FastSiam,
     LeJEPA,
@@ -47,6 +49,7 @@ from ssl_lightning.methods import (
     NNSiam,
     ReSSL,
     SimCLR,
+    SMoG,
     SSLMethod,
     SupCon,
     TiCo,
@@ -123,6 +126,14 @@ METHODS = {
                                        **{k: v for k, v in _no_temperature(c).items()
                                           if k != "projection_hidden_dim"}),
     "msn": lambda b, q, c: MSN(b, **_msn(c)),
+    # the config's 3 heads of 3000 clusters and its temperature 0.1 (configs/deepcluster_v2.yaml)
+    "deepcluster_v2": lambda b, q, c: DeepClusterV2(b, projection_dim=128,
+                                                    num_prototypes=(3000, 3000, 3000),
+                                                    **{**c, "temperature": 0.1}),
+    # the config's groups, bank, reset interval and temperature (configs/smog.yaml)
+    "smog": lambda b, q, c: SMoG(b, projection_dim=128, num_groups=300, reset_every=300,
+                                 queue_size=300 * 128, momentum_base=0.99,
+                                 momentum_schedule="constant", **{**c, "temperature": 0.1}),
     "pmsn": lambda b, q, c: PMSN(b, **_msn(c)),
     "ressl": lambda b, q, c: ReSSL(b, projection_dim=128, queue_size=q, **_no_temperature(c)),
     "all4one": lambda b, q, c: All4One(b, projection_dim=128, predictor_hidden_dim=512,

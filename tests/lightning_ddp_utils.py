@@ -76,6 +76,7 @@ class KeyedViews(PrecomputedViews):
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__(num_samples, view_sizes, num_classes, seed)
         self.views = [v.to(dtype) for v in self.views]
+        self.seed = 0  # the run seed of the sample seeds, as SeededDataset.seed
 
     def __getitem__(self, index: int) -> tuple[list[Tensor], Tensor, Tensor]:
         views, target = super().__getitem__(index)

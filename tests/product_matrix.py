@@ -52,6 +52,9 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "dinov3.yaml": ["--model.init_args.gram_start_step", "1",
                     "--model.init_args.gram_refresh_every", "2",
                     "--model.init_args.gram_weight_ramp_steps", "1"],
+    "deepcluster_v2.yaml": ["--model.init_args.num_prototypes", "[4, 3]"],  # of 24 images
+    "smog.yaml": ["--model.init_args.num_groups", "4", "--model.init_args.queue_size", "16",
+                  "--model.init_args.reset_every", "2"],  # a reset inside the 4 steps
     # a small random timm DINOv2-style ViT teacher (the shipped one reads a weights file)
     "distillation_timm.yaml": [
         "--model.init_args.teacher", '{"class_path": "ssl_lightning.TimmBackbone", "init_args": '

@@ -53,6 +53,7 @@ from ssl_lightning.methods import (
     MSN,
     PMSN,
     BarlowTwins,
+    DeepClusterV2,
     DINOv3,
     Distillation,
     MoCoV2,
@@ -60,6 +61,7 @@ from ssl_lightning.methods import (
     SimCLR,
     SimMIM,
     SimSiam,
+    SMoG,
     SwAV,
     VICReg,
 )
@@ -87,6 +89,15 @@ class _InitStreamAIM(AIM):
     def draw_prefix(self, batch: int) -> torch.Tensor:
         low, high = self.prefix_range
         return torch.randint(low, high + 1, (batch,), generator=self.generator)
+
+
+class _UnsavedAssignmentsDeepClusterV2(DeepClusterV2):
+    """Known-bad: the epoch's k-means assignments kept outside the checkpoint (a plain
+    attribute), so a run resumed inside an epoch starts from blank assignments."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        checkpoint["state_dict"]["assignments"].zero_()
 
 
 METHODS: dict[str, Callable[[], pl.LightningModule]] = {
@@ -132,6 +143,16 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "pmsn": lambda: PMSN(ViT(image_size=SIZE, patch_size=4, embed_dim=8, depth=2, num_heads=2,
                              drop_path_rate=0.5), projection_hidden_dim=8, projection_dim=4,
                          num_prototypes=6, mask_ratio=0.25, **OPT),
+    # Bank written at the indices derived from the sample seeds, k-means at each epoch start.
+    "deepcluster_v2": lambda: DeepClusterV2(_net(), projection_hidden_dim=8, projection_dim=4,
+                                            num_prototypes=(5, 3), kmeans_iterations=3, **OPT),
+    # Groups reset by k-means every 4 steps (resumed at 2 and at 9, between resets).
+    "smog": lambda: SMoG(_net(), projection_hidden_dim=8, projection_dim=4, num_groups=3,
+                         reset_every=4, queue_size=8, kmeans_iterations=3, momentum_base=0.9,
+                         **OPT),
+    "deepcluster_v2_unsaved": lambda: _UnsavedAssignmentsDeepClusterV2(
+        _net(), projection_hidden_dim=8, projection_dim=4, num_prototypes=(5, 3),
+        kmeans_iterations=3, **OPT),
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
@@ -139,7 +160,8 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
 
 def transform(method: str) -> MultiViewTransform:
     """The method's own kind of views (random), small."""
-    if method in ("dino", "swav", "ibot_vit", "msn", "pmsn"):
+    if method in ("dino", "swav", "ibot_vit", "msn", "pmsn",
+                  "deepcluster_v2", "deepcluster_v2_unsaved"):
         return MultiCropViews("swav" if method == "swav" else "dino", "cifar", num_local_crops=2,
                               global_size=SIZE, local_size=8)
     if method == "dinov3":

@@ -114,8 +114,10 @@ def check_architecture(model: nn.Module, checkpoint: Mapping[str, Any], path: st
     expected = {k: v for k, v in model.state_dict().items() if not k.startswith(unsaved)}
     missing = [k for k in expected if k not in saved]
     unexpected = [k for k in saved if k not in expected]
+    data_sized = tuple(getattr(model, "data_sized_state", ()))  # sized by the data, not config
     reshaped = [f"{k} {tuple(saved[k].shape)} in the checkpoint, {tuple(v.shape)} configured"
-                for k, v in expected.items() if k in saved and tuple(saved[k].shape) != v.shape]
+                for k, v in expected.items() if k in saved and tuple(saved[k].shape) != v.shape
+                and k not in data_sized]
     if not (missing or unexpected or reshaped):
         return
     parts = [f"{len(items)} {what} ({', '.join(items[:3])}{', ...' if len(items) > 3 else ''})"

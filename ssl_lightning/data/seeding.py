@@ -213,3 +213,47 @@ def counter_uniform(keys: torch.Tensor, counter: int, columns: int) -> torch.Ten
     steps = torch.arange(columns, device=keys.device, dtype=torch.int64) + (counter * 64 + 1)
     x = keys.view(-1, 1) + steps * _signed(_GOLDEN)
     return _shr(mix64_tensor(x), 40).float() * (1.0 / (1 << 24))
+
+
+def _unmix64(value: int) -> int:
+    """The inverse of :func:`mix64`."""
+    z = value & _MASK64
+    z ^= (z >> 31) ^ (z >> 62)
+    z = (z * pow(0x94D049BB133111EB, -1, 1 << 64)) & _MASK64
+    z ^= (z >> 27) ^ (z >> 54)
+    z = (z * pow(0xBF58476D1CE4E5B9, -1, 1 << 64)) & _MASK64
+    return z ^ (z >> 30) ^ (z >> 60)
+
+
+def sample_index(sample: int, seed: int, epoch: int, dataset_size: int) -> int:
+    """The dataset index whose :func:`sample_seed` ``(seed, epoch, index)`` is ``sample``.
+
+    :func:`sample_seed` is a bijective hash of the index up to its dropped top bit, so both
+    values of that bit are tried and the one giving an index in ``[0, dataset_size)`` whose seed
+    is ``sample`` is returned (the methods that need a sample's dataset index, DeepCluster v2,
+    derive it from the seed the batch already carries).
+
+    Raises:
+        ValueError: no index (or more than one) of the dataset has this seed in this epoch.
+    """
+    z = mix64(mix64(seed + _GOLDEN) ^ (epoch + 1) * _GOLDEN)
+    inverse_golden = pow(_GOLDEN, -1, 1 << 64)
+    found = []
+    for top in (0, 1 << 63):
+        index = ((_unmix64(sample | top) ^ z) * inverse_golden - 1) & _MASK64
+        if index < dataset_size and sample_seed(seed, epoch, index) == sample:
+            found.append(index)
+    if len(found) != 1:
+        raise ValueError(
+            f"The sample seed {sample} is not the seed of exactly one index of a dataset of "
+            f"{dataset_size} samples in epoch {epoch} with seed {seed} (found {found}): the "
+            "batches must come from SeededDataset (the package's data modules) with this seed "
+            "and epoch.")
+    return found[0]
+
+
+def sample_indices(seeds: torch.Tensor, seed: int, epoch: int,
+                   dataset_size: int) -> torch.Tensor:
+    """:func:`sample_index` of every element of an int64 tensor of sample seeds."""
+    values = [sample_index(int(s), seed, epoch, dataset_size) for s in seeds.tolist()]
+    return torch.tensor(values, dtype=torch.long, device=seeds.device)

@@ -6,6 +6,7 @@ from ssl_lightning.methods.barlow_twins import BarlowTwins
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dcl import DCL
+from ssl_lightning.methods.deepcluster_v2 import DeepClusterV2
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.methods.dinov3 import DINOv3
@@ -30,6 +31,7 @@ from ssl_lightning.methods.ressl import ReSSL
 from ssl_lightning.methods.simclr import SimCLR
 from ssl_lightning.methods.simmim import SimMIM
 from ssl_lightning.methods.simsiam import SimSiam
+from ssl_lightning.methods.smog import SMoG
 from ssl_lightning.methods.supcon import SupCon
 from ssl_lightning.methods.swav import SwAV
 from ssl_lightning.methods.tico import TiCo
@@ -42,4 +44,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
-           "ReSSL", "All4One"]
+           "ReSSL", "All4One", "DeepClusterV2", "SMoG"]

@@ -45,7 +45,11 @@ from ssl_lightning.optim import (
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.sharding import shard_method, sharded_paths
 from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
-from ssl_lightning.training.grad_cache import check_micro_batch_size, grad_cached_loss
+from ssl_lightning.training.grad_cache import (
+    add_step_inputs,
+    check_micro_batch_size,
+    grad_cached_loss,
+)
 from ssl_lightning.training.sample_rng import keyed_forward
 from ssl_lightning.training.step_rng import SeededSteps
 
@@ -118,6 +122,10 @@ class SSLMethod(SeededSteps):
     #: State-dict prefixes a checkpoint leaves out because loading rebuilds them (a frozen
     #: teacher); the ``--ckpt_path`` check does not ask for them.
     unsaved_state_prefixes: ClassVar[tuple[str, ...]] = ()
+    #: State-dict keys whose shape comes from the training data (sized when fit starts, or from
+    #: the checkpoint on load: DeepCluster v2's dataset bank), not from the constructor; the
+    #: ``--ckpt_path`` check does not compare their shapes.
+    data_sized_state: ClassVar[tuple[str, ...]] = ()
     #: Deprecated constructor argument names of this class -> their new names (accepted with a
     #: warning for one release, see :mod:`ssl_lightning.deprecation`; never saved).
     renamed_arguments: ClassVar[dict[str, str]] = {}
@@ -179,6 +187,7 @@ class SSLMethod(SeededSteps):
         rename_hyperparameters(self.hparams, type(self))
         rename_hyperparameters(cast(dict, self._hparams_initial), type(self))  # for loggers
         self._step_targets: Tensor | None = None
+        self._step_seeds: Tensor | None = None
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
         self._views_checked = False
@@ -196,12 +205,13 @@ class SSLMethod(SeededSteps):
 
         The default splits the step in two (what gradient caching needs): the networks
         (:meth:`forward_views`) and the loss on their outputs (:meth:`loss_from_outputs`). The
-        training batch's targets (B,) (-1: unlabelled) join the outputs as ``"targets"``, per
-        sample like every output, for the methods that use labels (SupCon).
+        training batch's targets (B,) (-1: unlabelled) join the outputs as ``"targets"``, and
+        its sample seeds (B,), when the batch carries them, as ``"sample_seeds"``, per sample
+        like every output, for the methods that use labels (SupCon) or dataset indices
+        (DeepCluster v2, :func:`~ssl_lightning.data.seeding.sample_indices`).
         """
         outputs = self.forward_views(views)
-        if self._step_targets is not None:
-            outputs.setdefault("targets", self._step_targets)
+        add_step_inputs(self, outputs)
         return self.loss_from_outputs(outputs), outputs["features"]
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
@@ -402,6 +412,7 @@ class SSLMethod(SeededSteps):
         self.warn_unused_views(views)
         keys = self.sample_keys(seeds[0], batch_idx) if seeds else None
         self._step_targets = targets  # read by training_loss / loss_from_outputs; this step only
+        self._step_seeds = seeds[0] if seeds else None
         try:
             micro = self.hparams.get("micro_batch_size")
             if micro is not None and micro < len(targets):
@@ -410,7 +421,7 @@ class SSLMethod(SeededSteps):
                 with keyed_forward(keys):
                     loss, features = self.training_loss(views)
         finally:
-            self._step_targets = None
+            self._step_targets = self._step_seeds = None
         check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))

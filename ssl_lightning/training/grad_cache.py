@@ -54,6 +54,15 @@ class SplitStep(Protocol):
     def get_buffer(self, target: str) -> Tensor: ...
 
 
+def add_step_inputs(method: Any, outputs: dict[str, Any]) -> None:
+    """Join the whole batch's targets and sample seeds (when set for this step) to the
+    outputs as ``"targets"`` and ``"sample_seeds"`` (training_loss and gradient caching)."""
+    for key, value in (("targets", getattr(method, "_step_targets", None)),
+                       ("sample_seeds", getattr(method, "_step_seeds", None))):
+        if value is not None:
+            outputs.setdefault(key, value)
+
+
 def check_micro_batch_size(micro_batch_size: int, batch_size: int) -> None:
     """Raise a ``ValueError`` unless ``micro_batch_size`` divides the per-device ``batch_size``."""
     if micro_batch_size <= 0 or batch_size % micro_batch_size:
@@ -114,9 +123,7 @@ def grad_cached_loss(
     for j in grad_leaves:
         whole[j].requires_grad_(True)
     outputs = _unflatten(whole, structure)
-    step_targets = getattr(method, "_step_targets", None)  # the whole batch's, as training_loss
-    if step_targets is not None:
-        outputs.setdefault("targets", step_targets)
+    add_step_inputs(method, outputs)  # the whole batch's targets and seeds, as training_loss
     loss = method.loss_from_outputs(outputs)
     grads = torch.autograd.grad(loss * loss_scale, [whole[j] for j in grad_leaves] + params,
                                 allow_unused=True)

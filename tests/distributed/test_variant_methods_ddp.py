@@ -1,13 +1,16 @@
-"""MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR, iBOT++, ReSSL and All4One trained by Lightning
-on 2 CPU
-processes (``strategy="ddp"``, gloo, float64) end with the weights, teachers, queues and pointers
-of one process trained on the concatenated rank batches, to 1e-9.
+"""MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR, iBOT++, ReSSL, All4One, DeepCluster v2 and SMoG
+trained by Lightning on 2 CPU processes (``strategy="ddp"``, gloo, float64) end with the weights,
+teachers, queues and pointers (DeepCluster v2: dataset bank, k-means assignments, prototypes;
+SMoG: groups, bank) of one process trained on the concatenated rank batches, to 1e-9; spherical
+k-means on the ranks' row shares gives the centroids of one process on all rows.
 
 One spawn (``run_in_processes``) runs every method: each worker already holds the process group,
 so Lightning's DDP strategy joins it (``LOCAL_RANK`` / ``WORLD_SIZE`` set: processes launched
 externally) and several Trainer fits share the two processes. The known-bad variants, an NNSiam
-support set filled from the rank's own projections only and an All4One feature term on each
-rank's own batch statistics (solo-learn's), must differ.
+support set filled from the rank's own projections only, an All4One feature term on each
+rank's own batch statistics (solo-learn's), DeepCluster v2 k-means whose sums and counts are
+not summed over ranks (local centroids) and SMoG groups moved by the rank's own projections,
+must differ.
 """
 
 from __future__ import annotations
@@ -20,20 +23,23 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule, ddp_global_order
+from lightning_ddp_utils import KeyedViews, PrecomputedViews, TensorDataModule, ddp_global_order
 from torch import Tensor
 from torch.utils.data import Subset
 
 from ssl_lightning.backbones import SmallConvNet, ViT
+from ssl_lightning.clustering import DatasetBank, initial_centroids, spherical_kmeans
 from ssl_lightning.methods import (
     IBOT,
     NNBYOL,
     All4One,
+    DeepClusterV2,
     DirectCLR,
     FastSiam,
     MoCoV2Plus,
     NNSiam,
     ReSSL,
+    SMoG,
     SSLMethod,
 )
 
@@ -47,6 +53,28 @@ class _LocalSupportSetNNSiam(NNSiam):
 
     def gather(self, x: Tensor) -> Tensor:
         return x if not x.requires_grad else super().gather(x)
+
+
+class _LocalBank(DatasetBank):
+    """Known-bad: k-means statistics of this rank's rows only (no sum over ranks)."""
+
+    def reduce(self, x: Tensor) -> Tensor:
+        return x
+
+
+class _LocalKMeansDeepClusterV2(DeepClusterV2):
+    """Known-bad: DeepCluster v2 with :class:`_LocalBank`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bank.__class__ = _LocalBank
+
+
+class _LocalGroupsSMoG(SMoG):
+    """Known-bad: groups and bank moved by this rank's projections only."""
+
+    def gather_no_grad(self, x: Tensor) -> Tensor:
+        return x
 
 
 class _FixedMasksIBOT(IBOT):
@@ -100,20 +128,34 @@ METHODS: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...]]] = {
               (8, 8)),
     "all4one": (_all4one, (8, 8)),
     "all4one_local_statistics": (lambda: _all4one(_LocalStatisticsAll4One), (8, 8)),
+    "deepcluster_v2": (lambda: DeepClusterV2(_convnet(), num_prototypes=(5, 3),
+                                             kmeans_iterations=3, head_batch_norm=False,
+                                             **HEADS, **OPTIM), (8, 8, 4)),
+    # groups reset by k-means over the bank at step 2 (of 3), momentum-updated at every step
+    "smog": (lambda: SMoG(_convnet(), num_groups=4, reset_every=2, queue_size=16,
+                          kmeans_iterations=3, head_batch_norm=False, momentum_base=0.9,
+                          **HEADS, **OPTIM), (8, 8)),
+    "smog_local_groups": (lambda: _LocalGroupsSMoG(
+        _convnet(), num_groups=4, reset_every=2, queue_size=16, kmeans_iterations=3,
+        head_batch_norm=False, momentum_base=0.9, **HEADS, **OPTIM), (8, 8)),
     "nnsiam_local_support": (lambda: _LocalSupportSetNNSiam(
         _convnet(), queue_size=16, predictor_hidden_dim=8, head_batch_norm=False, **HEADS,
         **OPTIM), (8, 8)),
+    "deepcluster_v2_local_kmeans": (lambda: _LocalKMeansDeepClusterV2(
+        _convnet(), num_prototypes=(5, 3), kmeans_iterations=3, head_batch_norm=False,
+        **HEADS, **OPTIM), (8, 8, 4)),
 }
-
-
-KNOWN_BAD = ("nnsiam_local_support", "all4one_local_statistics")
+KNOWN_BAD = ("nnsiam_local_support", "all4one_local_statistics", "deepcluster_v2_local_kmeans",
+             "smog_local_groups")
+#: Methods that read each sample's dataset index from its seed (KeyedViews batches).
+KEYED = ("deepcluster_v2", "deepcluster_v2_local_kmeans")
 
 
 def _fit(name: str, batch_size: int, world: int, order: list[int] | None = None) -> dict:
     make, sizes = METHODS[name]
     pl.seed_everything(0, verbose=False)
     model = make()
-    data: Any = PrecomputedViews(SAMPLES, sizes)
+    data: Any = (KeyedViews if name in KEYED else PrecomputedViews)(SAMPLES, sizes)
     trainer = pl.Trainer(
         accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto",
         precision="64-true", max_steps=STEPS, logger=False, enable_checkpointing=False,
@@ -124,9 +166,15 @@ def _fit(name: str, batch_size: int, world: int, order: list[int] | None = None)
     return {"model": state, "loss": float(trainer.callback_metrics["train/loss_epoch"])}
 
 
-def _worker(rank: int, world: int) -> dict[str, dict]:
+def _kmeans(rank: int, world: int) -> Tensor:
+    """Centroids of spherical k-means on this rank's rows ``rank::world`` of a float64 bank."""
+    bank = torch.randn(30, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return spherical_kmeans(bank[rank::world], initial_centroids(bank, 5, seed=1), iterations=4)
+
+
+def _worker(rank: int, world: int) -> dict[str, Any]:
     os.environ.update(LOCAL_RANK=str(rank), WORLD_SIZE=str(world), NODE_RANK="0")
-    return {name: _fit(name, BATCH, world) for name in METHODS}
+    return {"kmeans": _kmeans(rank, world), **{name: _fit(name, BATCH, world) for name in METHODS}}
 
 
 def _differences(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> dict[str, float]:
@@ -134,6 +182,9 @@ def _differences(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> dict
     problems = {}
     for key, want in expected.items():
         if key == "shuffle_step":  # MoCo's shuffle-BN counter only moves under DDP
+            continue
+        if actual[key].shape != want.shape:  # DeepCluster's bank is sized when fit starts
+            problems[key] = float("inf")
             continue
         difference = float((actual[key].double() - want.double()).abs().max())
         if difference > 1e-9:
@@ -145,8 +196,8 @@ def _differences(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> dict
 def runs() -> tuple[list[dict], dict]:
     ranks = run_in_processes(_worker, 2)
     order = ddp_global_order(SAMPLES, 2, BATCH)
-    single = {name: _fit(name, 2 * BATCH, 1, order) for name in METHODS
-              if name not in KNOWN_BAD}
+    single = {name: _fit(name, 2 * BATCH, 1, order) for name in METHODS if name not in KNOWN_BAD}
+    single["kmeans"] = _kmeans(0, 1)
     return ranks, single
 
 
@@ -175,3 +226,22 @@ def test_per_rank_feature_statistics_are_caught(runs) -> None:
     problems = _differences(ranks[0]["all4one_local_statistics"]["model"],
                             single["all4one"]["model"])
     assert any(k.startswith("projector") for k in problems), problems
+
+
+def test_kmeans_on_row_shares_equals_one_process(runs) -> None:
+    ranks, single = runs
+    for rank in ranks:
+        assert float((rank["kmeans"] - single["kmeans"]).abs().max()) < 1e-12
+
+
+def test_local_kmeans_is_caught(runs) -> None:
+    ranks, single = runs
+    problems = _differences(ranks[0]["deepcluster_v2_local_kmeans"]["model"],
+                            single["deepcluster_v2"]["model"])
+    assert "assignments" in problems and "prototypes.0.layer.weight" in problems, problems
+
+
+def test_smog_local_groups_are_caught(runs) -> None:
+    ranks, single = runs
+    problems = _differences(ranks[0]["smog_local_groups"]["model"], single["smog"]["model"])
+    assert "groups" in problems and "bank.queue" in problems, problems

@@ -92,6 +92,10 @@ LOSS_CASES: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
                                       tuple(_randn(B, D) for _ in range(4))),
     "All4OneLoss": lambda: (losses.All4OneLoss(chunk_size=3),
                             tuple([_randn(B, D), _randn(B, D)] for _ in range(6))),
+    "DeepClusterLoss": lambda: (losses.DeepClusterLoss(),
+                                ([_randn(B, 3, K), _randn(B, 3, K - 2)],
+                                 torch.stack([torch.randint(K, (B,)),
+                                              torch.randint(K - 2, (B,))]))),
 }
 
 

@@ -63,6 +63,12 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.head_bottleneck_dim", "16"]
        for name in ("ibot.yaml", "dinov2.yaml", "ibot_plus_plus.yaml", "dinov3.yaml",
                     "dinov3_continue.yaml")},
+    # clusters of the tiny data (24 training images), not of CIFAR-10's 50 000
+    "deepcluster_v2.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
+                            "--model.init_args.num_prototypes", "[4, 3]"],
+    "smog.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
+                  "--model.init_args.num_groups", "4", "--model.init_args.queue_size", "16",
+                  "--model.init_args.reset_every", "2"],
     # the ResNet-18 student runs in distillation.yaml's test; here the timm teacher file matters
     "distillation_timm.yaml": ["--model.init_args.backbone", '{"class_path": '
                                '"ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'],

@@ -31,10 +31,11 @@ OUTPUT_DIRS = ("runs/", "data/", "lightning_logs/", "mlruns/", "wandb/", "out/",
 #: (``main_dino.py`` is DINO's training script, ``SimCLRTransform`` lightly's views, ...), and
 #: ``/proc/self/status`` fields; they are not ours, so they are not looked up in the tree.
 FOREIGN_NAMES = frozenset({
-    "main_dino.py", "main_swav.py", "main_ibot.py", "train.py", "ssl_default_config.yaml",
+    "main_dino.py", "main_swav.py", "main_ibot.py", "main_deepclusterv2.py", "train.py",
+    "ssl_default_config.yaml",
     "vitg14.yaml", "in1k_vith14_ep300.yaml", "configs/in1k_vith14_ep300.yaml",
     "SimCLRTransform", "DataAugmentationDINO", "MultiCropWrapper", "CosineWDSchedule",
-    "VmHWM", "VmRSS",
+    "VmHWM", "VmRSS", "KMeans",
 })
 #: Files a run writes beside its logs, or that a user writes (examples), not files of the tree.
 OUTPUT_FILES = frozenset({"config.yaml", "my.yaml", "my_methods.py"})

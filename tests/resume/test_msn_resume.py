@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 import pytorch_lightning as pl
-import torch
 from momentum_utils import fit_and_resume, views_loader
-from test_resume_exact import RESUME_POINTS, _assert_identical, _run_jobs
+from test_resume_exact import RESUME_POINTS, _assert_identical, straight_and_resumed
 
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import MSN
@@ -25,21 +24,8 @@ METHODS = ["msn", "pmsn"]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
-    root = tmp_path_factory.mktemp("msn_resume")
-    data = root / "data"
-    make_image_folder(data / "train", classes=2, per_class=12, seed=0)
-    make_image_folder(data / "test", classes=2, per_class=6, seed=1)
-
-    def job(name: str, method: str, workers: int, **extra: Any) -> dict[str, Any]:
-        return {"method": method, "data_root": str(data), "workers": workers, "epochs": 2,
-                "out": str(root / f"{name}.pt"), **extra}
-
-    _run_jobs([job(m, m, 0, ckpt_dir=str(root / f"ckpt_{m}")) for m in METHODS],
-              root / "straight.json")
-    _run_jobs([job(f"{m}_from{step}", m, workers, resume=str(root / f"ckpt_{m}/step={step}.ckpt"))
-               for m in METHODS for step, workers in RESUME_POINTS.items()],
-              root / "resumes.json")
-    return lambda name: torch.load(root / f"{name}.pt", weights_only=True)
+    return straight_and_resumed(tmp_path_factory.mktemp("msn_resume"), make_image_folder,
+                                METHODS, {m: m for m in METHODS})
 
 
 @pytest.mark.parametrize("method", METHODS)

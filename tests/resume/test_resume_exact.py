@@ -61,6 +61,29 @@ def _run_jobs(jobs: list[dict[str, Any]], path: Path) -> str:
     return result.stderr
 
 
+def straight_and_resumed(root: Path, make_image_folder: Any, straight: list[str],
+                         resumed: dict[str, str]) -> Any:
+    """2-epoch harness runs of the ``straight`` methods on a tiny image folder (a checkpoint
+    after every step), then every method of ``resumed`` (name -> the straight method whose
+    checkpoints it resumes) from each of :data:`RESUME_POINTS`. Returns ``load(name)``, the
+    saved state of run ``name`` (``<method>`` or ``<method>_from<step>``)."""
+    data = root / "data"
+    make_image_folder(data / "train", classes=2, per_class=12, seed=0)
+    make_image_folder(data / "test", classes=2, per_class=6, seed=1)
+
+    def job(name: str, method: str, workers: int, **extra: Any) -> dict[str, Any]:
+        return {"method": method, "data_root": str(data), "workers": workers, "epochs": 2,
+                "out": str(root / f"{name}.pt"), **extra}
+
+    _run_jobs([job(m, m, 0, ckpt_dir=str(root / f"ckpt_{m}")) for m in straight],
+              root / "straight.json")
+    _run_jobs([job(f"{m}_from{step}", m, workers, resume=str(root / f"ckpt_{source}" /
+                                                               f"step={step}.ckpt"))
+               for m, source in resumed.items() for step, workers in RESUME_POINTS.items()],
+              root / "resumes.json")
+    return lambda name: torch.load(root / f"{name}.pt", weights_only=True)
+
+
 def _sigterm_run(job: dict[str, Any], path: Path) -> dict[str, Any]:
     path.write_text(json.dumps([job]))
     child = subprocess.Popen([sys.executable, str(HARNESS), str(path)],

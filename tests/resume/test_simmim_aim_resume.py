@@ -9,47 +9,20 @@ checkpoint) resumes to other weights.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from lightning_ddp_utils import assert_states_close
+from test_resume_exact import RESUME_POINTS, straight_and_resumed
 
-HARNESS = Path(__file__).resolve().parents[1] / "resume_harness.py"
 METHODS = ["simmim", "aim", "aim_init_stream"]
-RESUME_POINTS = {2: 2, 9: 0}  # step -> num_workers of the resumed run
-
-
-def _run_jobs(jobs: list[dict[str, Any]], path: Path) -> None:
-    path.write_text(json.dumps(jobs))
-    result = subprocess.run([sys.executable, str(HARNESS), str(path)], capture_output=True,
-                            text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
-    root = tmp_path_factory.mktemp("resume_simmim_aim")
-    data = root / "data"
-    make_image_folder(data / "train", classes=2, per_class=12, seed=0)
-    make_image_folder(data / "test", classes=2, per_class=6, seed=1)
-
-    def job(name: str, method: str, workers: int, **extra: Any) -> dict[str, Any]:
-        return {"method": method, "data_root": str(data), "workers": workers, "epochs": 2,
-                "out": str(root / f"{name}.pt"), **extra}
-
-    _run_jobs([job(m, m, 0, ckpt_dir=str(root / f"ckpt_{m}")) for m in METHODS],
-              root / "straight.json")
-    resumes = [job(f"{m}_from{step}", m, workers, resume=str(root / f"ckpt_{m}/step={step}.ckpt"))
-               for m in METHODS[:2] for step, workers in RESUME_POINTS.items()]
-    resumes.append(job("aim_init_stream_from9", "aim_init_stream", 0,
-                       resume=str(root / "ckpt_aim_init_stream/step=9.ckpt")))
-    _run_jobs(resumes, root / "resumes.json")
-    return lambda name: torch.load(root / f"{name}.pt", weights_only=True)
+    return straight_and_resumed(tmp_path_factory.mktemp("resume_simmim_aim"), make_image_folder,
+                                METHODS, {m: m for m in METHODS})
 
 
 @pytest.mark.parametrize("method", METHODS[:2])

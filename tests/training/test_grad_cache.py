@@ -24,6 +24,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from lightning_ddp_utils import (
+    KeyedViews,
     PrecomputedViews,
     TensorDataModule,
     ddp_global_order,
@@ -47,6 +48,7 @@ from ssl_lightning.methods import (
     WMSE,
     All4One,
     BarlowTwins,
+    DeepClusterV2,
     DirectCLR,
     FastSiam,
     LeJEPA,
@@ -58,6 +60,7 @@ from ssl_lightning.methods import (
     SimCLR,
     SimMIM,
     SimSiam,
+    SMoG,
     SSLMethod,
     SupCon,
     SwAV,
@@ -163,7 +166,17 @@ METHODS: dict[str, tuple[Callable[..., SSLMethod], tuple[int, ...]]] = {
                                      predictor_hidden_dim=8, head_batch_norm=False,
                                      queue_size=16, neighbours=3, transformer_layers=1,
                                      transformer_heads=2, momentum_base=0.9, **kw), TWO_VIEWS),
+    # Dataset indices from the sample seeds (KeyedViews batches), k-means at the epoch start.
+    "deepcluster_v2": (lambda **kw: DeepClusterV2(_backbone(), projection_hidden_dim=16,
+                                                  projection_dim=8, num_prototypes=(6, 4),
+                                                  kmeans_iterations=3, head_batch_norm=False,
+                                                  **kw), MULTI_CROP),
+    "smog": (lambda **kw: SMoG(_backbone(), projection_hidden_dim=16, projection_dim=8,
+                               num_groups=4, reset_every=2, queue_size=16, kmeans_iterations=3,
+                               head_batch_norm=False, momentum_base=0.9, **kw), TWO_VIEWS),
 }
+#: Methods reading each sample's dataset index from its seed (batches with sample seeds).
+KEYED = {"deepcluster_v2"}
 #: Methods whose smallest global batch exceeds the naive test's batches of 2 (W-MSE: one
 #: whitening sub-batch of 4 > D samples); they refuse such a batch before the first step.
 MIN_BATCH_ABOVE_TWO = {"wmse"}
@@ -194,7 +207,8 @@ def _fit(name: str, batch_size: int, micro: int | None, **trainer_kwargs: Any) -
     torch.manual_seed(0)
     model = make(micro_batch_size=micro, **OPTIM)
     recorder = RecordSteps()
-    state = fit_and_dump(model, TensorDataModule(PrecomputedViews(24, sizes), batch_size),
+    data = (KeyedViews if name in KEYED else PrecomputedViews)(24, sizes)
+    state = fit_and_dump(model, TensorDataModule(data, batch_size),
                          callbacks=[recorder], max_steps=3,
                          precision="64-true", **trainer_kwargs)[0]
     return {**state, "features": recorder.features, "losses": recorder.losses}
