@@ -55,9 +55,14 @@ from ssl_lightning.methods import (
     NNBYOL,
     NNCLR,
     WMSE,
+    AIM,
+    MSN,
+    PMSN,
     BarlowTwins,
     DINOv2,
+    DINOv3,
     DirectCLR,
+    Distillation,
     FastSiam,
     LeJEPA,
     MoCoV2,
@@ -65,10 +70,12 @@ from ssl_lightning.methods import (
     MoCoV3,
     NNSiam,
     SimCLR,
+    SimMIM,
     SimSiam,
     SupCon,
     SwAV,
     TiCo,
+    VIbCReg,
     VICReg,
 )
 from ssl_lightning.sharding import ShardedStrategy
@@ -84,7 +91,7 @@ MIM = dict(shared_head=False, patch_out_dim=24, mask_probability=0.5, num_local_
 #: Methods whose draws depend on a sample's place in the step (DINOv2's stratified mask ratios):
 #: their one process sees the samplers' order, where rank r's sample j is at j * WORLD + r. The
 #: others see the rank batches concatenated, the order of the gathered batch (and of a queue).
-BY_POSITION = ("dinov2",)
+BY_POSITION = ("dinov2", "dinov3")
 
 
 def sampler_order() -> list[int]:
@@ -134,6 +141,25 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "mmcr": lambda: MMCR(vit(), **HEAD, **OPT),
     "wmse": lambda: WMSE(vit(), projection_hidden_dim=16, projection_dim=3,
                          head_batch_norm=False, whitening_size=4, **OPT),
+    # Loss weights 1: LARS and the recipe's weights (25, 25, 200) amplify summation-order noise
+    # past the bound (1.8e-9; one process with each batch reversed already differs by 5.4e-10).
+    "vibcreg": lambda: VIbCReg(vit(), expander_hidden_dim=16, expander_dim=8,
+                               head_batch_norm=False, iternorm_groups=2, invariance_weight=1.0,
+                               variance_weight=1.0, covariance_weight=1.0, **OPT),
+    # Gram teacher snapshots at steps 0 and 1 (then frozen), run on 32 px crops whose 8x8 patch
+    # features are resized to the student's 4x4 grid.
+    "dinov3": lambda: DINOv3(vit(mask_token=True, num_registers=1), **DINO_HEAD, **MIM,
+                             patch_hidden_dim=12, patch_bottleneck_dim=6, gram_start_step=0,
+                             gram_refresh_every=1, gram_max_refreshes=1, **OPT),
+    # A frozen ViT teacher, sharded like the student: the queue KL and the patch-similarity KL.
+    "distillation": lambda: Distillation(vit(), teacher=vit(embed_dim=24), queue_size=16,
+                                         head_hidden_dim=16, **OPT),
+    "simmim": lambda: SimMIM(vit(mask_token=True), mask_patch_size=8, **OPT),
+    "aim": lambda: AIM(vit(pool="mean"), head_hidden_dim=16, head_layers=2, **OPT),
+    "msn": lambda: MSN(vit(), projection_hidden_dim=16, projection_dim=8, num_prototypes=6,
+                       head_batch_norm=False, mask_ratio=0.25, momentum_base=0.9, **OPT),
+    "pmsn": lambda: PMSN(vit(), projection_hidden_dim=16, projection_dim=8, num_prototypes=6,
+                         head_batch_norm=False, mask_ratio=0.25, momentum_base=0.9, **OPT),
 }
 #: Views of a method when they are not two 16 px views.
 VIEWS: dict[str, tuple[int, ...]] = {
@@ -141,6 +167,12 @@ VIEWS: dict[str, tuple[int, ...]] = {
                                       "lejepa")},
     "fastsiam": (16, 16, 16),
     "mmcr": (16, 16, 16),
+    "dinov3": (16, 16, 8, 32, 32),
+    "msn": (16, 16, 8),
+    "pmsn": (16, 16, 8),
+    "simmim": (16,),
+    "aim": (16,),
+    "distillation": (16,),
 }
 
 
@@ -167,7 +199,7 @@ def _trainer(strategy: Any, devices: int, **kwargs: Any) -> pl.Trainer:
 def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tensor]:
     """Fit method ``name`` STEPS steps on the precomputed views (the global order on 1
     process) and return its full state."""
-    data = KeyedViews(SAMPLES, VIEWS.get(name, (16, 16)))
+    data = KeyedViews(SAMPLES, VIEWS.get(name, (16, 16)), dtype=torch.float64)
     if devices == 1:
         data = Subset(data, sampler_order() if name in BY_POSITION
                       else ddp_global_order(SAMPLES, WORLD, BATCH))
