@@ -1,8 +1,7 @@
 """Sharded (FSDP2) training of the methods: one 2-process spawn running many checks.
 
-Not yet here: DINOv3 and Distillation (their frozen Gram teacher / teacher is a plain module
-beside sharded ones: "got mixed torch.Tensor and DTensor" in the first forward) and VIbCReg
-(its DDP run differs from one process in this harness's absolute bound).
+Every method class that ``ssl_lightning.methods`` exports is in :data:`METHODS` or in
+:data:`NOT_IN_HARNESS` with its reason (``tests/distributed/test_sharded_training.py`` checks it).
 
 :func:`run_all` spawns 2 CPU processes. Before joining a process group, rank r fits the
 single-process references (the global batch of 8 on one process) of every other method; then
@@ -17,7 +16,8 @@ on 1 process, under DDP and sharded.
 
 The resume check uses the real image-folder data module (random augmentations, its stateful
 loader) in fp32: a straight sharded run writes a distributed checkpoint after every step (3 per
-epoch), a fresh pair of processes (:func:`run_resume`) resumes from step 2 (inside epoch 0), then
+epoch), a fresh pair of processes (:func:`run_resume`) resumes from step 2 (inside epoch 0; for
+DINOv3 between its Gram-teacher snapshots at steps 1 and 3, see :data:`RESUMED`), then
 one process resumes from step 3 (the shards re-split) and is refused step 2 (inside an epoch).
 iBOT also runs with activation checkpointing. The known-bad variants run in the first spawn: a
 teacher sharded as one unit while its student is sharded per block, and an EMA applied by rank 0
@@ -43,8 +43,9 @@ from torch.utils.data import DistributedSampler, Subset
 
 import ssl_lightning.callbacks.ema as ema_module
 from ssl_lightning.backbones import ViT
-from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
+from ssl_lightning.data import GramCropViews, ImageFolderDataModule, SimCLRViews
 from ssl_lightning.methods import (
+    AIM,
     BYOL,
     DCL,
     DINO,
@@ -52,12 +53,11 @@ from ssl_lightning.methods import (
     IJEPA,
     MAE,
     MMCR,
+    MSN,
     NNBYOL,
     NNCLR,
-    WMSE,
-    AIM,
-    MSN,
     PMSN,
+    WMSE,
     BarlowTwins,
     DINOv2,
     DINOv3,
@@ -86,6 +86,10 @@ HEAD = dict(projection_hidden_dim=16, projection_dim=8, head_batch_norm=False)
 DINO_HEAD = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8,
                  warmup_teacher_temperature_epochs=0, momentum_base=0.9)
 MIM = dict(shared_head=False, patch_out_dim=24, mask_probability=0.5, num_local_crops=1)
+#: DINOv3 trains with SGD here: AdamW's step divides the key bias's gradient (zero in exact
+#: arithmetic, softmax ignores a shift of the keys; 1e-17 of rounding noise) by its own root mean
+#: square, and the three runs then differ by 1.4e-9 (DDP) and 2.7e-9 (sharded) in that bias.
+DINOV3_SGD = dict(optimizer="sgd", lr=0.05, clip_grad=0.5)
 
 
 #: Methods whose draws depend on a sample's place in the step (DINOv2's stratified mask ratios):
@@ -105,6 +109,12 @@ def vit(**kwargs: Any) -> ViT:
     return ViT(**{"image_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1,
                   "num_heads": 2, **kwargs})
 
+
+#: Exported method classes that are not in :data:`METHODS`, and why.
+NOT_IN_HARNESS = {
+    "SSLMethod": "the base class of every method; it has no loss of its own",
+    "MomentumMethod": "the base class of the EMA-teacher methods; it has no loss of its own",
+}
 
 METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "simclr": lambda: SimCLR(vit(), **HEAD, **OPT),
@@ -150,10 +160,14 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     # features are resized to the student's 4x4 grid.
     "dinov3": lambda: DINOv3(vit(mask_token=True, num_registers=1), **DINO_HEAD, **MIM,
                              patch_hidden_dim=12, patch_bottleneck_dim=6, gram_start_step=0,
-                             gram_refresh_every=1, gram_max_refreshes=1, **OPT),
+                             gram_refresh_every=1, gram_max_refreshes=1,
+                             **OPT, **DINOV3_SGD),
     # A frozen ViT teacher, sharded like the student: the queue KL and the patch-similarity KL.
+    # No mixup: it pairs samples by sampler position, the queue holds the gathered (rank-major)
+    # order, and no one-process order matches both (tests/distributed/test_distillation_ddp.py
+    # covers mixup).
     "distillation": lambda: Distillation(vit(), teacher=vit(embed_dim=24), queue_size=16,
-                                         head_hidden_dim=16, **OPT),
+                                         head_hidden_dim=16, mixup=False, **OPT),
     "simmim": lambda: SimMIM(vit(mask_token=True), mask_patch_size=8, **OPT),
     "aim": lambda: AIM(vit(pool="mean"), head_hidden_dim=16, head_layers=2, **OPT),
     "msn": lambda: MSN(vit(), projection_hidden_dim=16, projection_dim=8, num_prototypes=6,
@@ -208,15 +222,32 @@ def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tenso
     return full_state(model)
 
 
+#: Methods of the image-folder resume check: DINO (EMA teacher, centre) and DINOv3, whose Gram
+#: teacher is snapshot at steps 1 and 3 (the resume from step 2 crosses the second snapshot).
+RESUMED = ("dino", "dinov3_gram")
+
+
+def _resume_method(name: str) -> tuple[pl.LightningModule, Any]:
+    """Method ``name`` of :data:`RESUMED` and its random views (16 px; DINOv3's Gram-teacher
+    crops at 32 px)."""
+    if name == "dino":
+        return make_method("dino"), SimCLRViews("cifar", crop_size=16)
+    torch.manual_seed(0)
+    model = DINOv3(vit(mask_token=True), **DINO_HEAD, **MIM, patch_hidden_dim=12,
+                   patch_bottleneck_dim=6, gram_start_step=1, gram_refresh_every=2,
+                   gram_max_refreshes=1, **OPT)
+    return model, GramCropViews(gram_size=32, global_size=16, num_local_crops=1, local_size=8)
+
+
 def image_fit(root: Path, strategy: Any, max_steps: int, ckpt_dir: Path | None = None,
-              resume: str | None = None, devices: int = WORLD) -> dict[str, Any]:
-    """DINO (EMA teacher, centre) on the tiny image folder with random SimCLR views, fp32;
+              resume: str | None = None, devices: int = WORLD, name: str = "dino"
+              ) -> dict[str, Any]:
+    """Method ``name`` of :data:`RESUMED` on the tiny image folder with random views, fp32;
     optionally a checkpoint after every step, or resumed from ``resume``."""
     pl.seed_everything(0, verbose=False)
-    model = make_method("dino")
+    model, views = _resume_method(name)
     data = ImageFolderDataModule(str(root / "train"), str(root / "test"), preset="cifar",
-                                 batch_size=BATCH, num_workers=0,
-                                 train_transform=SimCLRViews("cifar", crop_size=16))
+                                 batch_size=BATCH, num_workers=0, train_transform=views)
     callbacks = [] if ckpt_dir is None else [ModelCheckpoint(
         str(ckpt_dir), filename="{step}", save_top_k=-1, every_n_train_steps=1)]
     trainer = _trainer(strategy, devices, max_steps=max_steps, callbacks=callbacks,
@@ -282,6 +313,9 @@ def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None
         torch.set_default_dtype(default)
         root = Path(image_root)
         result["straight"] = image_fit(root, ShardedStrategy(), 4, ckpt_dir=root / "ckpt")
+        result["straight_dinov3_gram"] = image_fit(root, ShardedStrategy(), 4,
+                                                   ckpt_dir=root / "ckpt_dinov3_gram",
+                                                   name="dinov3_gram")
     finally:
         dist.destroy_process_group()
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
@@ -293,6 +327,9 @@ def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
     _join(rank, port)
     try:
         result = image_fit(root, ShardedStrategy(), 4, resume=str(root / "ckpt" / "step=2.ckpt"))
+        result["dinov3_gram"] = image_fit(
+            root, ShardedStrategy(), 4, name="dinov3_gram",
+            resume=str(root / "ckpt_dinov3_gram" / "step=2.ckpt"))
     finally:
         dist.destroy_process_group()
     if rank == 0:  # 1 process: the end of epoch 0 (step 3) reshards; inside it is refused
