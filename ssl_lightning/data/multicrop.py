@@ -119,3 +119,4 @@ class MultiCropViews(MultiViewTransform):
         super().__init__([crop(g_size, g_scale, 0), crop(g_size, g_scale, 1)] + [local] * n_local)
         self.num_global_crops = 2
         self.num_local_crops = n_local
+        self.global_size, self.local_size = g_size, l_size
