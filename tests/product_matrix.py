@@ -15,7 +15,8 @@ the resume leg reruns the same command with ``--ckpt_path last.ckpt`` and must s
 saved ``global_step`` and finish the schedule. A config that needs more registers it in
 ``EXTRA_ARGS`` (extra CLI arguments), ``SUBCOMMANDS`` (not ``fit``) or ``CHECKPOINT_FROM`` (the
 config whose ``last.ckpt`` it evaluates, or distils: ``CHECKPOINT_ARGUMENTS`` names the model
-argument that receives it).
+argument that receives it). ``COMPOSED`` legs run a config with shared pieces composed after it
+(``--config dinov3.yaml --config shared/fsdp.yaml``) on 2 processes, with their strategy.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ EXTRA_ARGS: dict[str, list[str]] = {
         '"embed_dim": 32, "num_heads": 2}, "pretrained_path": null}}',
         "--model.init_args.teacher_image_size", "28"],
 }
+#: Legs of the 2-process driver: a config with shared pieces composed after it (their strategy
+#: replaces ``ddp``); the sharded leg writes distributed-checkpoint directories.
+COMPOSED: dict[str, tuple[str, list[str]]] = {
+    "dinov3.yaml+fsdp.yaml": ("dinov3.yaml", ["shared/fsdp.yaml"]),
+}
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
 SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}
 #: Evaluation configs: the pre-training config whose ``last.ckpt`` they are given.
@@ -88,8 +94,10 @@ class MatrixProbe(pl.Callback):
             trainer.should_stop = True
 
 
-def shrink_args(config: Path, data_root: Path, world_size: int) -> list[str]:
-    """CLI arguments that shrink ``config`` to a seconds-long CPU run (1 or 2 processes)."""
+def shrink_args(config: Path, data_root: Path, world_size: int,
+                own_strategy: bool = False) -> list[str]:
+    """CLI arguments that shrink ``config`` to a seconds-long CPU run (1 or 2 processes; DDP
+    unless ``own_strategy``: a composed piece selects the strategy)."""
     declared = yaml.safe_load(config.read_text())
     model = declared["model"].get("init_args") or {}
     args: list[str] = []
@@ -111,7 +119,7 @@ def shrink_args(config: Path, data_root: Path, world_size: int) -> list[str]:
              "--trainer.limit_train_batches", str(STEPS_PER_EPOCH),
              "--trainer.check_val_every_n_epoch", "1", "--trainer.log_every_n_steps", "1",
              "--trainer.num_sanity_val_steps", "0"]
-    if world_size > 1:
+    if world_size > 1 and not own_strategy:
         args += ["--trainer.strategy", "ddp", "--trainer.sync_batchnorm", "false"]
     return args + EXTRA_ARGS.get(config.name, [])
 
@@ -130,17 +138,31 @@ def _last_checkpoint(workdir: Path) -> str:
     return found[-1]
 
 
-def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
-               checkpoints: dict[str, str], extra: list[str] | None = None) -> dict[str, Any]:
-    """Run one config (and its resume leg); returns what the test checks."""
+def _saved_step(checkpoint: str) -> int:
+    """``global_step`` of a checkpoint file or of a sharded checkpoint directory."""
     import torch
 
+    from ssl_lightning.sharding import META_FILE, is_sharded_checkpoint
+
+    path = Path(checkpoint) / META_FILE if is_sharded_checkpoint(checkpoint) else checkpoint
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+
+
+def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
+               checkpoints: dict[str, str], extra: list[str] | None = None,
+               composed: list[str] | None = None) -> dict[str, Any]:
+    """Run one config (and its resume leg), with the ``composed`` pieces of ``configs/`` after
+    it; returns what the test checks."""
     from ssl_lightning.cli import main
+    from ssl_lightning.sharding import is_sharded_checkpoint
 
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)
     subcommand = SUBCOMMANDS.get(config.name, "fit")
-    args = [subcommand, "--config", str(config), *shrink_args(config, data_root, world_size)]
+    pieces = [arg for piece in composed or []
+              for arg in ("--config", str(ROOT / "configs" / piece))]
+    args = [subcommand, "--config", str(config), *pieces,
+            *shrink_args(config, data_root, world_size, own_strategy=bool(composed))]
     if config.name in CHECKPOINT_FROM:
         source = CHECKPOINT_FROM[config.name]
         if source not in checkpoints:
@@ -160,8 +182,9 @@ def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
     cli = main(args + probe_arg(stop_after_epochs=1))
     last = _last_checkpoint(workdir)
     checkpoints[config.name] = last
-    saved_step = int(torch.load(last, map_location="cpu", weights_only=True)["global_step"])
-    result.update(first_step=cli.trainer.global_step, saved_step=saved_step)
+    result.update(first_step=cli.trainer.global_step, saved_step=_saved_step(last),
+                  sharded_checkpoint=is_sharded_checkpoint(last),
+                  strategy=type(cli.trainer.strategy).__name__)
     MatrixProbe.start_step = None
     cli = main(args + probe_arg(stop_after_epochs=0) + ["--ckpt_path", last])
     result.update(resume_start=MatrixProbe.start_step, final_step=cli.trainer.global_step,
@@ -188,15 +211,19 @@ def drive(spec: dict[str, Any], out_dir: Path) -> None:
     results: dict[str, Any] = {}
     checkpoints: dict[str, str] = {}
     out = out_dir / f"rank{rank}.json"
-    runs = [(c.name, c, None) for c in _ordered([Path(c) for c in spec["configs"]])]
+    runs: list[tuple[str, Path, list[str] | None, list[str] | None]] = [
+        (c.name, c, None, None) for c in _ordered([Path(c) for c in spec["configs"]])]
+    runs += [(leg, ROOT / "configs" / COMPOSED[leg][0], None, COMPOSED[leg][1])
+             for leg in spec.get("composed", [])]
     if spec.get("diverge"):
-        runs.append(("__diverge__", ROOT / "configs" / "simclr.yaml", spec["diverge"]))
-    for name, config, extra in runs:
+        runs.append(("__diverge__", ROOT / "configs" / "simclr.yaml", spec["diverge"], None))
+    for name, config, extra, composed in runs:
         results[name] = {"status": "running"}
         out.write_text(json.dumps(results, indent=1))
         try:
-            result = run_config(config, Path(spec["workdir"]) / name.replace(".yaml", ""),
-                                Path(spec["data_root"]), world_size, checkpoints, extra)
+            workdir = Path(spec["workdir"]) / name.replace(".yaml", "")
+            result = run_config(config, workdir, Path(spec["data_root"]), world_size,
+                                checkpoints, extra, composed)
             results[name] = {"status": "ok", **result}
         except BaseException as caught:  # noqa: BLE001 (reported per config)
             err = _innermost(caught)  # the CLI's exit(1) and its one-line error wrap the cause
