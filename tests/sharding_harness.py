@@ -222,16 +222,18 @@ def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tenso
     return full_state(model)
 
 
-#: Methods of the image-folder resume check: DINO (EMA teacher, centre) and DINOv3, whose Gram
-#: teacher is snapshot at steps 1 and 3 (the resume from step 2 crosses the second snapshot).
-RESUMED = ("dino", "dinov3_gram")
+#: Methods of the image-folder resume check: DINO (EMA teacher, centre), DINOv3, whose Gram
+#: teacher is snapshot at steps 1 and 3 (the resume from step 2 crosses the second snapshot), and
+#: Distillation, whose frozen teacher is left out of the checkpoint (rebuilt, then checked).
+RESUMED = ("dino", "dinov3_gram", "distillation")
 
 
 def _resume_method(name: str) -> tuple[pl.LightningModule, Any]:
     """Method ``name`` of :data:`RESUMED` and its random views (16 px; DINOv3's Gram-teacher
     crops at 32 px)."""
-    if name == "dino":
-        return make_method("dino"), SimCLRViews("cifar", crop_size=16)
+    if name in ("dino", "distillation"):
+        return make_method(name), SimCLRViews("cifar", crop_size=16,
+                                              num_views=2 if name == "dino" else 1)
     torch.manual_seed(0)
     model = DINOv3(vit(mask_token=True), **DINO_HEAD, **MIM, patch_hidden_dim=12,
                    patch_bottleneck_dim=6, gram_start_step=1, gram_refresh_every=2,
@@ -313,9 +315,9 @@ def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None
         torch.set_default_dtype(default)
         root = Path(image_root)
         result["straight"] = image_fit(root, ShardedStrategy(), 4, ckpt_dir=root / "ckpt")
-        result["straight_dinov3_gram"] = image_fit(root, ShardedStrategy(), 4,
-                                                   ckpt_dir=root / "ckpt_dinov3_gram",
-                                                   name="dinov3_gram")
+        for name in RESUMED[1:]:
+            result[f"straight_{name}"] = image_fit(root, ShardedStrategy(), 4, name=name,
+                                                   ckpt_dir=root / f"ckpt_{name}")
     finally:
         dist.destroy_process_group()
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
@@ -327,9 +329,9 @@ def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
     _join(rank, port)
     try:
         result = image_fit(root, ShardedStrategy(), 4, resume=str(root / "ckpt" / "step=2.ckpt"))
-        result["dinov3_gram"] = image_fit(
-            root, ShardedStrategy(), 4, name="dinov3_gram",
-            resume=str(root / "ckpt_dinov3_gram" / "step=2.ckpt"))
+        for name in RESUMED[1:]:
+            result[name] = image_fit(root, ShardedStrategy(), 4, name=name,
+                                     resume=str(root / f"ckpt_{name}" / "step=2.ckpt"))
     finally:
         dist.destroy_process_group()
     if rank == 0:  # 1 process: the end of epoch 0 (step 3) reshards; inside it is refused

@@ -27,8 +27,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
     ranks = run_all(root)
     single = {**ranks[0]["single"], **ranks[1]["single"]}
     return {"root": root, "single": single, **{k: ranks[0][k] for k in (
-        "ddp", "sharded", "straight", "straight_dinov3_gram", "bad_wrap", "bad_ema",
-        "checkpointed")}}
+        "ddp", "sharded", "straight", "straight_dinov3_gram", "straight_distillation",
+        "bad_wrap", "bad_ema", "checkpointed")}}
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -94,6 +94,10 @@ def test_sharded_mid_epoch_resume_is_exact(runs: dict[str, Any]) -> None:
     gram = runs["straight_dinov3_gram"]["state"]
     assert int(gram["gram_teacher.snapshot_step"]) == 3
     assert_states_close(resumed["dinov3_gram"]["state"], gram, atol=0.0, path="dinov3")
+    # Distillation: its frozen teacher is not in the shards; rebuilt, it resumes exactly.
+    distilled = runs["straight_distillation"]["state"]
+    assert_states_close(resumed["distillation"]["state"], distilled, atol=0.0,
+                        path="distillation")
     assert "'num_replicas': 2" in resumed["refused"] and "'num_replicas': 1" in resumed["refused"]
 
 
