@@ -233,6 +233,7 @@ class Distillation(SSLMethod):
                 "trained with (the teacher is not stored in checkpoints). Give the same teacher: "
                 "the same teacher_checkpoint, or a teacher whose pretrained_path holds the same "
                 "weights.")
-        state = checkpoint["state_dict"]
-        for key, value in self.teacher.state_dict().items():
-            state.setdefault(f"teacher.{key}", value)
+        state = checkpoint.get("state_dict")  # absent: a sharded strategy loaded the shards
+        if state is not None:
+            for key, value in self.teacher.state_dict().items():
+                state.setdefault(f"teacher.{key}", value)
