@@ -9,6 +9,12 @@ baseline) and the seconds per step; with and without activation checkpointing of
 
     python benchmarks/fsdp_memory.py                      # 1, 2, 4 processes, both settings
     python benchmarks/fsdp_memory.py --processes 2 --steps 3 --batch-size 16
+    python benchmarks/fsdp_memory.py --processes 1 --threads 1 --steps 6 --repeats 3
+
+With both settings (the default) the two runs of each process count alternate ``--repeats``
+times and a second table puts them side by side: the median seconds per step and peak RSS
+with checkpointing off and on, and their ratios (on / off), so machine load that drifts during
+the run hits both alike.
 
 The global batch is the same for every process count (``--batch-size`` per process x 4 / N), so
 only the sharding changes. Numbers in README.md ("Sharded training").
@@ -81,7 +87,7 @@ class _Meter(pl.Callback):
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                       RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -126,19 +132,43 @@ def main() -> None:
                         help="per process at 4 processes (the global batch is 4x this)")
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--checkpointing", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="alternating runs of each setting (medians are reported)")
     args = parser.parse_args()
     settings = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
     print("| processes | activation ckpt | params MiB | grads MiB | AdamW MiB | sum MiB | "
           "peak RSS MiB | s/step |")
     print("|---|---|---|---|---|---|---|---|")
+    paired: list[tuple[int, dict[bool, list[dict[str, float]]]]] = []
     for world in args.processes:
-        for checkpointing in settings:
-            args.checkpointing = checkpointing
-            r = measure(world, args)
-            total = r["params"] + r["grads"] + r["adamw"]
-            print(f"| {world} | {'on' if checkpointing else 'off'} | {r['params']:.0f} | "
-                  f"{r['grads']:.0f} | {r['adamw']:.0f} | {total:.0f} | {r['peak_rss']:.0f} | "
-                  f"{r['s_per_step']:.2f} |", flush=True)
+        runs: dict[bool, list[dict[str, float]]] = {c: [] for c in settings}
+        for _ in range(args.repeats):
+            for checkpointing in settings:
+                args.checkpointing = checkpointing
+                r = measure(world, args)
+                runs[checkpointing].append(r)
+                total = r["params"] + r["grads"] + r["adamw"]
+                print(f"| {world} | {'on' if checkpointing else 'off'} | {r['params']:.0f} | "
+                      f"{r['grads']:.0f} | {r['adamw']:.0f} | {total:.0f} | "
+                      f"{r['peak_rss']:.0f} | {r['s_per_step']:.2f} |", flush=True)
+        paired.append((world, runs))
+    if len(settings) == 2:
+        print(f"\nActivation checkpointing side by side (medians of {args.repeats}, "
+              f"{args.threads} thread(s) per process):\n")
+        print("| processes | s/step off | s/step on | time on/off | peak RSS MiB off | "
+              "peak RSS MiB on | RSS on/off |")
+        print("|---|---|---|---|---|---|---|")
+        for world, runs in paired:
+            t_off, t_on = (_median(runs[c], "s_per_step") for c in (False, True))
+            m_off, m_on = (_median(runs[c], "peak_rss") for c in (False, True))
+            print(f"| {world} | {t_off:.2f} | {t_on:.2f} | {t_on / t_off:.2f} | {m_off:.0f} | "
+                  f"{m_on:.0f} | {m_on / m_off:.2f} |", flush=True)
+
+
+def _median(runs: list[dict[str, float]], key: str) -> float:
+    values = sorted(r[key] for r in runs)
+    return values[len(values) // 2]
 
 
 if __name__ == "__main__":

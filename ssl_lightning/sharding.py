@@ -271,7 +271,9 @@ class ShardedStrategy(ModelParallelStrategy):
 
         Lightning's loader asks the checkpoint for an optimiser state of every parameter; one
         that had none when saved (a layer frozen so far, e.g. DINO's last layer in epoch 0)
-        fails there. Here such a parameter keeps no state, as in the uninterrupted run.
+        fails there. Here such a parameter keeps no state, as in the uninterrupted run. State
+        the method leaves out of its checkpoints (``unsaved_state_prefixes``, Distillation's
+        frozen teacher) keeps the values it was rebuilt with.
 
         This strategy restores after ``setup`` and ``on_fit_start``, which already built the
         train loader (the method reads its length); the loader is dropped here, so the fit loop
@@ -295,7 +297,12 @@ class ShardedStrategy(ModelParallelStrategy):
             return super().load_checkpoint(path, weights_only=weights_only)
         saved = set(FileSystemReader(os.fspath(path)).read_metadata().state_dict_metadata)
         model_state = {"state_dict": get_model_state_dict(self.model)}
+        prefixes = tuple(getattr(self.lightning_module, "unsaved_state_prefixes", ()))
+        own = model_state["state_dict"]
+        kept = {k: own.pop(k) for k in list(own)  # e.g. a frozen teacher rebuilt on load
+                if prefixes and k.startswith(prefixes) and f"state_dict.{k}" not in saved}
         dcp_load(model_state, checkpoint_id=path)
+        model_state["state_dict"].update(kept)
         self.model.load_state_dict(model_state["state_dict"],
                                    strict=self.lightning_module.strict_loading)
         for index, optimizer in enumerate(self.optimizers):

@@ -15,7 +15,8 @@ the resume leg reruns the same command with ``--ckpt_path last.ckpt`` and must s
 saved ``global_step`` and finish the schedule. A config that needs more registers it in
 ``EXTRA_ARGS`` (extra CLI arguments), ``SUBCOMMANDS`` (not ``fit``) or ``CHECKPOINT_FROM`` (the
 config whose ``last.ckpt`` it evaluates, or distils: ``CHECKPOINT_ARGUMENTS`` names the model
-argument that receives it).
+argument that receives it). ``COMPOSED`` legs run a config with shared pieces composed after it
+(``--config dinov3.yaml --config shared/fsdp.yaml``) on 2 processes, with their strategy.
 """
 
 from __future__ import annotations
@@ -62,6 +63,16 @@ EXTRA_ARGS: dict[str, list[str]] = {
         '"embed_dim": 32, "num_heads": 2}, "pretrained_path": null}}',
         "--model.init_args.teacher_image_size", "28"],
 }
+#: Legs of the 2-process driver: a config with shared pieces composed after it (their strategy
+#: replaces ``ddp``); the sharded leg writes distributed-checkpoint directories.
+COMPOSED: dict[str, tuple[str, list[str]]] = {
+    "dinov3.yaml+fsdp.yaml": ("dinov3.yaml", ["shared/fsdp.yaml"]),
+}
+#: The config also run on litdata shards of the tiny image folder (``spec["shards"]``), composed
+#: with ``configs/shared/streaming.yaml``, under the name :data:`STREAMING_RUN`.
+STREAMING_CONFIG = "simclr.yaml"
+STREAMING_RUN = "simclr.yaml+shards"
+STREAMING_PIECE = "shared/streaming.yaml"
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
 SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}
 #: Evaluation configs: the pre-training config whose ``last.ckpt`` they are given.
@@ -69,12 +80,6 @@ CHECKPOINT_FROM: dict[str, str] = {"linear.yaml": "simclr.yaml", "knn.yaml": "si
                                    "distillation.yaml": "dino.yaml"}
 #: The model argument that receives the ``CHECKPOINT_FROM`` checkpoint (default ``checkpoint``).
 CHECKPOINT_ARGUMENTS: dict[str, str] = {"distillation.yaml": "teacher_checkpoint"}
-
-#: The config also run on litdata shards of the tiny image folder (``spec["shards"]``), composed
-#: with ``configs/shared/streaming.yaml``, under the name :data:`STREAMING_RUN`.
-STREAMING_CONFIG = "simclr.yaml"
-STREAMING_RUN = "simclr.yaml+shards"
-STREAMING_PIECE = ROOT / "configs" / "shared" / "streaming.yaml"
 
 SMALL_CONVNET = '{"class_path": "ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'
 STEPS_PER_EPOCH = 2
@@ -97,10 +102,11 @@ class MatrixProbe(pl.Callback):
             trainer.should_stop = True
 
 
-def shrink_args(config: Path, data_root: Path, world_size: int,
+def shrink_args(config: Path, data_root: Path, world_size: int, own_strategy: bool = False,
                 shards: Path | None = None) -> list[str]:
-    """CLI arguments that shrink ``config`` to a seconds-long CPU run (1 or 2 processes), on
-    ``data_root`` or on its ``shards`` (``shards/train``, ``shards/test``)."""
+    """CLI arguments that shrink ``config`` to a seconds-long CPU run (1 or 2 processes; DDP
+    unless ``own_strategy``: a composed piece selects the strategy), on ``data_root`` or on its
+    ``shards`` (``shards/train``, ``shards/test``)."""
     declared = yaml.safe_load(config.read_text())
     model = declared["model"].get("init_args") or {}
     args: list[str] = []
@@ -124,7 +130,7 @@ def shrink_args(config: Path, data_root: Path, world_size: int,
              "--trainer.limit_train_batches", str(STEPS_PER_EPOCH),
              "--trainer.check_val_every_n_epoch", "1", "--trainer.log_every_n_steps", "1",
              "--trainer.num_sanity_val_steps", "0"]
-    if world_size > 1:
+    if world_size > 1 and not own_strategy:
         args += ["--trainer.strategy", "ddp", "--trainer.sync_batchnorm", "false"]
     return args + EXTRA_ARGS.get(config.name, [])
 
@@ -143,21 +149,33 @@ def _last_checkpoint(workdir: Path) -> str:
     return found[-1]
 
 
-def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
-               checkpoints: dict[str, str], extra: list[str] | None = None,
-               shards: Path | None = None) -> dict[str, Any]:
-    """Run one config (and its resume leg), on ``shards`` with ``configs/shared/streaming.yaml``
-    if given; returns what the test checks."""
+def _saved_step(checkpoint: str) -> int:
+    """``global_step`` of a checkpoint file or of a sharded checkpoint directory."""
     import torch
 
+    from ssl_lightning.sharding import META_FILE, is_sharded_checkpoint
+
+    path = Path(checkpoint) / META_FILE if is_sharded_checkpoint(checkpoint) else checkpoint
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+
+
+def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
+               checkpoints: dict[str, str], extra: list[str] | None = None,
+               composed: list[str] | None = None, own_strategy: bool = False,
+               shards: Path | None = None) -> dict[str, Any]:
+    """Run one config (and its resume leg), with the ``composed`` pieces of ``configs/`` after
+    it (``own_strategy``: they select the strategy), on ``shards`` if given; returns what the
+    test checks."""
     from ssl_lightning.cli import main
+    from ssl_lightning.sharding import is_sharded_checkpoint
 
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)
     subcommand = SUBCOMMANDS.get(config.name, "fit")
-    pieces = ["--config", str(STREAMING_PIECE)] if shards is not None else []
+    pieces = [arg for piece in composed or []
+              for arg in ("--config", str(ROOT / "configs" / piece))]
     args = [subcommand, "--config", str(config), *pieces,
-            *shrink_args(config, data_root, world_size, shards)]
+            *shrink_args(config, data_root, world_size, own_strategy, shards)]
     if config.name in CHECKPOINT_FROM:
         source = CHECKPOINT_FROM[config.name]
         if source not in checkpoints:
@@ -177,8 +195,9 @@ def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
     cli = main(args + probe_arg(stop_after_epochs=1))
     last = _last_checkpoint(workdir)
     checkpoints[config.name] = last
-    saved_step = int(torch.load(last, map_location="cpu", weights_only=True)["global_step"])
-    result.update(first_step=cli.trainer.global_step, saved_step=saved_step)
+    result.update(first_step=cli.trainer.global_step, saved_step=_saved_step(last),
+                  sharded_checkpoint=is_sharded_checkpoint(last),
+                  strategy=type(cli.trainer.strategy).__name__)
     MatrixProbe.start_step = None
     cli = main(args + probe_arg(stop_after_epochs=0) + ["--ckpt_path", last])
     result.update(resume_start=MatrixProbe.start_step, final_step=cli.trainer.global_step,
@@ -205,18 +224,23 @@ def drive(spec: dict[str, Any], out_dir: Path) -> None:
     results: dict[str, Any] = {}
     checkpoints: dict[str, str] = {}
     out = out_dir / f"rank{rank}.json"
-    runs = [(c.name, c, None) for c in _ordered([Path(c) for c in spec["configs"]])]
+    runs: list[tuple[str, Path, list[str] | None, list[str] | None]] = [
+        (c.name, c, None, None) for c in _ordered([Path(c) for c in spec["configs"]])]
+    runs += [(leg, ROOT / "configs" / COMPOSED[leg][0], None, COMPOSED[leg][1])
+             for leg in spec.get("composed", [])]
     if spec.get("shards"):
-        runs.append((STREAMING_RUN, ROOT / "configs" / STREAMING_CONFIG, None))
+        runs.append((STREAMING_RUN, ROOT / "configs" / STREAMING_CONFIG, None, [STREAMING_PIECE]))
     if spec.get("diverge"):
-        runs.append(("__diverge__", ROOT / "configs" / "simclr.yaml", spec["diverge"]))
-    for name, config, extra in runs:
+        runs.append(("__diverge__", ROOT / "configs" / "simclr.yaml", spec["diverge"], None))
+    for name, config, extra, composed in runs:
         results[name] = {"status": "running"}
         out.write_text(json.dumps(results, indent=1))
         try:
+            workdir = Path(spec["workdir"]) / name.replace(".yaml", "")
             shards = Path(spec["shards"]) if name == STREAMING_RUN else None
-            result = run_config(config, Path(spec["workdir"]) / name.replace(".yaml", ""),
-                                Path(spec["data_root"]), world_size, checkpoints, extra, shards)
+            result = run_config(config, workdir, Path(spec["data_root"]), world_size,
+                                checkpoints, extra, composed, own_strategy=name in COMPOSED,
+                                shards=shards)
             results[name] = {"status": "ok", **result}
         except BaseException as caught:  # noqa: BLE001 (reported per config)
             err = _innermost(caught)  # the CLI's exit(1) and its one-line error wrap the cause

@@ -1,8 +1,7 @@
 """Sharded (FSDP2) training of the methods: one 2-process spawn running many checks.
 
-Not yet here: DINOv3 and Distillation (their frozen Gram teacher / teacher is a plain module
-beside sharded ones: "got mixed torch.Tensor and DTensor" in the first forward) and VIbCReg
-(its DDP run differs from one process in this harness's absolute bound).
+Every method class that ``ssl_lightning.methods`` exports is in :data:`METHODS` or in
+:data:`NOT_IN_HARNESS` with its reason (``tests/distributed/test_sharded_training.py`` checks it).
 
 :func:`run_all` spawns 2 CPU processes. Before joining a process group, rank r fits the
 single-process references (the global batch of 8 on one process) of every other method; then
@@ -17,7 +16,8 @@ on 1 process, under DDP and sharded.
 
 The resume check uses the real image-folder data module (random augmentations, its stateful
 loader) in fp32: a straight sharded run writes a distributed checkpoint after every step (3 per
-epoch), a fresh pair of processes (:func:`run_resume`) resumes from step 2 (inside epoch 0), then
+epoch), a fresh pair of processes (:func:`run_resume`) resumes from step 2 (inside epoch 0; for
+DINOv3 between its Gram-teacher snapshots at steps 1 and 3, see :data:`RESUMED`), then
 one process resumes from step 3 (the shards re-split) and is refused step 2 (inside an epoch).
 iBOT also runs with activation checkpointing. The known-bad variants run in the first spawn: a
 teacher sharded as one unit while its student is sharded per block, and an EMA applied by rank 0
@@ -43,8 +43,9 @@ from torch.utils.data import DistributedSampler, Subset
 
 import ssl_lightning.callbacks.ema as ema_module
 from ssl_lightning.backbones import ViT
-from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
+from ssl_lightning.data import GramCropViews, ImageFolderDataModule, SimCLRViews
 from ssl_lightning.methods import (
+    AIM,
     BYOL,
     DCL,
     DINO,
@@ -52,12 +53,16 @@ from ssl_lightning.methods import (
     IJEPA,
     MAE,
     MMCR,
+    MSN,
     NNBYOL,
     NNCLR,
+    PMSN,
     WMSE,
     BarlowTwins,
     DINOv2,
+    DINOv3,
     DirectCLR,
+    Distillation,
     FastSiam,
     LeJEPA,
     MoCoV2,
@@ -65,10 +70,12 @@ from ssl_lightning.methods import (
     MoCoV3,
     NNSiam,
     SimCLR,
+    SimMIM,
     SimSiam,
     SupCon,
     SwAV,
     TiCo,
+    VIbCReg,
     VICReg,
 )
 from ssl_lightning.sharding import ShardedStrategy
@@ -79,12 +86,16 @@ HEAD = dict(projection_hidden_dim=16, projection_dim=8, head_batch_norm=False)
 DINO_HEAD = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8,
                  warmup_teacher_temperature_epochs=0, momentum_base=0.9)
 MIM = dict(shared_head=False, patch_out_dim=24, mask_probability=0.5, num_local_crops=1)
+#: DINOv3 trains with SGD here: AdamW's step divides the key bias's gradient (zero in exact
+#: arithmetic, softmax ignores a shift of the keys; 1e-17 of rounding noise) by its own root mean
+#: square, and the three runs then differ by 1.4e-9 (DDP) and 2.7e-9 (sharded) in that bias.
+DINOV3_SGD = dict(optimizer="sgd", lr=0.05, clip_grad=0.5)
 
 
 #: Methods whose draws depend on a sample's place in the step (DINOv2's stratified mask ratios):
 #: their one process sees the samplers' order, where rank r's sample j is at j * WORLD + r. The
 #: others see the rank batches concatenated, the order of the gathered batch (and of a queue).
-BY_POSITION = ("dinov2",)
+BY_POSITION = ("dinov2", "dinov3")
 
 
 def sampler_order() -> list[int]:
@@ -98,6 +109,12 @@ def vit(**kwargs: Any) -> ViT:
     return ViT(**{"image_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1,
                   "num_heads": 2, **kwargs})
 
+
+#: Exported method classes that are not in :data:`METHODS`, and why.
+NOT_IN_HARNESS = {
+    "SSLMethod": "the base class of every method; it has no loss of its own",
+    "MomentumMethod": "the base class of the EMA-teacher methods; it has no loss of its own",
+}
 
 METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "simclr": lambda: SimCLR(vit(), **HEAD, **OPT),
@@ -134,6 +151,29 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "mmcr": lambda: MMCR(vit(), **HEAD, **OPT),
     "wmse": lambda: WMSE(vit(), projection_hidden_dim=16, projection_dim=3,
                          head_batch_norm=False, whitening_size=4, **OPT),
+    # Loss weights 1: LARS and the recipe's weights (25, 25, 200) amplify summation-order noise
+    # past the bound (1.8e-9; one process with each batch reversed already differs by 5.4e-10).
+    "vibcreg": lambda: VIbCReg(vit(), expander_hidden_dim=16, expander_dim=8,
+                               head_batch_norm=False, iternorm_groups=2, invariance_weight=1.0,
+                               variance_weight=1.0, covariance_weight=1.0, **OPT),
+    # Gram teacher snapshots at steps 0 and 1 (then frozen), run on 32 px crops whose 8x8 patch
+    # features are resized to the student's 4x4 grid.
+    "dinov3": lambda: DINOv3(vit(mask_token=True, num_registers=1), **DINO_HEAD, **MIM,
+                             patch_hidden_dim=12, patch_bottleneck_dim=6, gram_start_step=0,
+                             gram_refresh_every=1, gram_max_refreshes=1,
+                             **OPT, **DINOV3_SGD),
+    # A frozen ViT teacher, sharded like the student: the queue KL and the patch-similarity KL.
+    # No mixup: it pairs samples by sampler position, the queue holds the gathered (rank-major)
+    # order, and no one-process order matches both (tests/distributed/test_distillation_ddp.py
+    # covers mixup).
+    "distillation": lambda: Distillation(vit(), teacher=vit(embed_dim=24), queue_size=16,
+                                         head_hidden_dim=16, mixup=False, **OPT),
+    "simmim": lambda: SimMIM(vit(mask_token=True), mask_patch_size=8, **OPT),
+    "aim": lambda: AIM(vit(pool="mean"), head_hidden_dim=16, head_layers=2, **OPT),
+    "msn": lambda: MSN(vit(), projection_hidden_dim=16, projection_dim=8, num_prototypes=6,
+                       head_batch_norm=False, mask_ratio=0.25, momentum_base=0.9, **OPT),
+    "pmsn": lambda: PMSN(vit(), projection_hidden_dim=16, projection_dim=8, num_prototypes=6,
+                         head_batch_norm=False, mask_ratio=0.25, momentum_base=0.9, **OPT),
 }
 #: Views of a method when they are not two 16 px views.
 VIEWS: dict[str, tuple[int, ...]] = {
@@ -141,6 +181,12 @@ VIEWS: dict[str, tuple[int, ...]] = {
                                       "lejepa")},
     "fastsiam": (16, 16, 16),
     "mmcr": (16, 16, 16),
+    "dinov3": (16, 16, 8, 32, 32),
+    "msn": (16, 16, 8),
+    "pmsn": (16, 16, 8),
+    "simmim": (16,),
+    "aim": (16,),
+    "distillation": (16,),
 }
 
 
@@ -167,7 +213,7 @@ def _trainer(strategy: Any, devices: int, **kwargs: Any) -> pl.Trainer:
 def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tensor]:
     """Fit method ``name`` STEPS steps on the precomputed views (the global order on 1
     process) and return its full state."""
-    data = KeyedViews(SAMPLES, VIEWS.get(name, (16, 16)))
+    data = KeyedViews(SAMPLES, VIEWS.get(name, (16, 16)), dtype=torch.float64)
     if devices == 1:
         data = Subset(data, sampler_order() if name in BY_POSITION
                       else ddp_global_order(SAMPLES, WORLD, BATCH))
@@ -176,15 +222,34 @@ def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tenso
     return full_state(model)
 
 
+#: Methods of the image-folder resume check: DINO (EMA teacher, centre), DINOv3, whose Gram
+#: teacher is snapshot at steps 1 and 3 (the resume from step 2 crosses the second snapshot), and
+#: Distillation, whose frozen teacher is left out of the checkpoint (rebuilt, then checked).
+RESUMED = ("dino", "dinov3_gram", "distillation")
+
+
+def _resume_method(name: str) -> tuple[pl.LightningModule, Any]:
+    """Method ``name`` of :data:`RESUMED` and its random views (16 px; DINOv3's Gram-teacher
+    crops at 32 px)."""
+    if name in ("dino", "distillation"):
+        return make_method(name), SimCLRViews("cifar", crop_size=16,
+                                              num_views=2 if name == "dino" else 1)
+    torch.manual_seed(0)
+    model = DINOv3(vit(mask_token=True), **DINO_HEAD, **MIM, patch_hidden_dim=12,
+                   patch_bottleneck_dim=6, gram_start_step=1, gram_refresh_every=2,
+                   gram_max_refreshes=1, **OPT)
+    return model, GramCropViews(gram_size=32, global_size=16, num_local_crops=1, local_size=8)
+
+
 def image_fit(root: Path, strategy: Any, max_steps: int, ckpt_dir: Path | None = None,
-              resume: str | None = None, devices: int = WORLD) -> dict[str, Any]:
-    """DINO (EMA teacher, centre) on the tiny image folder with random SimCLR views, fp32;
+              resume: str | None = None, devices: int = WORLD, name: str = "dino"
+              ) -> dict[str, Any]:
+    """Method ``name`` of :data:`RESUMED` on the tiny image folder with random views, fp32;
     optionally a checkpoint after every step, or resumed from ``resume``."""
     pl.seed_everything(0, verbose=False)
-    model = make_method("dino")
+    model, views = _resume_method(name)
     data = ImageFolderDataModule(str(root / "train"), str(root / "test"), preset="cifar",
-                                 batch_size=BATCH, num_workers=0,
-                                 train_transform=SimCLRViews("cifar", crop_size=16))
+                                 batch_size=BATCH, num_workers=0, train_transform=views)
     callbacks = [] if ckpt_dir is None else [ModelCheckpoint(
         str(ckpt_dir), filename="{step}", save_top_k=-1, every_n_train_steps=1)]
     trainer = _trainer(strategy, devices, max_steps=max_steps, callbacks=callbacks,
@@ -250,6 +315,9 @@ def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None
         torch.set_default_dtype(default)
         root = Path(image_root)
         result["straight"] = image_fit(root, ShardedStrategy(), 4, ckpt_dir=root / "ckpt")
+        for name in RESUMED[1:]:
+            result[f"straight_{name}"] = image_fit(root, ShardedStrategy(), 4, name=name,
+                                                   ckpt_dir=root / f"ckpt_{name}")
     finally:
         dist.destroy_process_group()
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
@@ -261,6 +329,9 @@ def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
     _join(rank, port)
     try:
         result = image_fit(root, ShardedStrategy(), 4, resume=str(root / "ckpt" / "step=2.ckpt"))
+        for name in RESUMED[1:]:
+            result[name] = image_fit(root, ShardedStrategy(), 4, name=name,
+                                     resume=str(root / f"ckpt_{name}" / "step=2.ckpt"))
     finally:
         dist.destroy_process_group()
     if rank == 0:  # 1 process: the end of epoch 0 (step 3) reshards; inside it is refused

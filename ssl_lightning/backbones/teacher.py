@@ -42,8 +42,10 @@ def frozen_teacher(teacher: nn.Module | None, checkpoint: str | None, prefix: st
     return teacher.requires_grad_(False).eval()
 
 
-def weight_fingerprint(module: nn.Module) -> Tensor:
-    """Sum and sum of squares of every floating-point tensor of ``module``'s state, in float64
-    (K, 2): cheap to store, and any changed weight changes it."""
-    values = [t.detach().double() for t in module.state_dict().values() if t.is_floating_point()]
+def weight_fingerprint(weights: nn.Module | Mapping[str, Tensor]) -> Tensor:
+    """Sum and sum of squares of every floating-point tensor of a module's state (or of a state
+    dict, e.g. one gathered from shards), in float64 (K, 2): cheap to store, and any changed
+    weight changes it."""
+    state = weights.state_dict() if isinstance(weights, nn.Module) else weights
+    values = [t.detach().double() for t in state.values() if t.is_floating_point()]
     return torch.stack([torch.stack([t.sum(), t.square().sum()]) for t in values]).cpu()

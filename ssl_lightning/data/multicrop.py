@@ -130,3 +130,4 @@ class MultiCropViews(MultiViewTransform):
         self.weak_views = weak_views
         self.num_global_crops = 2
         self.num_local_crops = n_local
+        self.global_size, self.local_size = g_size, l_size

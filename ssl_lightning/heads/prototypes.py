@@ -100,3 +100,8 @@ class SwAVPrototypes(nn.Module):
 
     def forward(self, z: Tensor) -> Tensor:
         return self.layer(z)
+
+    def forward_weight(self) -> Tensor:
+        """A copy of the prototypes (K, D) in the graph, for a loss that takes the matrix (MSN).
+        A forward method, so a sharded (FSDP2) module gathers its weight first."""
+        return self.layer.weight.clone()

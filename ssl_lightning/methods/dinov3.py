@@ -110,6 +110,9 @@ class DINOv3(DINOv2):
         if num_local_crops is None:
             raise ValueError("DINOv3 needs num_local_crops (an int): the views after the local "
                              "crops are the Gram-teacher crops.")
+        mixed = (None if mixed_resolution_sizes is None else MixedResolution(  # before the heads
+            mixed_resolution_sizes, mixed_resolution_ratios,
+            patch_size=getattr(backbone, "patch_size", None)))
         super().__init__(backbone, head_out_dim=head_out_dim, patch_out_dim=patch_out_dim,
                          head_hidden_dim=head_hidden_dim, head_bottleneck_dim=head_bottleneck_dim,
                          patch_hidden_dim=patch_hidden_dim,
@@ -119,8 +122,7 @@ class DINOv3(DINOv2):
                          momentum_base=momentum_base, momentum_schedule=momentum_schedule,
                          weight_decay=weight_decay, final_lr_ratio=final_lr_ratio,
                          freeze_last_layer_epochs=freeze_last_layer_epochs, **kwargs)
-        self.mixed_resolution = (None if mixed_resolution_sizes is None else
-                                 MixedResolution(mixed_resolution_sizes, mixed_resolution_ratios))
+        self.mixed_resolution = mixed
         self.step_sizes: tuple[int, int, int] | None = None
         self.gram_loss = GramLoss(clamp_negatives=gram_clamp_negatives)
         self.gram_teacher = GramTeacher(self.teacher_backbone, gram_start_step,
@@ -143,6 +145,15 @@ class DINOv3(DINOv2):
     def refresh_gram_teacher(self, step: int) -> bool:
         """Snapshot the EMA teacher into the Gram teacher if ``step`` is on its schedule."""
         return self.gram_teacher.refresh(step, self.teacher_backbone)
+
+    def on_fit_start(self) -> None:
+        """Also refuse, before the first step, mixed-resolution sizes larger than the data's
+        crops (the train transform's ``global_size``, ``local_size``, ``gram_size``)."""
+        super().on_fit_start()
+        transform = getattr(getattr(self.trainer, "datamodule", None), "train_transform", None)
+        if self.mixed_resolution is not None and transform is not None:
+            self.mixed_resolution.check_crops([getattr(transform, f"{n}_size", None)
+                                               for n in ("global", "local", "gram")])
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Reseed (see :class:`SSLMethod`), then refresh the Gram teacher on its schedule:

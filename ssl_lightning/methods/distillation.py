@@ -36,6 +36,7 @@ from ssl_lightning.losses.distillation import VARIANTS, DistillationLoss, Varian
 from ssl_lightning.methods.base import Batch, SSLMethod
 from ssl_lightning.optim import LRScaling, OptimizerName
 from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.sharding import full_state_dict
 from ssl_lightning.training.mixup import global_batch_mixup
 from ssl_lightning.training.step_rng import step_seed
 
@@ -207,19 +208,24 @@ class Distillation(SSLMethod):
         return self.criterion(outputs.get("student_global"), outputs["teacher_global"], queue,
                               outputs.get("student_patches"), outputs.get("teacher_patches"))
 
+    def teacher_fingerprint(self) -> Tensor:
+        """:func:`weight_fingerprint` of the teacher's full weights (gathered from the shards
+        under sharded training: every process calls it, as the checkpoint hooks do)."""
+        return weight_fingerprint(full_state_dict(self.teacher))
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Leave the teacher out (it is rebuilt on load) and record its fingerprint."""
         super().on_save_checkpoint(checkpoint)
         state: MutableMapping[str, Any] = checkpoint["state_dict"]
         for key in [k for k in state if k.startswith(self.unsaved_state_prefixes)]:
             del state[key]
-        checkpoint[FINGERPRINT_KEY] = weight_fingerprint(self.teacher)
+        checkpoint[FINGERPRINT_KEY] = self.teacher_fingerprint()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Check that the rebuilt teacher is the one trained with, then let the state dict
         load without teacher keys (this teacher's own weights stay)."""
         super().on_load_checkpoint(checkpoint)
-        saved, rebuilt = checkpoint.get(FINGERPRINT_KEY), weight_fingerprint(self.teacher)
+        saved, rebuilt = checkpoint.get(FINGERPRINT_KEY), self.teacher_fingerprint()
         if saved is not None and (saved.shape != rebuilt.shape or not
                                   torch.allclose(saved, rebuilt, rtol=1e-6)):
             raise ValueError(
@@ -227,6 +233,7 @@ class Distillation(SSLMethod):
                 "trained with (the teacher is not stored in checkpoints). Give the same teacher: "
                 "the same teacher_checkpoint, or a teacher whose pretrained_path holds the same "
                 "weights.")
-        state = checkpoint["state_dict"]
-        for key, value in self.teacher.state_dict().items():
-            state.setdefault(f"teacher.{key}", value)
+        state = checkpoint.get("state_dict")  # absent: a sharded strategy loaded the shards
+        if state is not None:
+            for key, value in self.teacher.state_dict().items():
+                state.setdefault(f"teacher.{key}", value)

@@ -162,7 +162,7 @@ class MSN(MomentumMethod):
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         cross_entropy, regularizer = self.criterion.terms(
-            outputs["anchors"], outputs["targets"], self.prototypes.weight,
+            outputs["anchors"], outputs["targets"], self.prototypes.forward_weight(),
             all_reduce_sum_with_grad)
         if self._trainer is not None:
             for key, value in (("cross_entropy", cross_entropy), ("regularizer", regularizer)):

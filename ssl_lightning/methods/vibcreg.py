@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from ssl_lightning.heads import IterNorm, build_mlp
+from ssl_lightning.heads import IterNorm
 from ssl_lightning.losses import VIbCRegLoss
 from ssl_lightning.methods.vicreg import VICReg
 
@@ -37,6 +37,9 @@ class VIbCReg(VICReg):
         expander: An expander to use instead of the MLP (+ IterNorm) above.
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
+
+    expander_activation = nn.GELU  # the paper's GELU expander; its last Linear has a bias
+    expander_last_bias = True
 
     def __init__(
         self,
@@ -67,8 +70,8 @@ class VIbCReg(VICReg):
 
     def default_expander(self, hidden_dim: int, out_dim: int, layers: int,
                          batch_norm: bool) -> nn.Module:
-        mlp = build_mlp(self.feature_dim, hidden_dim, out_dim, layers, batch_norm=batch_norm,
-                        activation=nn.GELU)
+        """VICReg's expander with GELU and a biased last layer, then IterNorm."""
+        mlp = super().default_expander(hidden_dim, out_dim, layers, batch_norm)
         enabled, groups, iterations = self._iternorm
         return nn.Sequential(mlp, IterNorm(out_dim, groups, iterations)) if enabled else mlp
 

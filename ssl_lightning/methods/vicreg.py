@@ -5,7 +5,7 @@ covariance terms are statistics of the global batch (embeddings gathered with gr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -45,6 +45,10 @@ class VICReg(SSLMethod):
     )
 
     renamed_arguments = {"expander_batch_norm": "head_batch_norm"}
+    #: The default expander's activation and whether its last Linear has a bias (VICReg: ReLU,
+    #: no bias; a subclass such as VIbCReg changes them).
+    expander_activation: ClassVar[type[nn.Module]] = nn.ReLU
+    expander_last_bias: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -73,7 +77,7 @@ class VICReg(SSLMethod):
                          batch_norm: bool) -> nn.Module:
         """The expander MLP built when none is injected (a subclass changes its layout here)."""
         return build_mlp(self.feature_dim, hidden_dim, out_dim, layers, batch_norm=batch_norm,
-                         last_bias=False)
+                         last_bias=self.expander_last_bias, activation=self.expander_activation)
 
     def build_criterion(self) -> VICRegLoss:
         hp = self.hparams

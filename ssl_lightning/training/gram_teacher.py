@@ -74,10 +74,17 @@ class GramTeacher(nn.Module):
     @torch.no_grad()
     def patch_features(self, crops: Tensor, grid: tuple[int, int]) -> Tensor:
         """Normalised patch tokens (B, h·w, D) of ``crops``, bicubically resized (no antialias,
-        as the official code) to the student's ``grid`` (h, w) when the crops' grid differs."""
+        as the official code) to the student's ``grid`` (h, w) when the crops' grid differs.
+
+        Runs through :meth:`forward`, so a sharded Gram teacher gathers its weights first."""
         if int(self.snapshot_step) < 0:
             raise ValueError("The Gram teacher has no snapshot yet: it is taken at "
                              f"gram_start_step={self.start_step}; the Gram loss starts there.")
+        return cast(Tensor, self(crops, tuple(grid)))
+
+    def forward(self, crops: Tensor, grid: tuple[int, int]) -> Tensor:
+        """The patch features of :meth:`patch_features` (call that, which checks the
+        snapshot)."""
         vit = cast(Any, self.backbone)
         patch = vit.patch_size
         tokens = vit.forward_tokens(crops)[:, vit.num_prefix_tokens:]

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 Sizes = tuple[int, int, int]  # global, local, Gram teacher
+NAMES = ("global", "local", "gram")
 
 
 class MixedResolution:
@@ -29,19 +30,47 @@ class MixedResolution:
         sizes: Candidate ``[global, local, gram]`` sides (e.g. ``[[512, 112, 768], ...]``); the
             data must make crops of at least the largest of each.
         ratios: Relative frequency of each candidate (normalised; default: equal).
+        patch_size: The ViT's patch size; every side must be a multiple of it.
+
+    Raises:
+        ValueError: ``sizes`` is empty or malformed, a side is not a multiple of
+            ``patch_size`` (naming the nearest valid sides), or ``ratios`` does not fit.
     """
 
     def __init__(self, sizes: Sequence[Sequence[int]],
-                 ratios: Sequence[float] | None = None) -> None:
+                 ratios: Sequence[float] | None = None, patch_size: int | None = None) -> None:
         if not sizes or any(len(s) != 3 or min(s) < 1 for s in sizes):
-            raise ValueError(f"sizes must be a non-empty list of [global, local, gram] sides "
-                             f">= 1, got {sizes}.")
+            raise ValueError(f"mixed_resolution_sizes must be a non-empty list of [global, "
+                             f"local, gram] sides >= 1, e.g. [[512, 112, 768], [768, 224, "
+                             f"1152]], got {sizes}; leave it unset (null) to train on the "
+                             "data's crop sizes.")
+        for candidate in sizes:
+            for name, side in zip(NAMES, candidate, strict=True):
+                if patch_size is not None and side % patch_size:
+                    lower = side // patch_size * patch_size
+                    nearest = " and ".join(str(v) for v in (lower, lower + patch_size) if v)
+                    raise ValueError(
+                        f"mixed_resolution_sizes: the {name} side {side} of {list(candidate)} is "
+                        f"not a multiple of the ViT's patch size {patch_size}; the nearest valid "
+                        f"sides are {nearest}.")
         weights = list(ratios) if ratios is not None else [1.0] * len(sizes)
         if len(weights) != len(sizes) or min(weights) < 0 or sum(weights) <= 0:
             raise ValueError(f"ratios must be {len(sizes)} non-negative values with a positive "
                              f"sum (one per size), got {ratios}.")
         self.sizes: list[Sizes] = [(int(g), int(l_), int(t)) for g, l_, t in sizes]
         self.weights = torch.tensor(weights, dtype=torch.float64)
+
+    def check_crops(self, crops: Sequence[int | None]) -> None:
+        """``ValueError`` before training unless the data's ``(global, local, gram)`` crop sides
+        (None: unknown or not made) hold the largest size of each; the views are only resized
+        down."""
+        for index, (name, crop) in enumerate(zip(NAMES, crops, strict=True)):
+            largest = max(s[index] for s in self.sizes)
+            if crop is not None and crop < largest:
+                raise ValueError(
+                    f"mixed_resolution_sizes asks for {name} crops of {largest} px but the data's "
+                    f"train_transform makes {crop} px ones (views are only resized down): set "
+                    f"its {name}_size to {largest}, or remove the larger sizes.")
 
     def draw(self, seed: int) -> Sizes:
         """The sizes of the step whose rank-independent seed is ``seed``."""

@@ -1,8 +1,9 @@
 """Masks and stochastic depth keyed by sample, end to end through Lightning in float64: 2 DDP
 processes = 1 process holding the global batch = 1 process in micro-batches, weights (with the
 teachers and the [CLS] and patch centres) after 3 optimiser steps to 1e-9, for iBOT (EMA
-centres) and DINOv2 (Sinkhorn, global KoLeo, registers) with masks on and DINO, all with a ViT
-of ``drop_path_rate`` 0.3.
+centres) and DINOv2 (Sinkhorn, global KoLeo, registers) with masks on, DINOv3 (Gram anchoring
+across two Gram-teacher snapshots, its teacher on 32 px crops resized to the student's grid) and
+DINO, all with a ViT of ``drop_path_rate`` 0.3.
 
 One spawn (2 gloo processes) runs every 2-process fit with Lightning's DDP strategy on the
 spawned processes; the batches carry sample seeds as the data modules' do (``(views, targets,
@@ -21,7 +22,6 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from dinov3_utils import check_dinov3_equal, dinov3_runs
 from distributed_utils import run_in_processes
 from lightning_ddp_utils import KeyedViews, fit_weights
 from torch import Tensor
@@ -30,7 +30,7 @@ from torch.utils.data import DistributedSampler, Subset
 import ssl_lightning.losses.ibot_patch as ibot_patch_module
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
-from ssl_lightning.methods import DINO, IBOT, DINOv2
+from ssl_lightning.methods import DINO, IBOT, DINOv2, DINOv3
 
 STEPS, BATCH, WORLD = 3, 4, 2
 SAMPLES = STEPS * BATCH * WORLD
@@ -40,6 +40,11 @@ HEADS = dict(head_out_dim=16, head_hidden_dim=16, head_bottleneck_dim=8, optimiz
              freeze_last_layer_epochs=0, rng_seed=7)
 MASKED = dict(num_local_crops=1, mask_probability=0.5, patch_out_dim=12, shared_head=False,
               patch_teacher_temperature=0.05)
+#: DINOv3's Gram teacher: snapshots at steps 0 and 1, then frozen; per-module clipping.
+GRAM = dict(patch_hidden_dim=12, patch_bottleneck_dim=6, clip_grad=0.5, gram_weight=2.0,
+            gram_start_step=0, gram_refresh_every=1, gram_max_refreshes=1)
+#: The views of each kind (DINOv3: + 2 Gram-teacher crops of 32 px, an 8x8 patch grid).
+VIEW_SIZES = {"dinov3": (16, 16, 8, 32, 32)}
 
 
 class PerRankIBOT(IBOT):
@@ -54,23 +59,25 @@ def make_model(kind: str, **kwargs: Any) -> pl.LightningModule:
     vit = ViT(image_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2,
               drop_path_rate=0.3, mask_token=kind != "dino", num_registers=kind == "dinov2")
     cls = {"dino": DINO, "ibot": IBOT, "dinov2": DINOv2, "per_rank_ibot": PerRankIBOT,
-           "ibot_pp": IBOT}[kind]
+           "ibot_pp": IBOT, "dinov3": DINOv3}[kind]
     extra = {} if kind == "dino" else MASKED
+    if kind == "dinov3":
+        extra = {**MASKED, **GRAM}
     if kind == "ibot_pp":  # iBOT++: the patch loss also on the visible patches
         extra = {**MASKED, "patch_visible_weight": 0.5}
-    return cls(vit, **HEADS, **extra, **kwargs)
+    return cls(vit, **{**HEADS, **extra, **kwargs})
 
 
-def keyed_views() -> KeyedViews:
-    """The float64 views of every sample, with its epoch-0 seed."""
-    return KeyedViews(SAMPLES, view_sizes=(16, 16, 8), seed=3, dtype=torch.float64)
+def keyed_views(kind: str = "dino") -> KeyedViews:
+    """The float64 views of every sample of ``kind``, with its epoch-0 seed."""
+    return KeyedViews(SAMPLES, view_sizes=VIEW_SIZES.get(kind, (16, 16, 8)), seed=3,
+                      dtype=torch.float64)
 
 
 def _worker(rank: int, world: int) -> dict[str, dict]:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
-    out = {kind: fit_weights(make_model(kind), keyed_views(), BATCH, world, steps=STEPS)
-           for kind in ("dino", "ibot", "dinov2", "per_rank_ibot", "ibot_pp")}
-    out["dinov3_gram"] = dinov3_runs(rank, world)  # before the known-bad patches below
+    out = {kind: fit_weights(make_model(kind), keyed_views(kind), BATCH, world, steps=STEPS)
+           for kind in ("dino", "ibot", "dinov2", "per_rank_ibot", "ibot_pp", "dinov3")}
     # Known-bad shared statistics: KoLeo neighbours, the patch centre, the Sinkhorn sums and
     # masked-patch counts of each rank's own batch.
     out["koleo_local"] = fit_weights(make_model("dinov2", koleo_scope="local"), keyed_views(),
@@ -96,13 +103,17 @@ def global_order() -> list[int]:
 @pytest.fixture(scope="module")
 def results() -> tuple[list[dict], dict[str, dict]]:
     ranks = run_in_processes(_worker, WORLD)
-    data = Subset(keyed_views(), global_order())
-    single = {kind: fit_weights(make_model(kind), data, BATCH * WORLD, 1, steps=STEPS)
-              for kind in ("dino", "ibot", "dinov2", "ibot_pp")}
+
+    def data(kind: str) -> Subset:
+        return Subset(keyed_views(kind), global_order())
+
+    single = {kind: fit_weights(make_model(kind), data(kind), BATCH * WORLD, 1, steps=STEPS)
+              for kind in ("dino", "ibot", "dinov2", "ibot_pp", "dinov3")}
     single.update({f"{kind}_micro": fit_weights(make_model(kind, micro_batch_size=BATCH // 2),
-                                                data, BATCH * WORLD, 1, steps=STEPS)
-                   for kind in ("ibot", "dinov2", "ibot_pp")})
-    single["dinov3_gram"] = dinov3_runs()
+                                                data(kind), BATCH * WORLD, 1, steps=STEPS)
+                   for kind in ("ibot", "dinov2", "ibot_pp", "dinov3")})
+    single["dinov3_no_gram"] = fit_weights(make_model("dinov3", gram_weight=0.0), data("dinov3"),
+                                           BATCH * WORLD, 1, steps=STEPS)
     return ranks, single
 
 
@@ -113,7 +124,7 @@ def assert_weights_close(actual: dict, expected: dict, atol: float = 1e-9) -> No
                                        msg=lambda m, key=key: f"{key}: {m}")
 
 
-@pytest.mark.parametrize("kind", ["dino", "ibot", "dinov2", "ibot_pp"])
+@pytest.mark.parametrize("kind", ["dino", "ibot", "dinov2", "ibot_pp", "dinov3"])
 def test_two_processes_equal_one_process_holding_the_global_batch(results, kind: str) -> None:
     ranks, single = results
     start = make_model(kind).double().state_dict()
@@ -125,7 +136,7 @@ def test_two_processes_equal_one_process_holding_the_global_batch(results, kind:
         assert_weights_close(rank_state[kind], single[kind])
 
 
-@pytest.mark.parametrize("kind", ["ibot", "dinov2", "ibot_pp"])
+@pytest.mark.parametrize("kind", ["ibot", "dinov2", "ibot_pp", "dinov3"])
 def test_micro_batches_equal_the_whole_batch(results, kind: str) -> None:
     _, single = results
     assert_weights_close(single[f"{kind}_micro"], single[kind])
@@ -142,8 +153,12 @@ def test_known_bad_variants_differ(results, bad: str, kind: str) -> None:
     assert diff > 1e-6
 
 
-def test_dinov3_gram_two_processes_equal_global_batch_float64(results) -> None:
-    """DINOv3 with Gram anchoring (tests/dinov3_utils.py: injected masks, a manual DDP loop in
-    the same spawn)."""
+def test_dinov3_gram_anchoring_is_on_across_two_snapshots(results) -> None:
+    """The DINOv3 runs above train with the Gram term (other weights without it) and their
+    Gram teacher was refreshed at step 1, then frozen (on both processes as on one)."""
     ranks, single = results
-    check_dinov3_equal([r["dinov3_gram"] for r in ranks], single["dinov3_gram"])
+    state = single["dinov3"]
+    assert int(state["gram_teacher.snapshot_step"]) == 1
+    assert all(int(r["dinov3"]["gram_teacher.snapshot_step"]) == 1 for r in ranks)
+    key = "backbone.blocks.0.mlp.0.weight"
+    assert (state[key] - single["dinov3_no_gram"][key]).abs().max() > 1e-6

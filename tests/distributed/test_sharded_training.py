@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import torch
 from lightning_ddp_utils import assert_states_close
-from sharding_harness import METHODS, WORLD, run_all, run_resume
+from sharding_harness import METHODS, NOT_IN_HARNESS, WORLD, make_method, run_all, run_resume
 
+import ssl_lightning.methods
+from ssl_lightning.methods import SSLMethod
 from ssl_lightning.sharding import load_sharded_checkpoint
 
 #: float64: the three runs differ by rounding only (measured max |diff| <= 2e-15).
@@ -25,7 +27,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
     ranks = run_all(root)
     single = {**ranks[0]["single"], **ranks[1]["single"]}
     return {"root": root, "single": single, **{k: ranks[0][k] for k in (
-        "ddp", "sharded", "straight", "bad_wrap", "bad_ema", "checkpointed")}}
+        "ddp", "sharded", "straight", "straight_dinov3_gram", "straight_distillation",
+        "bad_wrap", "bad_ema", "checkpointed")}}
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -38,9 +41,21 @@ def test_sharded_equals_ddp_equals_one_process(runs: dict[str, Any], name: str) 
     assert changed, f"{name}: nothing trained"
 
 
-def _initial(name: str) -> dict[str, torch.Tensor]:
-    from sharding_harness import make_method
+def test_every_exported_method_is_in_the_harness() -> None:
+    """Each method class of ``ssl_lightning.methods.__all__`` is trained by the harness or named
+    in its ``NOT_IN_HARNESS`` with a reason (so docs/distributed.md's "every method" holds)."""
+    exported = {name for name in ssl_lightning.methods.__all__
+                if isinstance(cls := getattr(ssl_lightning.methods, name), type)
+                and issubclass(cls, SSLMethod)}
+    covered = {type(make_method(name)).__name__ for name in METHODS}
+    missing = sorted(exported - covered - set(NOT_IN_HARNESS))
+    assert not missing, (f"methods {missing} are not in tests/sharding_harness.py: add them to "
+                         "METHODS, or to NOT_IN_HARNESS with the reason")
+    assert not covered & set(NOT_IN_HARNESS), "a method in METHODS is also in NOT_IN_HARNESS"
+    assert all(NOT_IN_HARNESS.values()), "every exception needs its reason"
 
+
+def _initial(name: str) -> dict[str, torch.Tensor]:
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -75,6 +90,14 @@ def test_sharded_mid_epoch_resume_is_exact(runs: dict[str, Any]) -> None:
     assert resumed["global_step"] == straight["global_step"] == 4
     assert_states_close(resumed["state"], straight["state"], atol=0.0)
     assert resumed["one_process"]["global_step"] == 4
+    # DINOv3: resumed between its Gram-teacher snapshots (steps 1 and 3), through the second.
+    gram = runs["straight_dinov3_gram"]["state"]
+    assert int(gram["gram_teacher.snapshot_step"]) == 3
+    assert_states_close(resumed["dinov3_gram"]["state"], gram, atol=0.0, path="dinov3")
+    # Distillation: its frozen teacher is not in the shards; rebuilt, it resumes exactly.
+    distilled = runs["straight_distillation"]["state"]
+    assert_states_close(resumed["distillation"]["state"], distilled, atol=0.0,
+                        path="distillation")
     assert "'num_replicas': 2" in resumed["refused"] and "'num_replicas': 1" in resumed["refused"]
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from product_matrix import CONFIGS, ROOT, STREAMING_RUN, SUBCOMMANDS, shrink_args
+from product_matrix import COMPOSED, CONFIGS, ROOT, STREAMING_RUN, SUBCOMMANDS, shrink_args
 
 TIMEOUT_S = 900  # whole matrix; a hang in one config fails it with the config named
 DIVERGE = ["--model.init_args.lr", "1e6", "--model.init_args.warmup_epochs", "0",
@@ -74,7 +74,8 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) ->
     for world in (1, 2):
         spec = {"configs": [str(c) for c in CONFIGS], "workdir": str(tmp / f"w{world}"),
                 "data_root": str(tiny_image_folder), "timeout_s": 300,
-                "diverge": DIVERGE if world == 2 else None, "shards": shards}
+                "diverge": DIVERGE if world == 2 else None, "shards": shards,
+                "composed": list(COMPOSED) if world == 2 else []}
         spec_path = tmp / f"spec{world}.json"
         spec_path.write_text(json.dumps(spec))
         for rank in range(world):
@@ -148,6 +149,17 @@ def test_a_config_runs_and_resumes_on_shards(matrix: dict[str, Any], world: int)
     for rank, results in matrix[world].items():
         _check(results.get(STREAMING_RUN, {}), STREAMING_RUN, world, rank, results["_log"])
         assert "val/knn_top1" in results[STREAMING_RUN]["metrics"]
+
+
+@pytest.mark.parametrize("leg", list(COMPOSED))
+def test_composed_leg_runs_and_resumes_on_two_processes(matrix: dict[str, Any], leg: str) -> None:
+    """E.g. dinov3.yaml with shared/fsdp.yaml: sharded, distributed checkpoints, resumed."""
+    for rank, results in matrix[2].items():
+        result = results.get(leg, {})
+        _check(result, leg, 2, rank, results["_log"])
+        if "fsdp" in leg:
+            assert result["strategy"] == "ShardedStrategy", result["strategy"]
+            assert result["sharded_checkpoint"], f"{leg}: last.ckpt is not a sharded directory"
 
 
 def test_divergence_stops_every_rank_at_the_same_step(matrix: dict[str, Any]) -> None:
