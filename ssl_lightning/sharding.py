@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.strategies import ModelParallelStrategy
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 _STAGE = re.compile(r"layer\d+")
 #: The non-tensor part of a distributed checkpoint (Lightning's name).
@@ -43,6 +43,15 @@ def local_tensor(t: Tensor) -> Tensor:
     """This process's shard of a sharded (DTensor) parameter or buffer; ``t`` itself otherwise.
     In-place updates of the result update the sharded tensor."""
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def copy_full(target: Tensor, value: Tensor) -> None:
+    """``target.copy_(value)`` for a full ``value`` that every process holds alike (e.g.
+    k-means centroids): a sharded ``target`` takes its own shard of it, without communication."""
+    if isinstance(target, DTensor):
+        value = distribute_tensor(value.to(target.dtype), target.device_mesh, target.placements,
+                                  src_data_rank=None)
+    target.copy_(value)
 
 
 def is_sharded(t: Tensor) -> bool:
@@ -120,9 +129,7 @@ def shard_method(method: nn.Module, mesh: Any, activation_checkpointing: bool = 
     if mixed_precision:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                     reduce_dtype=torch.float32)
-    for child in method.children():
-        if not any(True for _ in child.parameters()):
-            continue
+    for child in _roots(method):
         for unit in list(shard_units(child)):
             if activation_checkpointing:
                 _checkpoint_forward(unit)
@@ -133,6 +140,19 @@ def shard_method(method: nn.Module, mesh: Any, activation_checkpointing: bool = 
         _register_forward_methods(child)
     pairs: list[tuple[nn.Module, nn.Module]] = getattr(method, "ema_pairs", list)()
     check_same_sharding(pairs)
+
+
+def _roots(module: nn.Module) -> Iterator[nn.Module]:
+    """The children of ``module`` that hold parameters, with a container without a forward of
+    its own (``nn.ModuleList`` / ``nn.ModuleDict``, e.g. DeepCluster v2's prototype heads)
+    replaced by its own roots."""
+    for child in module.children():
+        if not any(True for _ in child.parameters()):
+            continue
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            yield from _roots(child)
+        else:
+            yield child
 
 
 def check_same_sharding(pairs: Sequence[tuple[nn.Module, nn.Module]]) -> None:

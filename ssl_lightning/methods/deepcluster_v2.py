@@ -30,6 +30,7 @@ from ssl_lightning.data.seeding import sample_indices, sample_seed
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.sharding import copy_full
 
 CROPS_FOR_ASSIGN = 2
 
@@ -143,7 +144,7 @@ class DeepClusterV2(SSLMethod):
                                                    self.hparams["kmeans_iterations"], seed)
         with torch.no_grad():
             for head, c in zip(self.prototypes, centroids, strict=True):
-                cast(SwAVPrototypes, head).weight.copy_(c)
+                copy_full(cast(SwAVPrototypes, head).weight, c)  # sharded or not
         self.assignments.copy_(assignments)
         self.clustered_epoch.fill_(epoch)
 
