@@ -5,7 +5,9 @@ SupCon, MoCo v2+, FastSiam (4 views), NNSiam, NNBYOL, DirectCLR, ReSSL (a strong
 view) or All4One, each with the same backbone,
 projection size, optimiser and schedule (the methods without a temperature ignore
 ``--temperature``); MSN and PMSN mask patch tokens, so they run a small ViT with their own
-optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view; DeepCluster v2 takes its
+optimiser (AdamW, lr 1e-3) on a target, an anchor and one focal view, and SimMIM (mask
+tokens) and AIM (prefix-causal, mean pooled) the same ViT on one view with their configs'
+optimisers; DeepCluster v2 takes its
 config's 3 x 3000 clusters and temperature 0.1, SMoG 300 groups, a 300-batch bank, τ 0.1.
 
 Both numbers come from this one script, with the same backbone architecture, data module,
@@ -33,6 +35,7 @@ from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.callbacks import KNNCallback, OnlineProbe
 from ssl_lightning.data import CIFAR10DataModule, DeviceViews, UInt8Image
 from ssl_lightning.methods import (
+    AIM,
     DCL,
     MMCR,
     MSN,
@@ -49,6 +52,7 @@ from ssl_lightning.methods import (
     NNSiam,
     ReSSL,
     SimCLR,
+    SimMIM,
     SMoG,
     SSLMethod,
     SupCon,
@@ -86,7 +90,8 @@ def _method(name: str, args: argparse.Namespace) -> SSLMethod:
     common = dict(projection_hidden_dim=512, temperature=args.temperature, optimizer="lars",
                   lr=args.lr, lr_scaling="linear", weight_decay=1e-6, warmup_epochs=1,
                   final_lr_ratio=0.0)
-    backbone = (ViT(image_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4)
+    backbone = (ViT(image_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4,
+                    **VIT_METHODS[name])
                 if name in VIT_METHODS else SmallConvNet(widths=tuple(args.widths)))
     return METHODS[name](backbone, args.queue, common)
 
@@ -135,14 +140,22 @@ METHODS = {
                                  queue_size=300 * 128, momentum_base=0.99,
                                  momentum_schedule="constant", **{**c, "temperature": 0.1}),
     "pmsn": lambda b, q, c: PMSN(b, **_msn(c)),
+    # their configs' optimisers (AdamW, lr 5e-5 / 6.25e-5 x B/256), 1 warm-up epoch
+    "simmim": lambda b, q, c: SimMIM(b, image_size=32, mask_patch_size=8,
+                                     warmup_epochs=c["warmup_epochs"], lr_scaling="linear"),
+    "aim": lambda b, q, c: AIM(b, image_size=32, head_hidden_dim=256,
+                               warmup_epochs=c["warmup_epochs"], lr_scaling="linear"),
     "ressl": lambda b, q, c: ReSSL(b, projection_dim=128, queue_size=q, **_no_temperature(c)),
     "all4one": lambda b, q, c: All4One(b, projection_dim=128, predictor_hidden_dim=512,
                                        queue_size=q, **c),
 }
-#: Methods that mask patch tokens: a small ViT (patch 4, width 64, 4 blocks) instead.
-VIT_METHODS = {"msn", "pmsn"}
+#: Methods that mask or order patch tokens: a small ViT (patch 4, width 64, 4 blocks) instead,
+#: with these options.
+VIT_METHODS: dict[str, dict] = {"msn": {}, "pmsn": {}, "simmim": {"mask_token": True},
+                                "aim": {"pool": "mean"}}
 #: Views per image of a method when it is not 2.
 VIEWS = {"fastsiam": 4, "mmcr": 4, "msn": 3, "pmsn": 3,  # MSN: target, anchor, 1 focal
+         "simmim": 1, "aim": 1,
          "ressl": 1}  # and a weak view (WEAK_VIEWS)
 #: Weak views (crop + flip) appended after the others: ReSSL's teacher view.
 WEAK_VIEWS = {"ressl": 1}
