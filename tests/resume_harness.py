@@ -100,6 +100,15 @@ class _UnsavedAssignmentsDeepClusterV2(DeepClusterV2):
         checkpoint["state_dict"]["assignments"].zero_()
 
 
+class _UnsavedGroupsSMoG(SMoG):
+    """Known-bad: the group features kept outside the checkpoint, so a resumed run starts from
+    the groups its constructor drew."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        checkpoint["state_dict"]["groups"].copy_(self.groups)
+
+
 METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "simclr": lambda: SimCLR(_net(), projection_hidden_dim=8, projection_dim=4,
                              head_batch_norm=True, **OPT),
@@ -150,6 +159,9 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "smog": lambda: SMoG(_net(), projection_hidden_dim=8, projection_dim=4, num_groups=3,
                          reset_every=4, queue_size=8, kmeans_iterations=3, momentum_base=0.9,
                          **OPT),
+    "smog_unsaved": lambda: _UnsavedGroupsSMoG(
+        _net(), projection_hidden_dim=8, projection_dim=4, num_groups=3, reset_every=4,
+        queue_size=8, kmeans_iterations=3, momentum_base=0.9, **OPT),
     "deepcluster_v2_unsaved": lambda: _UnsavedAssignmentsDeepClusterV2(
         _net(), projection_hidden_dim=8, projection_dim=4, num_prototypes=(5, 3),
         kmeans_iterations=3, **OPT),

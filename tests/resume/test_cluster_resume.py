@@ -5,7 +5,8 @@ the uninterrupted run (weights, prototypes, the dataset bank, the epoch's k-mean
 SMoG's groups, bank and teacher; optimiser, schedules, probe; ``tests/resume_harness.py``).
 
 Known-bad: assignments kept outside the checkpoint (a plain attribute) end elsewhere after a
-resume inside an epoch (Lightning does not call ``on_train_epoch_start`` again there).
+resume inside an epoch (Lightning does not call ``on_train_epoch_start`` again there); SMoG's
+groups left out of the checkpoint end elsewhere too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import torch
 from test_resume_exact import RESUME_POINTS, _assert_identical, straight_and_resumed
 
-METHODS = ["deepcluster_v2", "deepcluster_v2_unsaved", "smog"]
+METHODS = ["deepcluster_v2", "deepcluster_v2_unsaved", "smog", "smog_unsaved"]
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +47,11 @@ def test_smog_resume_inside_epoch_0_and_1_is_bit_identical(runs: Any) -> None:
     straight = runs("smog")
     for step in RESUME_POINTS:
         _assert_identical(runs(f"smog_from{step}"), straight)
+
+
+def test_smog_groups_outside_the_checkpoint_are_caught(runs: Any) -> None:
+    straight = runs("smog")
+    resumed = runs("smog_unsaved_from2")  # between the resets at steps 0 and 4
+    moved = [k for k, v in straight["model"].items()
+             if not torch.equal(resumed["model"][k], v)]
+    assert "groups" in moved, moved
