@@ -63,9 +63,6 @@ class DeepClusterV2(SSLMethod):
             official code) embeds every training sample with the untrained network (one
             no-grad forward of the two global crops over the data); ``"random"`` keeps seeded
             random unit rows (epoch 0 then trains on a random partition).
-        init_bank_batches: Limit the ``"forward"`` pass to this many batches per process
-            (None: the whole training set); the other rows keep their random values. For
-            short pipeline checks run with ``limit_train_batches``.
         projector: A projection head replacing the MLP above (backbone features to
             ``projection_dim``).
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
@@ -90,14 +87,11 @@ class DeepClusterV2(SSLMethod):
         kmeans_seed: int = 0,
         projector: nn.Module | None = None,
         init_bank: Literal["forward", "random"] = "forward",
-        init_bank_batches: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
         if init_bank not in ("forward", "random"):
             raise ValueError(f"init_bank must be 'forward' or 'random', got {init_bank!r}.")
-        if init_bank_batches is not None and init_bank_batches < 1:
-            raise ValueError(f"init_bank_batches must be >= 1 or None, got {init_bank_batches}.")
         if not num_prototypes or min(num_prototypes) < 1:
             raise ValueError(f"num_prototypes must be a non-empty list of cluster counts >= 1, "
                              f"got {list(num_prototypes)}.")
@@ -180,7 +174,7 @@ class DeepClusterV2(SSLMethod):
         views, no gradients, train mode) and write the gathered rows into the bank."""
         dataset = self.seeded_dataset()
         with train_mode_unchanged_state(self.backbone, self.projector), isolate_rng():
-            batches = epoch0_batches(self.trainer, self.hparams["init_bank_batches"])
+            batches = epoch0_batches(self.trainer)
             for batch_idx, (views, _, seeds) in enumerate(batches):
                 with keyed_forward(self.sample_keys(seeds, batch_idx)), \
                         self.trainer.precision_plugin.forward_context():

@@ -43,12 +43,11 @@ def _epoch0_sampler(loader: DataLoader, world: int, rank: int) -> Sampler:
     return DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
 
 
-def epoch0_batches(trainer: pl.Trainer, max_batches: int | None = None) -> Iterator[Any]:
+def epoch0_batches(trainer: pl.Trainer) -> Iterator[Any]:
     """This rank's epoch-0 training batches, on the device, as a training step receives them.
 
     Args:
         trainer: A trainer inside ``fit`` whose train loader is set up.
-        max_batches: Stop after this many batches (None: every sample of this rank's share).
     """
     loader = trainer.train_dataloader
     if not isinstance(loader, DataLoader):
@@ -63,9 +62,7 @@ def epoch0_batches(trainer: pl.Trainer, max_batches: int | None = None) -> Itera
         prefetch_factor=loader.prefetch_factor if workers else None,
     )
     module = trainer.lightning_module
-    for number, batch in enumerate(batches):
-        if max_batches is not None and number >= max_batches:
-            break
+    for batch in batches:
         batch = trainer.precision_plugin.convert_input(batch)
         batch = module._on_before_batch_transfer(batch, dataloader_idx=0)  # as the fit loop
         yield trainer.strategy.batch_to_device(batch, dataloader_idx=0)

@@ -110,8 +110,6 @@ def test_bad_settings_fail() -> None:
         _method(kmeans_iterations=0)
     with pytest.raises(ValueError, match="init_bank must be 'forward' or 'random', got 'zeros'"):
         _method(init_bank="zeros")
-    with pytest.raises(ValueError, match="init_bank_batches must be >= 1 or None, got 0"):
-        _method(init_bank_batches=0)
     with pytest.raises(ValueError, match=r"num_prototypes=\[30\] asks for more clusters than "
                                          "the 24 training samples"):
         _fit(_method(num_prototypes=(30,)), KeyedViews(24))
