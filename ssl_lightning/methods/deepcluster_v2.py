@@ -25,11 +25,13 @@ Lightning does not call ``on_train_epoch_start`` again) keeps the epoch's assign
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.seed import isolate_rng
 from torch import Tensor, nn
 
@@ -172,7 +174,7 @@ class DeepClusterV2(SSLMethod):
     def fill_bank(self) -> None:
         """The official ``init_memory``: embed this rank's share of the training set (epoch-0
         views, no gradients, train mode) and write the gathered rows into the bank."""
-        dataset = self.seeded_dataset()
+        dataset, start = self.seeded_dataset(), time.perf_counter()
         with train_mode_unchanged_state(self.backbone, self.projector), isolate_rng():
             batches = epoch0_batches(self.trainer)
             for batch_idx, (views, _, seeds) in enumerate(batches):
@@ -180,6 +182,8 @@ class DeepClusterV2(SSLMethod):
                         self.trainer.precision_plugin.forward_context():
                     assigned = self.forward_views(views[:CROPS_FOR_ASSIGN])["assigned"]
                 self.write_bank(sample_indices(seeds, dataset.seed, 0, len(dataset)), assigned)
+        rank_zero_info(f"DeepClusterV2: bank filled by a forward pass over the {len(dataset)} "
+                       f"training samples in {time.perf_counter() - start:.0f} s.")
 
     def write_bank(self, indices: Tensor, assigned: Tensor) -> None:
         """Write the embeddings (B, 2, D) of this rank's samples ``indices`` and every other
