@@ -5,8 +5,9 @@ The bank is stored *globally*: every rank writes the embeddings and dataset indi
 from all ranks, so every rank holds the same bank and the checkpoint written by rank 0 resumes
 every rank exactly. k-means splits the rows over the ranks (rank ``r`` takes rows ``r::W``)
 and sums its statistics across them (:func:`~ssl_lightning.clustering.spherical_kmeans`).
-Before a sample is written its row is a seeded random unit vector (the same on every rank),
-the stand-in for the official code's pass over the data with the untrained network.
+Before a sample is written its row is a seeded random unit vector (the same on every rank);
+DeepCluster v2 overwrites every row before its first k-means with a pass of the untrained
+network over the data (``init_bank="forward"``, the official code's ``init_memory``).
 """
 
 from __future__ import annotations

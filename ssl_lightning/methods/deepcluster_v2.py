@@ -9,6 +9,14 @@ and every crop of a sample is trained to predict its sample's cluster (:class:`D
 temperature 0.1). The bank rows are written at the samples' dataset indices, which the method
 derives from the sample seeds of the batch (:func:`~ssl_lightning.data.seeding.sample_indices`).
 
+Before the first k-means of a fresh run (``init_bank="forward"``, the official ``init_memory``)
+the bank is filled by one no-grad pass of backbone + projector over the training set: each rank
+embeds its epoch-0 share with the views of epoch 0's sample seeds
+(:func:`~ssl_lightning.training.train_set_pass.epoch0_batches`), in train mode as the official
+code (BatchNorm with batch statistics; its running statistics restored afterwards), and writes
+the gathered rows, so epoch 0 clusters real embeddings. A resumed run takes the bank from its
+checkpoint and does not repeat the pass.
+
 Every rank holds the same bank (written from the gathered batch) and k-means sums its
 statistics over ranks, so N processes give the centroids and assignments of one; the bank, the
 assignments and the epoch they belong to are buffers, so a run resumed mid-epoch (where
@@ -17,11 +25,14 @@ Lightning does not call ``on_train_epoch_start`` again) keeps the epoch's assign
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities.seed import isolate_rng
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.multicrop import forward_by_resolution
@@ -31,6 +42,8 @@ from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.sharding import copy_full
+from ssl_lightning.training.sample_rng import keyed_forward
+from ssl_lightning.training.train_set_pass import epoch0_batches, train_mode_unchanged_state
 
 CROPS_FOR_ASSIGN = 2
 
@@ -48,6 +61,10 @@ class DeepClusterV2(SSLMethod):
         kmeans_iterations: k-means rounds at each epoch start (10 in the official code).
         kmeans_seed: Seed of the initial centroids (with the epoch and head) and of the bank's
             initial rows.
+        init_bank: How a fresh run fills the bank before its first k-means: ``"forward"`` (the
+            official code) embeds every training sample with the untrained network (one
+            no-grad forward of the two global crops over the data); ``"random"`` keeps seeded
+            random unit rows (epoch 0 then trains on a random partition).
         projector: A projection head replacing the MLP above (backbone features to
             ``projection_dim``).
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
@@ -71,9 +88,12 @@ class DeepClusterV2(SSLMethod):
         kmeans_iterations: int = 10,
         kmeans_seed: int = 0,
         projector: nn.Module | None = None,
+        init_bank: Literal["forward", "random"] = "forward",
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
+        if init_bank not in ("forward", "random"):
+            raise ValueError(f"init_bank must be 'forward' or 'random', got {init_bank!r}.")
         if not num_prototypes or min(num_prototypes) < 1:
             raise ValueError(f"num_prototypes must be a non-empty list of cluster counts >= 1, "
                              f"got {list(num_prototypes)}.")
@@ -129,6 +149,8 @@ class DeepClusterV2(SSLMethod):
             self.bank.to(self.device)
             self.assignments = torch.zeros(len(self.prototypes), size, dtype=torch.long,
                                            device=self.device)
+            if self.hparams["init_bank"] == "forward":
+                self.fill_bank()
         elif self.bank.dataset_size != size:
             raise ValueError(
                 f"The checkpoint's DeepClusterV2 bank holds {self.bank.dataset_size} samples, "
@@ -147,6 +169,27 @@ class DeepClusterV2(SSLMethod):
                 copy_full(cast(SwAVPrototypes, head).weight, c)  # sharded or not
         self.assignments.copy_(assignments)
         self.clustered_epoch.fill_(epoch)
+
+    @torch.no_grad()
+    def fill_bank(self) -> None:
+        """The official ``init_memory``: embed this rank's share of the training set (epoch-0
+        views, no gradients, train mode) and write the gathered rows into the bank."""
+        dataset, start = self.seeded_dataset(), time.perf_counter()
+        with train_mode_unchanged_state(self.backbone, self.projector), isolate_rng():
+            batches = epoch0_batches(self.trainer)
+            for batch_idx, (views, _, seeds) in enumerate(batches):
+                with keyed_forward(self.sample_keys(seeds, batch_idx)), \
+                        self.trainer.precision_plugin.forward_context():
+                    assigned = self.forward_views(views[:CROPS_FOR_ASSIGN])["assigned"]
+                self.write_bank(sample_indices(seeds, dataset.seed, 0, len(dataset)), assigned)
+        rank_zero_info(f"DeepClusterV2: bank filled by a forward pass over the {len(dataset)} "
+                       f"training samples in {time.perf_counter() - start:.0f} s.")
+
+    def write_bank(self, indices: Tensor, assigned: Tensor) -> None:
+        """Write the embeddings (B, 2, D) of this rank's samples ``indices`` and every other
+        rank's (gathered) into the bank."""
+        self.bank.write(self.gather_no_grad(indices),
+                        self.gather_no_grad(assigned).transpose(0, 1))
 
     # ------------------------------------------------------------------------------ the step
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
@@ -171,6 +214,5 @@ class DeepClusterV2(SSLMethod):
         dataset = self.seeded_dataset()
         indices = sample_indices(seeds, dataset.seed, self.current_epoch, len(dataset))
         loss = self.criterion(outputs["scores"], self.assignments[:, indices])
-        self.bank.write(self.gather_no_grad(indices),
-                        self.gather_no_grad(outputs["assigned"]).transpose(0, 1))
+        self.write_bank(indices, outputs["assigned"])
         return loss

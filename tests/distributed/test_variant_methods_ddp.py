@@ -1,15 +1,17 @@
 """MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR, iBOT++, ReSSL, All4One, DeepCluster v2 and SMoG
 trained by Lightning on 2 CPU processes (``strategy="ddp"``, gloo, float64) end with the weights,
 teachers, queues and pointers (DeepCluster v2: dataset bank, k-means assignments, prototypes;
-SMoG: groups, bank) of one process trained on the concatenated rank batches, to 1e-9; spherical
-k-means on the ranks' row shares gives the centroids of one process on all rows.
+SMoG: groups, bank) of one process trained on the concatenated rank batches, to 1e-9 (DeepCluster
+v2 with its initial forward pass filling the bank from each rank's share); spherical k-means on
+the ranks' row shares gives the centroids of one process on all rows.
 
 One spawn (``run_in_processes``) runs every method: each worker already holds the process group,
 so Lightning's DDP strategy joins it (``LOCAL_RANK`` / ``WORLD_SIZE`` set: processes launched
 externally) and several Trainer fits share the two processes. The known-bad variants, an NNSiam
 support set filled from the rank's own projections only, an All4One feature term on each
 rank's own batch statistics (solo-learn's), DeepCluster v2 k-means whose sums and counts are
-not summed over ranks (local centroids) and SMoG groups moved by the rank's own projections,
+not summed over ranks (local centroids), a DeepCluster v2 initial pass writing only the rank's
+own rows (no gather) and SMoG groups moved by the rank's own projections,
 must differ.
 """
 
@@ -68,6 +70,22 @@ class _LocalKMeansDeepClusterV2(DeepClusterV2):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.bank.__class__ = _LocalBank
+
+
+class _LocalInitDeepClusterV2(DeepClusterV2):
+    """Known-bad: the initial pass writes this rank's rows only (the other rows stay random)."""
+
+    _local_rows = False
+
+    def fill_bank(self) -> None:
+        self._local_rows = True
+        try:
+            super().fill_bank()
+        finally:
+            self._local_rows = False
+
+    def gather_no_grad(self, x: Tensor) -> Tensor:
+        return x if self._local_rows else super().gather_no_grad(x)
 
 
 class _LocalGroupsSMoG(SMoG):
@@ -130,7 +148,8 @@ METHODS: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...]]] = {
     "all4one_local_statistics": (lambda: _all4one(_LocalStatisticsAll4One), (8, 8)),
     "deepcluster_v2": (lambda: DeepClusterV2(_convnet(), num_prototypes=(5, 3),
                                              kmeans_iterations=3, head_batch_norm=False,
-                                             **HEADS, **OPTIM), (8, 8, 4)),
+                                             init_bank="forward", **HEADS, **OPTIM),
+                       (8, 8, 4)),
     # groups reset by k-means over the bank at step 2 (of 3), momentum-updated at every step
     "smog": (lambda: SMoG(_convnet(), num_groups=4, reset_every=2, queue_size=16,
                           kmeans_iterations=3, head_batch_norm=False, momentum_base=0.9,
@@ -144,11 +163,14 @@ METHODS: dict[str, tuple[Callable[[], SSLMethod], tuple[int, ...]]] = {
     "deepcluster_v2_local_kmeans": (lambda: _LocalKMeansDeepClusterV2(
         _convnet(), num_prototypes=(5, 3), kmeans_iterations=3, head_batch_norm=False,
         **HEADS, **OPTIM), (8, 8, 4)),
+    "deepcluster_v2_local_init": (lambda: _LocalInitDeepClusterV2(
+        _convnet(), num_prototypes=(5, 3), kmeans_iterations=3, head_batch_norm=False,
+        **HEADS, **OPTIM), (8, 8, 4)),
 }
 KNOWN_BAD = ("nnsiam_local_support", "all4one_local_statistics", "deepcluster_v2_local_kmeans",
-             "smog_local_groups")
+             "deepcluster_v2_local_init", "smog_local_groups")
 #: Methods that read each sample's dataset index from its seed (KeyedViews batches).
-KEYED = ("deepcluster_v2", "deepcluster_v2_local_kmeans")
+KEYED = ("deepcluster_v2", "deepcluster_v2_local_kmeans", "deepcluster_v2_local_init")
 
 
 def _fit(name: str, batch_size: int, world: int, order: list[int] | None = None) -> dict:
@@ -237,6 +259,13 @@ def test_kmeans_on_row_shares_equals_one_process(runs) -> None:
 def test_local_kmeans_is_caught(runs) -> None:
     ranks, single = runs
     problems = _differences(ranks[0]["deepcluster_v2_local_kmeans"]["model"],
+                            single["deepcluster_v2"]["model"])
+    assert "assignments" in problems and "prototypes.0.layer.weight" in problems, problems
+
+
+def test_local_initial_bank_is_caught(runs) -> None:
+    ranks, single = runs
+    problems = _differences(ranks[0]["deepcluster_v2_local_init"]["model"],
                             single["deepcluster_v2"]["model"])
     assert "assignments" in problems and "prototypes.0.layer.weight" in problems, problems
 

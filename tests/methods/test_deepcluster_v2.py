@@ -1,16 +1,26 @@
 """DeepCluster v2 behaviour: a sample's dataset index is recovered from its seed (any seed,
-epoch and index), bad settings fail with messages naming the value (more clusters than training
-samples before the first step), batches without sample seeds are refused."""
+epoch and index); the initial pass (``init_bank="forward"``) fills the bank, before the first
+k-means, with every sample's embedding of its epoch-0 views, equal to a float64 loop over the
+samples (a tensor dataset with a partial last batch, and the image-folder data module with random
+multi-crop views); ``"random"`` keeps the seeded rows; bad settings fail with messages naming
+the value (more clusters than training samples before the first step), batches without sample
+seeds are refused."""
 
 from __future__ import annotations
+
+import copy
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
 import torch
 from lightning_ddp_utils import KeyedViews, PrecomputedViews, TensorDataModule
+from torch import Tensor
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.data.seeding import sample_index, sample_indices, sample_seed
+from ssl_lightning.clustering import DatasetBank
+from ssl_lightning.data import ImageFolderDataModule, MultiCropViews
+from ssl_lightning.data.seeding import SeededDataset, sample_index, sample_indices, sample_seed
 from ssl_lightning.methods import DeepClusterV2
 
 
@@ -35,11 +45,71 @@ def test_sample_indices_invert_the_sample_seed(seed: int, epoch: int) -> None:
         sample_index(int(seeds[2]), seed, 1, 50_000)  # another epoch's seed
 
 
+class _BankAtTrainStart(pl.Callback):
+    """Keeps the bank as the first k-means sees it (callbacks run before the module's hook)."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.bank = pl_module.bank.embeddings.clone()
+
+
+def _bank_before_kmeans(model: DeepClusterV2, datamodule: pl.LightningDataModule) -> Tensor:
+    capture = _BankAtTrainStart()
+    pl.Trainer(accelerator="cpu", max_steps=1, precision="64-true", logger=False,
+               enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, num_sanity_val_steps=0,
+               callbacks=[capture]).fit(model, datamodule=datamodule)
+    return capture.bank
+
+
+def _loop_reference(model: DeepClusterV2, views_of: list[list[Tensor]]) -> Tensor:
+    """(2, N, D): every sample's two global crops embedded one at a time in float64,
+    backbone -> projector -> z / ||z||."""
+    model = copy.deepcopy(model).double()
+    rows = [[], []]
+    with torch.no_grad():
+        for views in views_of:
+            for crop in range(2):
+                z = model.projector(model.backbone(views[crop][None].double()))[0]
+                rows[crop].append(z / z.pow(2).sum().sqrt())
+    return torch.stack([torch.stack(r) for r in rows])
+
+
+def test_forward_init_embeds_every_sample() -> None:
+    data = KeyedViews(10, dtype=torch.float64)  # batches of 4: the pass also covers 8 and 9
+    model = _method(num_prototypes=(3,))
+    expected = _loop_reference(model, [data[i][0] for i in range(len(data))])
+    bank = _bank_before_kmeans(model, TensorDataModule(data, 4))
+    assert float((bank - expected).abs().max()) < 1e-12
+
+
+def test_forward_init_with_the_image_folder_data_module(tmp_path: Path,
+                                                        make_image_folder) -> None:  # type: ignore[no-untyped-def]
+    root = make_image_folder(tmp_path / "train", classes=2, per_class=7)
+    views = MultiCropViews("dino", "cifar", num_local_crops=2, global_size=16, local_size=8)
+    data = ImageFolderDataModule(str(root), preset="cifar", batch_size=4, num_workers=0,
+                                 train_transform=views, seed=3)
+    pl.seed_everything(0, verbose=False)
+    model = _method(num_prototypes=(3,))
+    reference = copy.deepcopy(model)
+    bank = _bank_before_kmeans(model, data)
+    seeded = SeededDataset(data.train_dataset, 3)  # epoch 0's random views of each sample
+    expected = _loop_reference(reference, [seeded[(0, i)][0] for i in range(14)])
+    assert float((bank - expected).abs().max()) < 1e-12
+
+
+def test_random_init_keeps_the_seeded_rows() -> None:
+    bank = _bank_before_kmeans(_method(num_prototypes=(3,), init_bank="random"),
+                               TensorDataModule(KeyedViews(10, dtype=torch.float64), 4))
+    assert torch.equal(bank, DatasetBank(2, 4, 10).embeddings.double())
+
+
 def test_bad_settings_fail() -> None:
     with pytest.raises(ValueError, match=r"num_prototypes .* got \[\]"):
         _method(num_prototypes=())
     with pytest.raises(ValueError, match="kmeans_iterations must be >= 1, got 0"):
         _method(kmeans_iterations=0)
+    with pytest.raises(ValueError, match="init_bank must be 'forward' or 'random', got 'zeros'"):
+        _method(init_bank="zeros")
     with pytest.raises(ValueError, match=r"num_prototypes=\[30\] asks for more clusters than "
                                          "the 24 training samples"):
         _fit(_method(num_prototypes=(30,)), KeyedViews(24))
