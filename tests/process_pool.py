@@ -2,13 +2,16 @@
 :func:`distributed_utils.run_in_processes` call: the spawn, the imports of torch, Lightning and
 ssl_lightning and the process-group set-up are paid once instead of once per test module.
 
-Every job starts from the state a freshly spawned worker had: before it the worker restores the
-environment variables, torch's, NumPy's and Python's random states, torch's default dtype and
-thread count, and the attributes of every ``ssl_lightning`` module (jobs patch module-level
-collectives for their known-bad variants, e.g. ``sinkhorn.all_reduce_sum_no_grad``; every
-submodule is imported at start so that all of them are restored). A job that fails stops the
-pool (the other rank may be blocked in a collective); the next job starts a fresh one. The
-results travel as ``torch.save`` files, as with ``torch.multiprocessing.spawn``.
+Every job starts from the state a process spawned at that moment would have: it runs with the
+caller's current environment variables and ``sys.path`` (a test may have set ``PYTHONPATH`` or
+prepended a folder of its own modules), and before it the worker restores torch's, NumPy's and
+Python's random states, torch's default dtype and thread count, and the attributes of every
+``ssl_lightning`` module (jobs patch module-level collectives for their known-bad variants, e.g.
+``sinkhorn.all_reduce_sum_no_grad``; every submodule is imported at start so that all of them
+are restored); modules a job imported from the caller's extra paths are forgotten after it. A
+job that fails stops the pool (the other rank may be blocked in a collective); the next job
+starts a fresh one. The results travel as ``torch.save`` files, as with
+``torch.multiprocessing.spawn``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import atexit
 import importlib
 import multiprocessing
 import os
+import pickle
 import pkgutil
 import random
 import socket
@@ -63,11 +67,31 @@ class _FreshState:
     def __init__(self) -> None:
         self.modules = {m: dict(vars(m)) for m in _import_package_modules()}
         self.environ = dict(os.environ)
+        self.path = list(sys.path)
         self.torch_rng = torch.random.get_rng_state()
         self.numpy_rng = np.random.get_state()
         self.python_rng = random.getstate()
         self.dtype = torch.get_default_dtype()
         self.threads = torch.get_num_threads()
+
+    def enter(self, environ: dict[str, str], path: list[str]) -> list[str]:
+        """Restore the state, then take the caller's ``environ`` (keeping this worker's
+        rendezvous variables) and ``path``; returns the path entries new to this worker."""
+        self.restore()
+        os.environ.clear()
+        os.environ.update({**environ, **{k: self.environ[k] for k in _RENDEZVOUS}})
+        added = [p for p in path if p not in self.path]
+        sys.path[:] = path
+        return added
+
+    def leave(self, added: list[str]) -> None:
+        """Forget the modules imported from ``added`` paths, then restore the state."""
+        roots = tuple(os.path.abspath(p) + os.sep for p in added if p)
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None)
+            if roots and file and os.path.abspath(file).startswith(roots):
+                del sys.modules[name]
+        self.restore()
 
     def restore(self) -> None:
         for module, attributes in self.modules.items():
@@ -77,6 +101,7 @@ class _FreshState:
                     setattr(module, name, value)
         os.environ.clear()
         os.environ.update(self.environ)
+        sys.path[:] = self.path
         torch.random.set_rng_state(self.torch_rng)
         np.random.set_state(self.numpy_rng)
         random.setstate(self.python_rng)
@@ -85,19 +110,25 @@ class _FreshState:
         torch.set_grad_enabled(True)
 
 
+#: The environment variables of the workers' process group, kept whatever a job's caller has.
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
+
+
 def _serve(rank: int, world_size: int, port: int, jobs: Any, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     fresh = _FreshState()
     while (job := jobs.get()) is not None:
-        fn, args, out_dir = job
-        fresh.restore()
-        try:
+        environ, path, payload, out_dir = job
+        added = fresh.enter(environ, path)
+        try:  # unpickled here: the job's function may live on the caller's extra path
+            fn, args = pickle.loads(payload)
             torch.save(fn(rank, world_size, *args), os.path.join(out_dir, f"rank{rank}.pt"))
             results.put((rank, None))
         except BaseException:  # noqa: BLE001 (reported to the test, which fails)
             results.put((rank, traceback.format_exc()))
+        fresh.leave(added)
         if not dist.is_initialized():
             results.put((rank, "the job destroyed the process group"))
             return
@@ -121,9 +152,10 @@ class ProcessPool:
 
     def run(self, fn: Callable[..., Any], args: tuple) -> list[Any]:
         """``fn(rank, world_size, *args)`` on every process; their results by rank."""
+        payload = pickle.dumps((fn, args))
         with tempfile.TemporaryDirectory() as out_dir:
             for queue in self.jobs:
-                queue.put((fn, args, out_dir))
+                queue.put((dict(os.environ), list(sys.path), payload, out_dir))
             for _ in range(self.world_size):
                 try:
                     rank, error = self.results.get(timeout=JOB_TIMEOUT_S)
