@@ -183,10 +183,14 @@ def verify_shards(root: str | Path | RemoteShards, checksums: bool = False) -> d
                   f"--output {where}`, which rewrites the shards that do not match the "
                   "manifest, or copy the shard again.")
     if not manifest.get("complete"):
+        finish = (f"Rerun `python -m ssl_lightning shard --images {manifest['images']} --output "
+                  f"FOLDER` on the folder it was written to and upload FOLDER to {where} again."
+                  if remote is not None else
+                  f"Rerun `python -m ssl_lightning shard --images {manifest['images']} --output "
+                  f"{where}` to finish it.")
         raise ShardError(
             f"The shard folder {where} is unfinished ({len(manifest['shards'])} shards written): "
-            f"the shard command was interrupted. Rerun `python -m ssl_lightning shard --images "
-            f"{manifest['images']} --output {where}` to finish it.")
+            f"the shard command was interrupted. {finish}")
     total = sum(entry["count"] for entry in manifest["shards"])
     if total != manifest["num_images"]:
         raise ShardError(f"The manifest of {where} lists {total} images in its shards but "

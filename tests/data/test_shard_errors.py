@@ -87,6 +87,11 @@ def test_unfinished_shard_folder(shards: Path) -> None:
         _setup(shards)
     with pytest.raises(FileNotFoundError, match="not a shard folder. Make one with"):
         _setup(shards.parent)
+    with pytest.raises(ShardError, match=r"unfinished .*upload FOLDER to local:/"):
+        _remote(shards, shards.parent / "cache").setup("fit")
+    with pytest.raises(FileNotFoundError, match=r"No shard manifest at local:/.*manifest.json "
+                                                r"\(cannot fetch"):
+        _remote(shards.parent, shards.parent / "cache").setup("fit")
 
 
 def test_corrupt_sample_follows_the_skip_policy_of_the_image_folder(tmp_path: Path,
