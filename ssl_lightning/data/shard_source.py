@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +54,25 @@ class RemoteShards:
         """The URL of a file or folder inside the shard folder."""
         return f"{self.url}/{relative}"
 
-    def _download(self, relative: str, local: Path) -> None:
+    def _download(self, relative: str, local: Path, wait_s: float = 120.0) -> None:
+        """Download through litdata's downloader; while another process (a DDP rank on this
+        node) holds litdata's lock on the file, wait for its copy instead (up to ``wait_s``)."""
         from litdata.streaming.downloader import get_downloader
 
         local.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            get_downloader(self.url, str(self.cache), []).download_file(self.url_of(relative),
-                                                                        str(local))
-        except Exception as err:  # each backend raises its own kind for a missing object
-            raise FileNotFoundError(f"cannot fetch {self.url_of(relative)} "
-                                    f"({type(err).__name__}: {err})") from err
-        if not local.is_file():
-            raise FileNotFoundError(f"cannot fetch {self.url_of(relative)}")
+        downloader = get_downloader(self.url, str(self.cache), [])
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                downloader.download_file(self.url_of(relative), str(local))
+            except Exception as err:  # each backend raises its own kind for a missing object
+                raise FileNotFoundError(f"cannot fetch {self.url_of(relative)} "
+                                        f"({type(err).__name__}: {err})") from err
+            if local.is_file():
+                return
+            if not Path(f"{local}.lock").exists() or time.monotonic() > deadline:
+                raise FileNotFoundError(f"cannot fetch {self.url_of(relative)}")
+            time.sleep(0.05)
 
     def fetch(self, relative: str) -> Path:
         """The cached copy of a file of the folder, downloaded unless already cached.

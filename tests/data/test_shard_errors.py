@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,27 @@ def test_a_remote_chunk_truncated_or_changed_after_its_index(shards: Path,
                                          r"chunk-0-0.bin has \d+ bytes, the manifest \d+ "
                                          r"\(the copy .*cache"):
         _remote(shards, cache).setup("fit")  # the damaged copy is now in the cache
+
+
+def test_a_file_another_process_is_downloading_is_waited_for(shards: Path,
+                                                             tmp_path: Path) -> None:
+    """Another DDP rank on the node holds litdata's lock on a file: its copy is used."""
+    from filelock import FileLock
+
+    from ssl_lightning.data.shard_source import RemoteShards
+
+    remote = RemoteShards(f"local:{shards}", tmp_path / "cache")
+    local = remote.cache / "shard-00000" / "chunk-0-0.bin"
+    local.parent.mkdir(parents=True)
+    lock = FileLock(f"{local}.lock")
+    lock.acquire()
+
+    def finish() -> None:
+        shutil.copy(shards / "shard-00000" / "chunk-0-0.bin", local)
+        lock.release()
+
+    timer = threading.Timer(0.3, finish)
+    timer.start()
+    assert remote.fetch("shard-00000/chunk-0-0.bin").read_bytes() == \
+        (shards / "shard-00000" / "chunk-0-0.bin").read_bytes()
+    timer.join()
