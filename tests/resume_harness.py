@@ -3,13 +3,13 @@ modules and random augmentations, in a process of its own.
 
 Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs
 ``{"method", "data_root", "workers", "epochs", "out", "ckpt_dir", "resume", "device_views",
-"views_on", "shards", "devices", "expect_error", "epoch_ckpt_dir"}``. ``device_views``: the
-batched ``DeviceViews`` path, made ``views_on`` the device or the workers; ``shards``: a
-folder with the ``train`` and ``test`` shard folders of ``data_root``, read by
-``StreamingDataModule``; ``devices``: 2 runs ``ddp_spawn`` on 2 processes, whose dump holds
-rank 0's model only; ``expect_error``: the fit must raise a ``ValueError``, whose message is
-dumped as ``error``; ``epoch_ckpt_dir``: a checkpoint at the end of every epoch
-(``epoch=N.ckpt``).
+"views_on", "shards", "cache_dir", "devices", "expect_error", "epoch_ckpt_dir"}``.
+``device_views``: the batched ``DeviceViews`` path, made ``views_on`` the device or the
+workers; ``shards``: a folder (or a URL, cached in ``cache_dir``) with the ``train`` and
+``test`` shard folders of ``data_root``, read by ``StreamingDataModule``; ``devices``: 2 runs
+``ddp_spawn`` on 2 processes, whose dump holds rank 0's model only; ``expect_error``: the fit
+must raise a ``ValueError``, whose message is dumped as ``error``; ``epoch_ckpt_dir``: a
+checkpoint at the end of every epoch (``epoch=N.ckpt``).
 ``ckpt_dir`` writes a checkpoint after every optimizer step (``step=N.ckpt``), ``resume``
 continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
 ``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
@@ -211,11 +211,12 @@ def run(job: dict[str, Any]) -> None:
     device = DeviceViews("cifar", crop_size=SIZE) if job.get("device_views") else None
     kind, root = ((StreamingDataModule, job["shards"]) if job.get("shards")
                   else (ImageFolderDataModule, root))
+    cache = {"cache_dir": job["cache_dir"]} if job.get("cache_dir") else {}
     data = kind(
         f"{root}/train", f"{root}/test", preset="cifar", batch_size=4, num_workers=job["workers"],
         prefetch_factor=2, eval_batch_size=12, device_transform=device,
         batched_views_on=job.get("views_on", "auto"),
-        train_transform=None if device is not None else transform(job["method"]))
+        train_transform=None if device is not None else transform(job["method"]), **cache)
     callbacks: list[pl.Callback] = []
     if job["method"] != "linear":
         callbacks += [OnlineProbe(lr=0.2), KNNCallback(k=3)]

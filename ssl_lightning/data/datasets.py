@@ -185,7 +185,7 @@ class ReplacingDataset(Dataset):
     ``super().__init__()``.
     """
 
-    root: Path
+    root: str | Path  # a URL for shards read from object storage
     samples: list[tuple[str, int]]
     loader: Callable[[str], Any]
     transform: Callable[[Any], Any] | None

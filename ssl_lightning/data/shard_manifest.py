@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ssl_lightning.data.shard_source import RemoteShards
+
 MANIFEST = "manifest.json"
 FORMAT = "ssl_lightning.shards"
 VERSION = 1
@@ -49,27 +51,69 @@ def describe_shard(folder: Path, labels: list[int]) -> dict[str, Any]:
             "bytes": sum(f["bytes"] for f in files.values()), "files": files}
 
 
-def read_manifest(root: str | Path) -> dict[str, Any]:
-    """The manifest of the shard folder ``root``.
+def read_manifest(root: str | Path | RemoteShards) -> dict[str, Any]:
+    """The manifest of the shard folder ``root`` (a local path or a :class:`RemoteShards`,
+    whose manifest is fetched anew, :meth:`RemoteShards.fetch_fresh`).
 
     Raises:
         FileNotFoundError: ``root`` or its manifest is missing (how to make one).
         ShardError: the manifest is not a readable shard manifest of this version.
     """
-    path = Path(root) / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"No shard manifest {path}: {root} is not a shard folder. Make one with "
-            f"`python -m ssl_lightning shard --images IMAGE_DIR --output {root}`.")
+    if isinstance(root, RemoteShards):
+        try:
+            path = root.fetch_fresh(MANIFEST)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(
+                f"No shard manifest at {root.url_of(MANIFEST)} ({err}): {root.url} is not a "
+                "shard folder, or its credentials are missing (docs/streaming.md). Make one "
+                "with `python -m ssl_lightning shard --images IMAGE_DIR --output FOLDER` and "
+                "upload FOLDER.") from err
+        except ValueError as err:
+            raise ShardError(str(err)) from err
+        shown: str | Path = root.url_of(MANIFEST)
+    else:
+        path = shown = Path(root) / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"No shard manifest {path}: {root} is not a shard folder. Make one with "
+                f"`python -m ssl_lightning shard --images IMAGE_DIR --output {root}`.")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise ShardError(f"The shard manifest {path} cannot be read ({err}); rerun the shard "
+        raise ShardError(f"The shard manifest {shown} cannot be read ({err}); rerun the shard "
                          "command into a new folder.") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
             or manifest.get("version") != VERSION:
-        raise ShardError(f"{path} is not a version-{VERSION} {FORMAT} manifest.")
+        raise ShardError(f"{shown} is not a version-{VERSION} {FORMAT} manifest.")
     return manifest
+
+
+def _size_problem(shard: str, name: str, size: int, expected: int) -> str | None:
+    """The message of a file whose size differs from the manifest's (None: the same)."""
+    if size == expected:
+        return None
+    kind = "truncated" if size < expected else "larger than written"
+    return f"shard {shard} is {kind}: {name} has {size} bytes, the manifest {expected}"
+
+
+def _index_problem(shard: str, entry: dict[str, Any], index_path: Path) -> str | None:
+    """What litdata's index of a shard contradicts in its manifest entry (None: nothing)."""
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        chunks = [(chunk["filename"], int(chunk["chunk_bytes"]), int(chunk["chunk_size"]))
+                  for chunk in index["chunks"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"shard {shard} has no readable litdata {LITDATA_INDEX} ({err})"
+    count = sum(size for _, _, size in chunks)
+    if count != entry["count"] or len(entry["labels"]) != entry["count"]:
+        return (f"shard {shard} holds {count} samples, the manifest says "
+                f"{entry['count']} (a manifest of another shard folder?)")
+    for name, size, _ in chunks:
+        expected = entry["files"].get(name, {}).get("bytes")
+        if expected != size:
+            return (f"shard {shard}: litdata's {LITDATA_INDEX} lists {name} of {size} bytes, "
+                    f"the manifest {expected} (a manifest of another shard folder?)")
+    return None
 
 
 def verify_shard(root: Path, entry: dict[str, Any], checksums: bool) -> str | None:
@@ -81,47 +125,79 @@ def verify_shard(root: Path, entry: dict[str, Any], checksums: bool) -> str | No
         path = folder / name
         if not path.is_file():
             return f"shard {entry['name']} lacks its file {name}"
-        size = path.stat().st_size
-        if size != expected["bytes"]:
-            kind = "truncated" if size < expected["bytes"] else "larger than written"
-            return (f"shard {entry['name']} is {kind}: {name} has {size} bytes, the manifest "
-                    f"{expected['bytes']}")
+        problem = _size_problem(entry["name"], name, path.stat().st_size, expected["bytes"])
+        if problem is not None:
+            return problem
         if checksums and file_sha256(path) != expected["sha256"]:
             return f"shard {entry['name']}: the SHA-256 of {name} differs from the manifest's"
+    return _index_problem(entry["name"], entry, folder / LITDATA_INDEX)
+
+
+def verify_remote_shard(remote: RemoteShards, entry: dict[str, Any],
+                        checksums: bool) -> str | None:
+    """:func:`verify_shard` of a shard at a URL, naming the shard's URL: its ``index.json``
+    is fetched and compared with the manifest (the chunk sizes litdata will download), and the
+    files already cached are checked; with ``checksums`` every file is fetched and hashed."""
+    shard = remote.url_of(entry["name"])
     try:
-        index = json.loads((folder / LITDATA_INDEX).read_text(encoding="utf-8"))
-        count = sum(int(chunk["chunk_size"]) for chunk in index["chunks"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"shard {entry['name']} has no readable litdata {LITDATA_INDEX} ({err})"
-    if count != entry["count"] or len(entry["labels"]) != entry["count"]:
-        return (f"shard {entry['name']} holds {count} samples, the manifest says "
-                f"{entry['count']} (a manifest of another shard folder?)")
-    return None
+        index = remote.fetch(f"{entry['name']}/{LITDATA_INDEX}")
+    except FileNotFoundError as err:
+        return f"shard {shard} is missing ({err})"
+    for name, expected in entry["files"].items():
+        relative = f"{entry['name']}/{name}"
+        if checksums:
+            try:
+                remote.fetch(relative)
+            except FileNotFoundError as err:
+                return f"shard {shard} lacks its file {name} ({err})"
+        path = remote.cache / relative
+        if not path.is_file():
+            continue  # downloaded by litdata when first read; its size is in the index
+        problem = _size_problem(shard, name, path.stat().st_size, expected["bytes"])
+        if problem is not None:
+            return f"{problem} (the copy {path})"
+        if checksums and file_sha256(path) != expected["sha256"]:
+            return f"shard {shard}: the SHA-256 of {name} differs from the manifest's"
+    return _index_problem(shard, entry, index)
 
 
-def verify_shards(root: str | Path, checksums: bool = False) -> dict[str, Any]:
-    """Check every shard of ``root`` against the manifest (sizes and litdata index; the
-    SHA-256 of every file too with ``checksums``) and return the manifest.
+def verify_shards(root: str | Path | RemoteShards, checksums: bool = False) -> dict[str, Any]:
+    """Check every shard of ``root`` (a local path or a :class:`RemoteShards`) against the
+    manifest (sizes and litdata index; the SHA-256 of every file too with ``checksums``) and
+    return the manifest.
 
     Raises:
         ShardError: naming the first bad shard and what to do; also for an unfinished folder.
     """
-    root = Path(root)
     manifest = read_manifest(root)
+    remote: RemoteShards | None = None
+    if isinstance(root, RemoteShards):
+        remote = root
+        where: str | Path = remote.url
+        repair = (f"Rewrite it with `python -m ssl_lightning shard --images "
+                  f"{manifest['images']} --output FOLDER` and upload FOLDER to {where} again, or "
+                  "copy the shard again.")
+    else:
+        where = Path(root)
+        repair = (f"Rerun `python -m ssl_lightning shard --images {manifest['images']} "
+                  f"--output {where}`, which rewrites the shards that do not match the "
+                  "manifest, or copy the shard again.")
     if not manifest.get("complete"):
+        finish = (f"Rerun `python -m ssl_lightning shard --images {manifest['images']} --output "
+                  f"FOLDER` on the folder it was written to and upload FOLDER to {where} again."
+                  if remote is not None else
+                  f"Rerun `python -m ssl_lightning shard --images {manifest['images']} --output "
+                  f"{where}` to finish it.")
         raise ShardError(
-            f"The shard folder {root} is unfinished ({len(manifest['shards'])} shards written): "
-            f"the shard command was interrupted. Rerun `python -m ssl_lightning shard --images "
-            f"{manifest['images']} --output {root}` to finish it.")
+            f"The shard folder {where} is unfinished ({len(manifest['shards'])} shards written): "
+            f"the shard command was interrupted. {finish}")
     total = sum(entry["count"] for entry in manifest["shards"])
     if total != manifest["num_images"]:
-        raise ShardError(f"The manifest of {root} lists {total} images in its shards but "
+        raise ShardError(f"The manifest of {where} lists {total} images in its shards but "
                          f"num_images={manifest['num_images']}; rewrite the shard folder.")
     for entry in manifest["shards"]:
-        problem = verify_shard(root, entry, checksums)
+        problem = (verify_remote_shard(remote, entry, checksums) if remote is not None
+                   else verify_shard(Path(where), entry, checksums))
         if problem is not None:
-            raise ShardError(
-                f"Shard folder {root}: {problem}. Rerun `python -m ssl_lightning shard "
-                f"--images {manifest['images']} --output {root}`, which rewrites the shards "
-                "that do not match the manifest, or copy the shard again.")
+            raise ShardError(f"Shard folder {where}: {problem}. {repair}")
     return manifest

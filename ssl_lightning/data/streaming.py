@@ -27,7 +27,8 @@ from ssl_lightning.data.datasets import (
     UnreadableImages,
     load_image,
 )
-from ssl_lightning.data.shard_manifest import verify_shards
+from ssl_lightning.data.shard_manifest import ShardError, read_manifest, verify_shards
+from ssl_lightning.data.shard_source import RemoteShards, is_url
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName
 
 
@@ -38,14 +39,18 @@ class ShardDataset(ReplacingDataset):
     (:func:`~ssl_lightning.data.shard_manifest.verify_shards`); each process (and loader
     worker) opens the shards it reads lazily. An image whose bytes cannot be decoded follows
     ``unreadable`` (:class:`~ssl_lightning.data.datasets.UnreadableImages`), as in an image
-    folder; the sample is named ``<folder>/<shard>#<position> (<source path>)``.
+    folder; the sample is named ``<folder>/<shard>#<position> (<source path>)``. A folder at a
+    URL (:mod:`~ssl_lightning.data.shard_source`) is checked against the manifest and the
+    shards' litdata indexes, fetched into its cache; litdata downloads the chunks when read.
 
     Args:
-        root: The shard folder (holding ``manifest.json``).
+        root: The shard folder (holding ``manifest.json``): a path or a URL litdata reads.
         labeled: Use the manifest's labels (False: every target -1).
         transform: Applied to the PIL image.
         unreadable: What an undecodable image does (None: raise).
-        checksums: Also compare the SHA-256 of every shard file with the manifest.
+        checksums: Also compare the SHA-256 of every shard file with the manifest (at a URL:
+            downloads every file).
+        cache_dir: Parent of a URL's cache folder (None: ``~/.cache/ssl_lightning/shards``).
 
     Raises:
         FileNotFoundError: no manifest.
@@ -54,9 +59,10 @@ class ShardDataset(ReplacingDataset):
 
     def __init__(self, root: str | Path, labeled: bool = True,
                  transform: Any | None = None, unreadable: UnreadableImages | None = None,
-                 checksums: bool = False) -> None:
-        self.root = Path(root)
-        self.manifest = verify_shards(self.root, checksums)
+                 checksums: bool = False, cache_dir: str | Path | None = None) -> None:
+        self.remote = RemoteShards(str(root), cache_dir) if is_url(root) else None
+        self.root: str | Path = self.remote.url if self.remote is not None else Path(root)
+        self.manifest = verify_shards(self.remote or self.root, checksums)
         self.labeled = labeled and bool(self.manifest["classes"])
         self.classes: list[str] = list(self.manifest["classes"]) if self.labeled else []
         self.transform = transform
@@ -88,21 +94,42 @@ class ShardDataset(ReplacingDataset):
             # per random read instead of ~40 us, benchmarks/streaming_throughput.py).
             per_item = ({"batch_decode": 0} if "batch_decode" in
                         inspect.signature(StreamingDataset.__init__).parameters else {})
-            self._open[number] = StreamingDataset(str(self.root / self._names[number]),
-                                                  **per_item)
+            name = self._names[number]
+            where = (self.remote.dataset_dir(name) if self.remote is not None
+                     else str(Path(self.root) / name))
+            self._open[number] = StreamingDataset(where, **per_item)
         return self._open[number]
 
     def _read(self, name: str) -> Image.Image:
         """Decode the sample named ``<root>/<shard>#<position>``."""
         shard, position = name.rsplit("/", 1)[1].split("#")
-        data, _, source = self._shard(self._numbers[shard])[int(position)]
+        try:
+            data, _, source = self._shard(self._numbers[shard])[int(position)]
+        except Exception:
+            self._check_download(shard)
+            raise
         try:
             return load_image(io.BytesIO(bytes(data)))
         except CorruptImageError as err:
+            self._check_download(shard)
             cause = type(err.__cause__ or err).__name__
             raise CorruptImageError(
                 f"Cannot decode image {name} (from {source}: {cause}); fix or remove the "
                 "source image and rerun the shard command into a new folder.") from err
+
+    def _check_download(self, shard: str) -> None:
+        """Raise a :class:`ShardError` naming the URL if a downloaded chunk of ``shard`` has
+        another size than the manifest's (a remote file truncated after its index)."""
+        if self.remote is None:
+            return
+        entry = self.manifest["shards"][self._numbers[shard]]
+        for file, expected in entry["files"].items():
+            path = self.remote.cache / shard / file
+            if path.is_file() and path.stat().st_size != expected["bytes"]:
+                raise ShardError(
+                    f"shard {self.remote.url_of(shard)} is damaged: the downloaded {file} has "
+                    f"{path.stat().st_size} bytes, the manifest {expected['bytes']}. Upload the "
+                    f"shard again and delete {self.remote.cache / shard}.")
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"
@@ -120,31 +147,39 @@ class StreamingDataModule(SSLDataModule):
     bank (even positions) and queries (odd); no ``val_shards``: no validation loaders.
 
     Args:
-        train_shards: Shard folder of the training images (``python -m ssl_lightning shard``).
-        val_shards: Shard folder of labeled evaluation images, or None.
+        train_shards: Shard folder of the training images (``python -m ssl_lightning shard``):
+            a path, or a URL litdata reads (``s3://``, ``gs://``, ``azure://``, ``hf://``,
+            ``r2://``, ``local:``; docs/streaming.md).
+        val_shards: Shard folder (path or URL) of labeled evaluation images, or None.
         train_labeled: Use the train shards' labels; None: when the manifest has >= 2 classes.
         preset: ``"imagenet"`` (224 px) or ``"cifar"`` (32 px) default transforms.
         verify_checksums: At setup, also compare the SHA-256 of every shard file with the
             manifest (reads every byte once; sizes and litdata indexes are always checked).
+        cache_dir: Where shards at a URL are cached, one folder per URL (``<cache_dir>/<hash
+            of the URL>``); None: ``~/.cache/ssl_lightning/shards``. Unused for local folders.
         **kwargs: Loader and transform arguments of :class:`SSLDataModule`.
     """
 
     def __init__(self, train_shards: str, val_shards: str | None = None,
                  train_labeled: bool | None = None, preset: PresetName = "imagenet",
-                 verify_checksums: bool = False, **kwargs: Any) -> None:
+                 verify_checksums: bool = False, cache_dir: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(preset=preset, **kwargs)
         self.train_shards = train_shards
         self.val_shards = val_shards
         self.train_labeled = train_labeled
         self.verify_checksums = verify_checksums
+        self.cache_dir = cache_dir
 
     def _dataset(self, root: str, labeled: bool, transform: Any) -> ShardDataset:
-        return ShardDataset(root, labeled, transform, self.unreadable, self.verify_checksums)
+        return ShardDataset(root, labeled, transform, self.unreadable, self.verify_checksums,
+                            self.cache_dir)
+
+    def _manifest(self, root: str) -> dict[str, Any]:
+        return read_manifest(RemoteShards(root, self.cache_dir) if is_url(root) else root)
 
     def _train_is_labeled(self) -> bool:
-        from ssl_lightning.data.shard_manifest import read_manifest
-
-        classes = len(read_manifest(self.train_shards)["classes"])
+        classes = len(self._manifest(self.train_shards)["classes"])
         if self.train_labeled is True and classes < 2:
             raise ValueError(f"train_labeled: true, but the shards {self.train_shards} have "
                              f"{classes} class(es). Set train_labeled: null or false.")
@@ -153,11 +188,9 @@ class StreamingDataModule(SSLDataModule):
     @property
     def num_classes(self) -> int | None:  # type: ignore[override]
         """Classes of ``val_shards`` (or of labeled train shards); None if unlabeled."""
-        from ssl_lightning.data.shard_manifest import read_manifest
-
         if self.val_shards is not None:
-            return len(read_manifest(self.val_shards)["classes"]) or None
-        return len(read_manifest(self.train_shards)["classes"]) if self._train_is_labeled() \
+            return len(self._manifest(self.val_shards)["classes"]) or None
+        return len(self._manifest(self.train_shards)["classes"]) if self._train_is_labeled() \
             else None
 
     def build_train(self, transform: MultiViewTransform) -> Dataset:

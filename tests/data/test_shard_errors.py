@@ -1,10 +1,12 @@
 """Bad shards stop at setup with an error naming the shard; a sample that cannot be decoded
-follows the image loader's skip policy, with the same replacement as the image folder."""
+follows the image loader's skip policy, with the same replacement as the image folder. At a URL
+(litdata's ``local:`` scheme), every error names the shard's URL."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,11 @@ def _setup(root: Path, **kwargs) -> StreamingDataModule:  # type: ignore[no-unty
                                  **kwargs)
     module.setup("fit")
     return module
+
+
+def _remote(root: Path, cache: Path, **kwargs) -> StreamingDataModule:  # type: ignore[no-untyped-def]
+    return StreamingDataModule(f"local:{root}", preset="cifar", batch_size=4, num_workers=0,
+                               cache_dir=str(cache), **kwargs)
 
 
 def _edit_manifest(root: Path, edit) -> None:  # type: ignore[no-untyped-def]
@@ -81,6 +88,11 @@ def test_unfinished_shard_folder(shards: Path) -> None:
         _setup(shards)
     with pytest.raises(FileNotFoundError, match="not a shard folder. Make one with"):
         _setup(shards.parent)
+    with pytest.raises(ShardError, match=r"unfinished .*upload FOLDER to local:/"):
+        _remote(shards, shards.parent / "cache").setup("fit")
+    with pytest.raises(FileNotFoundError, match=r"No shard manifest at local:/.*manifest.json "
+                                                r"\(cannot fetch"):
+        _remote(shards.parent, shards.parent / "cache").setup("fit")
 
 
 def test_corrupt_sample_follows_the_skip_policy_of_the_image_folder(tmp_path: Path,
@@ -106,3 +118,70 @@ def test_corrupt_sample_follows_the_skip_policy_of_the_image_folder(tmp_path: Pa
     few = StreamingDataModule(str(tmp_path / "shards"), **{**common, "max_corrupt_fraction": 0})
     with pytest.raises(CorruptImageError, match="more than max_corrupt_fraction=0"):
         list(few.train_dataloader())
+
+
+def test_a_bad_remote_shard_is_named_by_its_url(shards: Path, tmp_path: Path) -> None:
+    url, cache = f"local:{shards}", tmp_path / "cache"
+    shutil.rmtree(shards / "shard-00003")
+    with pytest.raises(ShardError, match=rf"Shard folder {url}: shard {url}/shard-00003 is "
+                                         r"missing \(cannot fetch .*shard-00003/index.json.*"
+                                         r"upload FOLDER to "):
+        _remote(shards, cache).setup("fit")
+
+    manifest = json.loads((shards / MANIFEST).read_text())
+    manifest["shards"][2].update(count=4, labels=[0] * 4)
+    manifest["num_images"] = 23
+    (shards / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match=rf"{url}/manifest.json changed since the cache .* was "
+                                         "filled"):
+        _remote(shards, cache).setup("fit")  # the cache holds the first manifest
+    with pytest.raises(ShardError, match=rf"shard {url}/shard-00002 holds 5 samples, the "
+                                         "manifest says 4"):
+        _remote(shards, tmp_path / "cache2").setup("fit")
+
+
+def test_a_remote_chunk_truncated_or_changed_after_its_index(shards: Path,
+                                                              tmp_path: Path) -> None:
+    url, cache = f"local:{shards}", tmp_path / "cache"
+    chunk = shards / "shard-00001" / "chunk-0-0.bin"
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=rf"shard {url}/shard-00001: the SHA-256 of "
+                                         "chunk-0-0.bin differs"):
+        _remote(shards, tmp_path / "cache_sha", verify_checksums=True).setup("fit")
+
+    chunk.write_bytes(bytes(data[:-300]))
+    module = _remote(shards, cache)
+    module.setup("fit")  # the index and the manifest agree: litdata downloads chunks on demand
+    with pytest.raises(ShardError, match=rf"shard {url}/shard-00001 is damaged: the downloaded "
+                                         r"chunk-0-0.bin has \d+ bytes, the manifest \d+"):
+        list(module.train_dataloader())
+    with pytest.raises(ShardError, match=rf"shard {url}/shard-00001 is truncated: "
+                                         r"chunk-0-0.bin has \d+ bytes, the manifest \d+ "
+                                         r"\(the copy .*cache"):
+        _remote(shards, cache).setup("fit")  # the damaged copy is now in the cache
+
+
+def test_a_file_another_process_is_downloading_is_waited_for(shards: Path,
+                                                             tmp_path: Path) -> None:
+    """Another DDP rank on the node holds litdata's lock on a file: its copy is used."""
+    from filelock import FileLock
+
+    from ssl_lightning.data.shard_source import RemoteShards
+
+    remote = RemoteShards(f"local:{shards}", tmp_path / "cache")
+    local = remote.cache / "shard-00000" / "chunk-0-0.bin"
+    local.parent.mkdir(parents=True)
+    lock = FileLock(f"{local}.lock")
+    lock.acquire()
+
+    def finish() -> None:
+        shutil.copy(shards / "shard-00000" / "chunk-0-0.bin", local)
+        lock.release()
+
+    timer = threading.Timer(0.3, finish)
+    timer.start()
+    assert remote.fetch("shard-00000/chunk-0-0.bin").read_bytes() == \
+        (shards / "shard-00000" / "chunk-0-0.bin").read_bytes()
+    timer.join()

@@ -1,20 +1,26 @@
 """StreamingDataModule: the batches of an image folder's shards equal the ImageFolderDataModule
 batches of that folder (same order, same views), for 0 and 2 loader workers and with the
-batched views; the evaluation splits too."""
+batched views; the evaluation splits too. Read from a URL (litdata's ``local:`` scheme, a local
+folder treated as remote), the batches are the same and a second run reuses the cache."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("litdata")
 
+from ssl_lightning.commands import EXTRA_COMMANDS  # noqa: E402
 from ssl_lightning.data import (  # noqa: E402
     DeviceViews,
     ImageFolderDataModule,
     SimCLRViews,
     StreamingDataModule,
 )
+from ssl_lightning.data.shard_manifest import MANIFEST  # noqa: E402
+from ssl_lightning.data.shard_source import url_cache  # noqa: E402
 from ssl_lightning.data.shards import write_shards  # noqa: E402
 
 
@@ -70,3 +76,32 @@ def test_evaluation_splits_equal_the_image_folder_ones(shards, tiny_image_folder
     for loader_s, loader_f in zip(stream.val_dataloader(), folder.val_dataloader(), strict=True):
         for (x_s, y_s), (x_f, y_f) in zip(loader_s, loader_f, strict=True):
             assert torch.equal(x_s, x_f) and torch.equal(y_s, y_f)
+
+
+def _module(root: str, cache: Path, **kwargs) -> StreamingDataModule:  # type: ignore[no-untyped-def]
+    return StreamingDataModule(root, preset="cifar", batch_size=4, seed=5, cache_dir=str(cache),
+                               train_transform=SimCLRViews("cifar", crop_size=16), **kwargs)
+
+
+def _cached(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every cached file but the manifest (fetched anew at each setup): (inode, mtime)."""
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+
+
+def test_url_batches_equal_the_folder_ones_and_a_second_run_reuses_the_cache(
+        tiny_image_folder: Path, tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    EXTRA_COMMANDS["shard"](["--images", str(tiny_image_folder / "train"), "--output",
+                             str(shards), "--shard-size", "5", "--no-progress"])
+    url, cache = f"local:{shards}", tmp_path / "cache"
+    direct = _batches(_module(str(shards), cache, num_workers=0))
+    assert not cache.exists()  # a local folder is read in place
+    _assert_same(_batches(_module(url, cache, num_workers=0)), direct)
+    folder = url_cache(url, cache)
+    first = _cached(folder)
+    assert sorted(first) == [f"shard-0000{i}/{f}" for i in range(5)
+                             for f in ("chunk-0-0.bin", "index.json")]
+    _assert_same(_batches(_module(url, cache, num_workers=2)), direct)
+    assert _cached(folder) == first  # no second download
+    assert sorted(p.name for p in folder.iterdir())[0] == MANIFEST  # no temporary left

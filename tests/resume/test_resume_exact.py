@@ -15,10 +15,11 @@ One shared set of runs (``tests/resume_harness.py``, three fresh processes):
 
 The same runs on litdata shards of the image folder (``StreamingDataModule``, when litdata is
 installed): a straight 1-process run with a checkpoint after every step (its weights equal the
-image-folder SimCLR run's: the same batches) resumed from steps 2 and 9; a straight 2-process
-run (``ddp_spawn``) resumed inside epoch 1 on 2 processes with 2 workers; its mid-epoch
-checkpoint and its checkpoint after epoch 0's last batch refused on 1 process, its
-end-of-epoch-0 checkpoint resumed there.
+image-folder SimCLR run's: the same batches) resumed from steps 2 and 9, and from step 2 with the
+shards read from a ``local:`` URL; a straight 2-process run (``ddp_spawn``) resumed inside
+epoch 1 on 2 processes with 2 workers (also with the shards read from the ``local:`` URL into
+one fresh cache); its mid-epoch checkpoint and its checkpoint after epoch 0's last batch
+refused on 1 process, its end-of-epoch-0 checkpoint resumed there.
 
 Tiny data: 24 train images of 32 px (6 steps of 4 per epoch), 16 px crops, SmallConvNet; and DINO
 with a tiny ViT whose stochastic depth (``drop_path_rate=0.5``) draws from torch's global RNG.
@@ -152,8 +153,12 @@ def _streaming_jobs(data: Path, root: Path, job: Any) -> dict[str, list[dict[str
             *[job(f"stream_from{step}", "simclr", workers, shards=shards,
                   resume=str(root / f"ckpt_stream/step={step}.ckpt"))
               for step, workers in RESUME_POINTS.items()],
+            job("stream_url_from2", "simclr", 2, shards=f"local:{shards}",
+                cache_dir=str(root / "shard_cache"), resume=str(root / "ckpt_stream/step=2.ckpt")),
             job("stream_ddp_from4", "simclr", 2, shards=shards, devices=2,
                 resume=str(ddp / "step=4.ckpt")),
+            job("stream_ddp_url_from4", "simclr", 2, shards=f"local:{shards}", devices=2,
+                cache_dir=str(root / "shard_cache_ddp"), resume=str(ddp / "step=4.ckpt")),
             job("stream_ddp_to1_mid", "simclr", 0, shards=shards, expect_error=True,
                 resume=str(ddp / "step=4.ckpt")),
             job("stream_ddp_to1_last", "simclr", 0, shards=shards, expect_error=True,
@@ -223,6 +228,8 @@ def test_streaming_resume_is_bit_identical_and_equals_the_image_folder_run(
     assert_states_close(straight["model"], runs["load"]("simclr")["model"], atol=0.0)
     for step in RESUME_POINTS:  # from step 2 with 2 workers, from step 9 with none
         _assert_identical(runs["load"](f"stream_from{step}"), straight)
+    # the same shards read from a URL (litdata's local: scheme, through the cache)
+    _assert_identical(runs["load"]("stream_url_from2"), straight)
 
 
 @needs_litdata
@@ -231,6 +238,8 @@ def test_streaming_resume_on_2_processes_and_a_changed_world_size(runs: dict[str
     with 2 workers per rank, rank 0's weights equal the straight run's."""
     straight = runs["load"]("stream_ddp")["model"]
     assert_states_close(runs["load"]("stream_ddp_from4")["model"], straight, atol=0.0)
+    # both ranks and their workers reading one fresh cache of the shards' local: URL
+    assert_states_close(runs["load"]("stream_ddp_url_from4")["model"], straight, atol=0.0)
     error = runs["load"]("stream_ddp_to1_mid")["error"]
     assert "'num_replicas': 2" in error and "'num_replicas': 1" in error
     assert "end of an epoch" in error
