@@ -80,7 +80,7 @@ class KeyedViews(PrecomputedViews):
 
     def __getitem__(self, index: int) -> tuple[list[Tensor], Tensor, Tensor]:
         views, target = super().__getitem__(index)
-        return views, target, torch.tensor(sample_seed(0, 0, index), dtype=torch.int64)
+        return views, target, torch.tensor(sample_seed(self.seed, 0, index), dtype=torch.int64)
 
 
 def fit_weights(model: pl.LightningModule, data: Dataset, batch: int, devices: int,

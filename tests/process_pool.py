@@ -125,12 +125,12 @@ def _serve(rank: int, world_size: int, port: int, jobs: Any, results: Any) -> No
         try:  # unpickled here: the job's function may live on the caller's extra path
             fn, args = pickle.loads(payload)
             torch.save(fn(rank, world_size, *args), os.path.join(out_dir, f"rank{rank}.pt"))
-            results.put((rank, None))
+            error = None if dist.is_initialized() else "the job destroyed the process group"
         except BaseException:  # noqa: BLE001 (reported to the test, which fails)
-            results.put((rank, traceback.format_exc()))
+            error = traceback.format_exc()
         fresh.leave(added)
+        results.put((rank, error))
         if not dist.is_initialized():
-            results.put((rank, "the job destroyed the process group"))
             return
     dist.destroy_process_group()
 
