@@ -34,6 +34,8 @@ from pytorch_lightning.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ssl_lightning.io.distributed_checkpoint import METADATA_FILE, load_state, read_metadata
+
 _STAGE = re.compile(r"layer\d+")
 #: The non-tensor part of a distributed checkpoint (Lightning's name).
 META_FILE = "meta.pt"
@@ -196,48 +198,80 @@ def _register_forward_methods(root: nn.Module) -> None:
 def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a distributed-checkpoint directory (``meta.pt`` + ``.metadata``)."""
     path = Path(path)
-    return path.is_dir() and (path / META_FILE).is_file() and (path / ".metadata").is_file()
+    return path.is_dir() and (path / META_FILE).is_file() and (path / METADATA_FILE).is_file()
+
+
+def incomplete_checkpoint_directory(path: str | os.PathLike[str]) -> str:
+    """What is wrong with the directory ``path`` as a sharded checkpoint (for messages)."""
+    missing = [name for name in (META_FILE, METADATA_FILE) if not (Path(path) / name).is_file()]
+    return (f"{os.fspath(path)!r} is a directory without {' and '.join(missing)}, so not a "
+            f"complete sharded checkpoint (one holds {META_FILE}, {METADATA_FILE} and a "
+            "__<rank>_0.distcp shard per process); pass a checkpoint file, or a complete "
+            "sharded checkpoint directory.")
 
 
 def load_sharded_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The distributed checkpoint directory ``path`` as one checkpoint dict on one process,
     without a process group: its ``meta.pt`` (loops, callbacks, hyperparameters, backbone
-    spec, rng seed) plus the full ``state_dict`` assembled from every process's shard.
-    Optimiser states are left out (a consolidated checkpoint is for evaluation and export).
+    spec, rng seed) plus the full ``state_dict`` assembled from every process's shard, read as
+    data (:mod:`ssl_lightning.io.distributed_checkpoint`). Optimiser states are left out (a
+    consolidated checkpoint is for evaluation and export).
 
     Raises:
-        ValueError: ``path`` is not a distributed checkpoint directory.
+        ValueError: ``path`` is not a complete distributed checkpoint directory, or one of its
+            files is refused or damaged (the message names the file).
     """
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    from ssl_lightning.backbones.pretrained import load_torch_data
+
+    if not Path(path).is_dir():
+        raise ValueError(f"{os.fspath(path)!r} is not a directory; name a sharded checkpoint "
+                         "directory (e.g. runs/<name>/version_N/checkpoints/last.ckpt).")
     if not is_sharded_checkpoint(path):
-        raise ValueError(f"{os.fspath(path)} is not a sharded (distributed) checkpoint "
-                         f"directory with {META_FILE} and .metadata.")
-    checkpoint = torch.load(Path(path) / META_FILE, map_location="cpu", weights_only=True)
+        raise ValueError(incomplete_checkpoint_directory(path))
+    meta = os.fspath(Path(path) / META_FILE)
+    checkpoint = load_torch_data(meta, "The sharded checkpoint's", "Use another checkpoint "
+                                 "(an earlier one beside it), or write this one again.")
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{meta!r} holds a {type(checkpoint).__name__}, not the checkpoint "
+                         "dict a sharded checkpoint's meta.pt holds.")
     shards: dict[str, Any] = {}
-    reader = FileSystemReader(os.fspath(path))
-    _load_state_dict(shards, storage_reader=reader,
-                     planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
-    checkpoint["state_dict"] = shards["state_dict"]
+    load_state(shards, path, planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
+               no_dist=True)
+    checkpoint["state_dict"] = shards.get("state_dict", {})
     return checkpoint
 
 
-def consolidate(source: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
+def consolidate(source: str | os.PathLike[str], output: str | os.PathLike[str],
+                overwrite: bool = False) -> None:
     """Write the sharded checkpoint directory ``source`` as one checkpoint file ``output``
     (:func:`load_sharded_checkpoint`; temporary file + rename), which ``export``, ``embed``,
-    ``LinearEval`` and ``KNNEval`` read like a DDP run's."""
+    ``LinearEval`` and ``KNNEval`` read like a DDP run's.
+
+    Raises:
+        ValueError: ``output`` is inside ``source`` (it would replace a file of the checkpoint),
+            is a directory, or is an existing file and ``overwrite`` is False; ``source`` is
+            not a readable sharded checkpoint.
+    """
     from ssl_lightning.io.atomic import atomic_torch_save
 
-    if Path(output).exists() and Path(output).is_dir():
-        raise ValueError(f"consolidate: the output {os.fspath(output)} is a directory; name a "
+    target = Path(output)
+    if target.resolve().is_relative_to(Path(source).resolve()):
+        raise ValueError(f"the output {os.fspath(output)} is inside the checkpoint directory "
+                         f"{os.fspath(source)} and would replace or add a file of it; write "
+                         "the consolidated file elsewhere, e.g. consolidated.ckpt beside it.")
+    if target.is_dir():
+        raise ValueError(f"the output {os.fspath(output)} is a directory; name a "
                          "file, e.g. consolidated.ckpt.")
+    if (target.exists() or target.is_symlink()) and not overwrite:
+        raise ValueError(f"the output {os.fspath(output)} exists; name a new file, or pass "
+                         "--overwrite to replace it.")
     atomic_torch_save(load_sharded_checkpoint(source), os.fspath(output))
 
 
 def main(args: list[str] | None = None) -> None:
-    """``python -m ssl_lightning consolidate SHARDED_DIR OUTPUT``."""
+    """``python -m ssl_lightning consolidate SHARDED_DIR OUTPUT [--overwrite]``."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -245,11 +279,13 @@ def main(args: list[str] | None = None) -> None:
         description="One checkpoint file (full weights, hyperparameters, backbone spec; no "
                     "optimiser state) from a sharded (ShardedStrategy) checkpoint directory.")
     parser.add_argument("source", help="the sharded checkpoint directory, e.g. last.ckpt")
-    parser.add_argument("output", help="the checkpoint file to write")
+    parser.add_argument("output", help="the checkpoint file to write (not inside source)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUTPUT if it exists (refused by default)")
     parsed = parser.parse_args(args)
     try:
-        consolidate(parsed.source, parsed.output)
-    except ValueError as error:
+        consolidate(parsed.source, parsed.output, overwrite=parsed.overwrite)
+    except (ValueError, OSError) as error:
         parser.exit(2, f"error: {error}\n")
     print(f"Wrote {parsed.output} from the shards of {parsed.source}.")
 
@@ -299,8 +335,6 @@ class ShardedStrategy(ModelParallelStrategy):
         train loader (the method reads its length); the loader is dropped here, so the fit loop
         builds it again from the data module restored next, at the checkpoint's position.
         """
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint import load as dcp_load
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -315,13 +349,13 @@ class ShardedStrategy(ModelParallelStrategy):
             trainer.fit_loop._combined_loader = None
         if not is_sharded_checkpoint(path):
             return super().load_checkpoint(path, weights_only=weights_only)
-        saved = set(FileSystemReader(os.fspath(path)).read_metadata().state_dict_metadata)
+        saved = set(read_metadata(path).state_dict_metadata)
         model_state = {"state_dict": get_model_state_dict(self.model)}
         prefixes = tuple(getattr(self.lightning_module, "unsaved_state_prefixes", ()))
         own = model_state["state_dict"]
         kept = {k: own.pop(k) for k in list(own)  # e.g. a frozen teacher rebuilt on load
                 if prefixes and k.startswith(prefixes) and f"state_dict.{k}" not in saved}
-        dcp_load(model_state, checkpoint_id=path)
+        load_state(model_state, path)
         model_state["state_dict"].update(kept)
         self.model.load_state_dict(model_state["state_dict"],
                                    strict=self.lightning_module.strict_loading)
@@ -334,7 +368,7 @@ class ShardedStrategy(ModelParallelStrategy):
             for name in unsaved:
                 del states[name]
             state = {key: optimizer_state}
-            dcp_load(state, checkpoint_id=path)
+            load_state(state, path)
             set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state[key],
                                      options=StateDictOptions(strict=False))
             for name, parameter in self.model.named_parameters():
