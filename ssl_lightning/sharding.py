@@ -144,6 +144,26 @@ def shard_method(method: nn.Module, mesh: Any, activation_checkpointing: bool = 
     check_same_sharding(pairs)
 
 
+def require_sharded_strategy(strategy: object) -> None:
+    """Refuse a ``ModelParallelStrategy`` that is not :class:`ShardedStrategy` (Lightning's own
+    class, as its docs show it): its loader cannot resume a method with a parameter that had no
+    optimiser state when the checkpoint was written (DINO's last layer, frozen in the first
+    epoch), and its checkpoints are not written complete-or-absent.
+
+    Raises:
+        ValueError: naming ``configs/shared/fsdp.yaml``.
+    """
+    if isinstance(strategy, ModelParallelStrategy) and not isinstance(strategy, ShardedStrategy):
+        raise ValueError(
+            f"{type(strategy).__name__}: the methods shard under "
+            "ssl_lightning.sharding.ShardedStrategy, Lightning's ModelParallelStrategy with a "
+            "loader that resumes layers without optimiser state yet (DINO's frozen last layer) "
+            "and atomic checkpoint directories; Lightning's own class cannot resume every "
+            "method. Compose configs/shared/fsdp.yaml after the method's config (--config "
+            "configs/shared/fsdp.yaml), or pass strategy=ShardedStrategy() in Python."
+        )
+
+
 def _roots(module: nn.Module) -> Iterator[nn.Module]:
     """The children of ``module`` that hold parameters, with a container without a forward of
     its own (``nn.ModuleList`` / ``nn.ModuleDict``, e.g. DeepCluster v2's prototype heads)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from ssl_lightning.cli import main as cli_main
 from ssl_lightning.io.distributed_checkpoint import METADATA_FILE, read_metadata
@@ -57,6 +58,7 @@ class _CommandThenGenuine:
 def genuine(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) -> Path:
     """A sharded checkpoint directory written by one step of a 1-process ``ShardedStrategy``."""
     run = tmp_path_factory.mktemp("sharded_run")
+    started = dist.is_initialized()
     cli_main(["fit", "--config", str(ROOT / "configs" / "simclr.yaml"),
               "--config", str(ROOT / "configs" / "shared" / "fsdp.yaml"),
               "--data.root", str(tiny_image_folder), "--data.batch_size", "4",
@@ -65,6 +67,8 @@ def genuine(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) -
               "--trainer.limit_val_batches", "0", "--trainer.logger", "false",
               "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run),
               *SMALL])
+    if dist.is_initialized() and not started:  # the strategy's 1-process group
+        dist.destroy_process_group()
     path = run / "checkpoints" / "last.ckpt"
     assert path.is_dir() and (path / METADATA_FILE).is_file()
     return path
