@@ -144,6 +144,24 @@ def shard_method(method: nn.Module, mesh: Any, activation_checkpointing: bool = 
     check_same_sharding(pairs)
 
 
+def broadcast_buffers(module: nn.Module) -> None:
+    """Copy global rank 0's unsharded buffers of ``module`` to every process (one broadcast per
+    dtype; sharded buffers are left alone). A collective: every process calls it."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    by_dtype: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+    for buffer in module.buffers():
+        if not isinstance(buffer, DTensor) and buffer.numel():
+            by_dtype.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+    with torch.no_grad():
+        for buffers in by_dtype.values():
+            flat = torch.cat([b.reshape(-1) for b in buffers])
+            dist.broadcast(flat, src=0)
+            for buffer, value in zip(buffers, flat.split([b.numel() for b in buffers]),
+                                     strict=True):
+                buffer.copy_(value.view_as(buffer))
+
+
 def require_sharded_strategy(strategy: object) -> None:
     """Refuse a ``ModelParallelStrategy`` that is not :class:`ShardedStrategy` (Lightning's own
     class, as its docs show it): its loader cannot resume a method with a parameter that had no
@@ -263,53 +281,6 @@ def load_sharded_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return checkpoint
 
 
-def consolidate(source: str | os.PathLike[str], output: str | os.PathLike[str],
-                overwrite: bool = False) -> None:
-    """Write the sharded checkpoint directory ``source`` as one checkpoint file ``output``
-    (:func:`load_sharded_checkpoint`; temporary file + rename), which ``export``, ``embed``,
-    ``LinearEval`` and ``KNNEval`` read like a DDP run's.
-
-    Raises:
-        ValueError: ``output`` is inside ``source`` (it would replace a file of the checkpoint),
-            is a directory, or is an existing file and ``overwrite`` is False; ``source`` is
-            not a readable sharded checkpoint.
-    """
-    from ssl_lightning.io.atomic import atomic_torch_save
-
-    target = Path(output)
-    if target.resolve().is_relative_to(Path(source).resolve()):
-        raise ValueError(f"the output {os.fspath(output)} is inside the checkpoint directory "
-                         f"{os.fspath(source)} and would replace or add a file of it; write "
-                         "the consolidated file elsewhere, e.g. consolidated.ckpt beside it.")
-    if target.is_dir():
-        raise ValueError(f"the output {os.fspath(output)} is a directory; name a "
-                         "file, e.g. consolidated.ckpt.")
-    if (target.exists() or target.is_symlink()) and not overwrite:
-        raise ValueError(f"the output {os.fspath(output)} exists; name a new file, or pass "
-                         "--overwrite to replace it.")
-    atomic_torch_save(load_sharded_checkpoint(source), os.fspath(output))
-
-
-def main(args: list[str] | None = None) -> None:
-    """``python -m ssl_lightning consolidate SHARDED_DIR OUTPUT [--overwrite]``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m ssl_lightning consolidate",
-        description="One checkpoint file (full weights, hyperparameters, backbone spec; no "
-                    "optimiser state) from a sharded (ShardedStrategy) checkpoint directory.")
-    parser.add_argument("source", help="the sharded checkpoint directory, e.g. last.ckpt")
-    parser.add_argument("output", help="the checkpoint file to write (not inside source)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace OUTPUT if it exists (refused by default)")
-    parsed = parser.parse_args(args)
-    try:
-        consolidate(parsed.source, parsed.output, overwrite=parsed.overwrite)
-    except (ValueError, OSError) as error:
-        parser.exit(2, f"error: {error}\n")
-    print(f"Wrote {parsed.output} from the shards of {parsed.source}.")
-
-
 class ShardedStrategy(ModelParallelStrategy):
     """Lightning's :class:`ModelParallelStrategy` as FSDP2 over all processes.
 
@@ -339,6 +310,15 @@ class ShardedStrategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The method's training step, after every process took rank 0's unsharded buffers,
+        as DDP does before each forward (``broadcast_buffers``): BatchNorm running statistics
+        then are rank 0's, as under DDP, and the checkpoint holds the same values whichever
+        process's copy it saves."""
+        assert self.model is not None
+        broadcast_buffers(self.model)
+        return super().training_step(*args, **kwargs)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None
                         ) -> dict[str, Any]:
@@ -400,13 +380,13 @@ class ShardedStrategy(ModelParallelStrategy):
                         storage_options: Any | None = None) -> None:
         """Write the checkpoint to ``<name>.tmp-<id>`` beside ``filepath`` and rename it there
         (the former checkpoint is removed only after the new one is complete)."""
-        if not self._save_distributed_checkpoint:
+        if not self._save_distributed_checkpoint or storage_options is not None:
             super().save_checkpoint(checkpoint, filepath, storage_options)
             return
         path = Path(self.broadcast(os.fspath(filepath)))
         temporary = path.with_name(f"{path.name}.tmp-{self.broadcast(uuid.uuid4().hex)}")
         try:
-            super().save_checkpoint(checkpoint, temporary, storage_options)
+            self._write_directory(checkpoint, temporary)
             self.barrier()
         except BaseException:
             if self.global_rank == 0:
@@ -422,3 +402,20 @@ class ShardedStrategy(ModelParallelStrategy):
             elif old.exists() or old.is_symlink():
                 old.unlink()
         self.barrier()
+
+    def _write_directory(self, checkpoint: dict[str, Any], path: Path) -> None:
+        """Lightning's distributed-checkpoint layout (``state_dict`` and ``optimizer_<i>`` in
+        the shards, the rest in ``meta.pt``), with every tensor that all processes hold alike
+        in name (unsharded buffers, byte items) written from global rank 0's copy, as a DDP
+        checkpoint holds rank 0's (torch's default writes each from whichever process has
+        written least, so BatchNorm running statistics came from any rank)."""
+        from torch.distributed.checkpoint import save
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{index}": optimizer_state for index, optimizer_state
+                      in enumerate(checkpoint.pop("optimizer_states", []))})
+        save(state, checkpoint_id=path, planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
+        if self.global_rank == 0:
+            torch.save(checkpoint, path / META_FILE)
