@@ -57,14 +57,32 @@ class ShardedCheckpointError(ValueError):
     directory, the file and the cause."""
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles only the classes of :data:`METADATA_CLASSES` and the torch dtypes."""
+class _Refused(pickle.UnpicklingError):
+    """A pickle that names or changes something a checkpoint's metadata does not."""
+
+
+class _MetadataUnpickler(pickle._Unpickler):
+    """Unpickles only the classes of :data:`METADATA_CLASSES` and the torch dtypes, and sets
+    state only on instances (a ``BUILD`` on an admitted class or function would change it for
+    the whole process). The pure-Python unpickler, whose opcodes can be overridden."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in METADATA_CLASSES or (
                 module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"it names {module}.{name}")
+        raise _Refused(f"it names {module}.{name}, which is not part of a checkpoint's metadata")
+
+    def _load_build(self) -> None:
+        target = self.stack[-2]  # type: ignore[attr-defined]
+        if isinstance(target, type) or callable(target):
+            name = getattr(target, "__qualname__", type(target).__name__)
+            raise _Refused(f"it sets attributes of {getattr(target, '__module__', '?')}.{name}, "
+                           "which a checkpoint's metadata never does")
+        pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
+
+    dispatch[pickle.BUILD[0]] = _load_build
 
 
 def _refusal(directory: str, file: str, cause: str) -> ShardedCheckpointError:
@@ -127,11 +145,10 @@ class SafeReader(FileSystemReader):
                 metadata = _MetadataUnpickler(file).load()
         except FileNotFoundError as err:
             raise _refusal(self.directory, METADATA_FILE, "is missing") from err
+        except _Refused as err:
+            raise _refusal(self.directory, METADATA_FILE,
+                           f"is refused: {err}, and loading it could run code") from err
         except pickle.UnpicklingError as err:
-            if str(err).startswith("it names "):
-                raise _refusal(self.directory, METADATA_FILE,
-                               f"is refused: {err}, which is not part of a checkpoint's "
-                               "metadata, and loading it could run code") from err
             raise _refusal(self.directory, METADATA_FILE,
                            f"is damaged ({err}); the file is probably truncated") from err
         except Exception as err:  # truncated or foreign bytes fail in many ways

@@ -148,6 +148,19 @@ def test_a_metadata_that_runs_a_command_is_refused(entry, copy, marker, tmp_path
     assert "could run code" in line
 
 
+def test_a_metadata_that_changes_an_admitted_function_is_refused(copy, tmp_path,
+                                                                capsys) -> None:
+    """A ``BUILD`` on an admitted global (torch's layout lookup) would change it for the whole
+    process: refused before the attribute is set."""
+    from torch import serialization
+
+    (copy / METADATA_FILE).write_bytes(  # _get_layout.injected = {}; return _get_layout
+        b"\x80\x02ctorch.serialization\n_get_layout\nN}X\x08\x00\x00\x00injected}s\x86b.")
+    line = _error_line(lambda: _consolidate(copy, tmp_path, tmp_path), capsys)
+    assert not hasattr(serialization._get_layout, "injected"), "the pickle changed _get_layout"
+    assert "sets attributes of torch.serialization._get_layout" in line
+
+
 def test_a_byte_item_that_runs_a_command_is_refused(copy, marker, tmp_path, capsys) -> None:
     """torch's planner reads non-tensor items with ``torch.load(weights_only=False)``."""
     import torch.distributed.checkpoint as dcp
