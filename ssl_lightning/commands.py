@@ -78,6 +78,7 @@ def project_description() -> str:
         "simclr`), embed (`embed --help`), export (`export --help`), "
         "list (`list methods|backbones|configs [--filter TEXT]`), channel-stats "
         "(`channel-stats --images DIR`: per-channel mean/std of multi-channel images), "
-        "consolidate (`consolidate SHARDED_DIR OUTPUT [--overwrite]`: one file from a sharded checkpoint), shard "
+        "consolidate (`consolidate SHARDED_DIR OUTPUT [--overwrite]`: one file from a sharded "
+        "checkpoint), shard "
         "(`shard --images DIR --output DIR`: litdata shards for StreamingDataModule).",
     ])

@@ -82,7 +82,7 @@ class _MetadataUnpickler(pickle._Unpickler):
                            "which a checkpoint's metadata never does")
         pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
 
-    dispatch[pickle.BUILD[0]] = _load_build
+    dispatch[pickle.BUILD[0]] = _load_build  # type: ignore[assignment]
 
 
 def _refusal(directory: str, file: str, cause: str) -> ShardedCheckpointError:
@@ -194,7 +194,7 @@ def _with_load_id(metadata: Metadata, load_id: str) -> Metadata:
     """``metadata`` with the storage fields :class:`FileSystemReader` sets on reading."""
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    if getattr(metadata, "storage_meta", None) is None:
+    if metadata.storage_meta is None:
         metadata.storage_meta = StorageMeta()
     metadata.storage_meta.load_id = load_id
     return metadata
