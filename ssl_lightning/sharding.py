@@ -13,8 +13,11 @@ DDP's, so the method's gathers (embeddings, queues, centres, Sinkhorn, KoLeo) ar
 
 :class:`ShardedStrategy` is the strategy to select (``configs/shared/fsdp.yaml``): one
 data-parallel dimension over all processes, optional activation checkpointing of the units and
-the bf16 mixed-precision policy, and distributed-checkpoint directories written complete or not
-at all. docs/distributed.md ("Sharded training") describes the checkpoint format and
+the bf16 mixed-precision policy, distributed-checkpoint directories written complete or not
+at all, and DDP's buffer rule (rank 0's unsharded buffers broadcast before each step and saved).
+Lightning's own ``ModelParallelStrategy`` is refused (:func:`require_sharded_strategy`); every
+sharded directory is read through :mod:`ssl_lightning.io.distributed_checkpoint`.
+docs/distributed.md ("Sharded training") describes the checkpoint format and
 ``python -m ssl_lightning consolidate``.
 """
 
