@@ -177,6 +177,19 @@ def test_a_byte_item_that_runs_a_command_is_refused(copy, marker, tmp_path, caps
     assert "'state_dict.note'" in line and "is refused" in line and "could run code" in line
 
 
+def test_a_shard_named_outside_the_directory_is_refused(copy, tmp_path, capsys) -> None:
+    """The shard names in ``.metadata`` are joined to the directory: ``../x`` must not be read
+    (here a genuine shard waits there, so reading it would succeed)."""
+    metadata = read_metadata(copy)
+    for info in metadata.storage_data.values():
+        info.relative_path = "../escaped.distcp"
+    (copy / "__0_0.distcp").rename(tmp_path / "escaped.distcp")
+    (copy / METADATA_FILE).write_bytes(pickle.dumps(metadata))
+    line = _error_line(lambda: _consolidate(copy, tmp_path, tmp_path), capsys)
+    assert "'../escaped.distcp', which is not a file name inside the directory" in line
+    assert not (tmp_path / "consolidated.ckpt").exists()
+
+
 def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
