@@ -27,7 +27,7 @@ def _channel_stats(args: list[str]) -> Any:
 
 
 def _consolidate(args: list[str]) -> Any:
-    from ssl_lightning.sharding import main
+    from ssl_lightning.cli.consolidate import main
 
     return main(args)
 
@@ -78,6 +78,7 @@ def project_description() -> str:
         "simclr`), embed (`embed --help`), export (`export --help`), "
         "list (`list methods|backbones|configs [--filter TEXT]`), channel-stats "
         "(`channel-stats --images DIR`: per-channel mean/std of multi-channel images), "
-        "consolidate (`consolidate SHARDED_DIR OUTPUT`: one file from a sharded checkpoint), shard "
+        "consolidate (`consolidate SHARDED_DIR OUTPUT [--overwrite]`: one file from a sharded "
+        "checkpoint), shard "
         "(`shard --images DIR --output DIR`: litdata shards for StreamingDataModule).",
     ])

@@ -13,8 +13,11 @@ DDP's, so the method's gathers (embeddings, queues, centres, Sinkhorn, KoLeo) ar
 
 :class:`ShardedStrategy` is the strategy to select (``configs/shared/fsdp.yaml``): one
 data-parallel dimension over all processes, optional activation checkpointing of the units and
-the bf16 mixed-precision policy, and distributed-checkpoint directories written complete or not
-at all. docs/distributed.md ("Sharded training") describes the checkpoint format and
+the bf16 mixed-precision policy, distributed-checkpoint directories written complete or not
+at all, and DDP's buffer rule (rank 0's unsharded buffers broadcast before each step and saved).
+Lightning's own ``ModelParallelStrategy`` is refused (:func:`require_sharded_strategy`); every
+sharded directory is read through :mod:`ssl_lightning.io.distributed_checkpoint`.
+docs/distributed.md ("Sharded training") describes the checkpoint format and
 ``python -m ssl_lightning consolidate``.
 """
 
@@ -33,6 +36,8 @@ import torch.distributed as dist
 from pytorch_lightning.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+from ssl_lightning.io.distributed_checkpoint import METADATA_FILE, load_state, read_metadata
 
 _STAGE = re.compile(r"layer\d+")
 #: The non-tensor part of a distributed checkpoint (Lightning's name).
@@ -142,6 +147,44 @@ def shard_method(method: nn.Module, mesh: Any, activation_checkpointing: bool = 
     check_same_sharding(pairs)
 
 
+def broadcast_buffers(module: nn.Module) -> None:
+    """Copy global rank 0's unsharded buffers of ``module`` to every process (one broadcast per
+    dtype; sharded buffers are left alone). A collective: every process calls it."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    by_dtype: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+    for buffer in module.buffers():
+        if not isinstance(buffer, DTensor) and buffer.numel():
+            by_dtype.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+    with torch.no_grad():
+        for buffers in by_dtype.values():
+            flat = torch.cat([b.reshape(-1) for b in buffers])
+            dist.broadcast(flat, src=0)
+            for buffer, value in zip(buffers, flat.split([b.numel() for b in buffers]),
+                                     strict=True):
+                buffer.copy_(value.view_as(buffer))
+
+
+def require_sharded_strategy(strategy: object) -> None:
+    """Refuse a ``ModelParallelStrategy`` that is not :class:`ShardedStrategy` (Lightning's own
+    class, as its docs show it): its loader cannot resume a method with a parameter that had no
+    optimiser state when the checkpoint was written (DINO's last layer, frozen in the first
+    epoch), and its checkpoints are not written complete-or-absent.
+
+    Raises:
+        ValueError: naming ``configs/shared/fsdp.yaml``.
+    """
+    if isinstance(strategy, ModelParallelStrategy) and not isinstance(strategy, ShardedStrategy):
+        raise ValueError(
+            f"{type(strategy).__name__}: the methods shard under "
+            "ssl_lightning.sharding.ShardedStrategy, Lightning's ModelParallelStrategy with a "
+            "loader that resumes layers without optimiser state yet (DINO's frozen last layer) "
+            "and atomic checkpoint directories; Lightning's own class cannot resume every "
+            "method. Compose configs/shared/fsdp.yaml after the method's config (--config "
+            "configs/shared/fsdp.yaml), or pass strategy=ShardedStrategy() in Python."
+        )
+
+
 def _roots(module: nn.Module) -> Iterator[nn.Module]:
     """The children of ``module`` that hold parameters, with a container without a forward of
     its own (``nn.ModuleList`` / ``nn.ModuleDict``, e.g. DeepCluster v2's prototype heads)
@@ -196,62 +239,49 @@ def _register_forward_methods(root: nn.Module) -> None:
 def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a distributed-checkpoint directory (``meta.pt`` + ``.metadata``)."""
     path = Path(path)
-    return path.is_dir() and (path / META_FILE).is_file() and (path / ".metadata").is_file()
+    return path.is_dir() and (path / META_FILE).is_file() and (path / METADATA_FILE).is_file()
+
+
+def incomplete_checkpoint_directory(path: str | os.PathLike[str]) -> str:
+    """What is wrong with the directory ``path`` as a sharded checkpoint (for messages)."""
+    missing = [name for name in (META_FILE, METADATA_FILE) if not (Path(path) / name).is_file()]
+    return (f"{os.fspath(path)!r} is a directory without {' and '.join(missing)}, so not a "
+            f"complete sharded checkpoint (one holds {META_FILE}, {METADATA_FILE} and a "
+            "__<rank>_0.distcp shard per process); pass a checkpoint file, or a complete "
+            "sharded checkpoint directory.")
 
 
 def load_sharded_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The distributed checkpoint directory ``path`` as one checkpoint dict on one process,
     without a process group: its ``meta.pt`` (loops, callbacks, hyperparameters, backbone
-    spec, rng seed) plus the full ``state_dict`` assembled from every process's shard.
-    Optimiser states are left out (a consolidated checkpoint is for evaluation and export).
+    spec, rng seed) plus the full ``state_dict`` assembled from every process's shard, read as
+    data (:mod:`ssl_lightning.io.distributed_checkpoint`). Optimiser states are left out (a
+    consolidated checkpoint is for evaluation and export).
 
     Raises:
-        ValueError: ``path`` is not a distributed checkpoint directory.
+        ValueError: ``path`` is not a complete distributed checkpoint directory, or one of its
+            files is refused or damaged (the message names the file).
     """
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    from ssl_lightning.backbones.pretrained import load_torch_data
+
+    if not Path(path).is_dir():
+        raise ValueError(f"{os.fspath(path)!r} is not a directory; name a sharded checkpoint "
+                         "directory (e.g. runs/<name>/version_N/checkpoints/last.ckpt).")
     if not is_sharded_checkpoint(path):
-        raise ValueError(f"{os.fspath(path)} is not a sharded (distributed) checkpoint "
-                         f"directory with {META_FILE} and .metadata.")
-    checkpoint = torch.load(Path(path) / META_FILE, map_location="cpu", weights_only=True)
+        raise ValueError(incomplete_checkpoint_directory(path))
+    meta = os.fspath(Path(path) / META_FILE)
+    checkpoint = load_torch_data(meta, "The sharded checkpoint's", "Use another checkpoint "
+                                 "(an earlier one beside it), or write this one again.")
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{meta!r} holds a {type(checkpoint).__name__}, not the checkpoint "
+                         "dict a sharded checkpoint's meta.pt holds.")
     shards: dict[str, Any] = {}
-    reader = FileSystemReader(os.fspath(path))
-    _load_state_dict(shards, storage_reader=reader,
-                     planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
-    checkpoint["state_dict"] = shards["state_dict"]
+    load_state(shards, path, planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
+               no_dist=True)
+    checkpoint["state_dict"] = shards.get("state_dict", {})
     return checkpoint
-
-
-def consolidate(source: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
-    """Write the sharded checkpoint directory ``source`` as one checkpoint file ``output``
-    (:func:`load_sharded_checkpoint`; temporary file + rename), which ``export``, ``embed``,
-    ``LinearEval`` and ``KNNEval`` read like a DDP run's."""
-    from ssl_lightning.io.atomic import atomic_torch_save
-
-    if Path(output).exists() and Path(output).is_dir():
-        raise ValueError(f"consolidate: the output {os.fspath(output)} is a directory; name a "
-                         "file, e.g. consolidated.ckpt.")
-    atomic_torch_save(load_sharded_checkpoint(source), os.fspath(output))
-
-
-def main(args: list[str] | None = None) -> None:
-    """``python -m ssl_lightning consolidate SHARDED_DIR OUTPUT``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m ssl_lightning consolidate",
-        description="One checkpoint file (full weights, hyperparameters, backbone spec; no "
-                    "optimiser state) from a sharded (ShardedStrategy) checkpoint directory.")
-    parser.add_argument("source", help="the sharded checkpoint directory, e.g. last.ckpt")
-    parser.add_argument("output", help="the checkpoint file to write")
-    parsed = parser.parse_args(args)
-    try:
-        consolidate(parsed.source, parsed.output)
-    except ValueError as error:
-        parser.exit(2, f"error: {error}\n")
-    print(f"Wrote {parsed.output} from the shards of {parsed.source}.")
 
 
 class ShardedStrategy(ModelParallelStrategy):
@@ -284,6 +314,15 @@ class ShardedStrategy(ModelParallelStrategy):
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
 
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The method's training step, after every process took rank 0's unsharded buffers,
+        as DDP does before each forward (``broadcast_buffers``): BatchNorm running statistics
+        then are rank 0's, as under DDP, and the checkpoint holds the same values whichever
+        process's copy it saves."""
+        assert self.model is not None
+        broadcast_buffers(self.model)
+        return super().training_step(*args, **kwargs)
+
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None
                         ) -> dict[str, Any]:
         """Load a sharded checkpoint into the sharded model and optimiser (re-split when the
@@ -299,8 +338,6 @@ class ShardedStrategy(ModelParallelStrategy):
         train loader (the method reads its length); the loader is dropped here, so the fit loop
         builds it again from the data module restored next, at the checkpoint's position.
         """
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint import load as dcp_load
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -315,13 +352,13 @@ class ShardedStrategy(ModelParallelStrategy):
             trainer.fit_loop._combined_loader = None
         if not is_sharded_checkpoint(path):
             return super().load_checkpoint(path, weights_only=weights_only)
-        saved = set(FileSystemReader(os.fspath(path)).read_metadata().state_dict_metadata)
+        saved = set(read_metadata(path).state_dict_metadata)
         model_state = {"state_dict": get_model_state_dict(self.model)}
         prefixes = tuple(getattr(self.lightning_module, "unsaved_state_prefixes", ()))
         own = model_state["state_dict"]
         kept = {k: own.pop(k) for k in list(own)  # e.g. a frozen teacher rebuilt on load
                 if prefixes and k.startswith(prefixes) and f"state_dict.{k}" not in saved}
-        dcp_load(model_state, checkpoint_id=path)
+        load_state(model_state, path)
         model_state["state_dict"].update(kept)
         self.model.load_state_dict(model_state["state_dict"],
                                    strict=self.lightning_module.strict_loading)
@@ -334,7 +371,7 @@ class ShardedStrategy(ModelParallelStrategy):
             for name in unsaved:
                 del states[name]
             state = {key: optimizer_state}
-            dcp_load(state, checkpoint_id=path)
+            load_state(state, path)
             set_optimizer_state_dict(self.model, optimizer, optim_state_dict=state[key],
                                      options=StateDictOptions(strict=False))
             for name, parameter in self.model.named_parameters():
@@ -346,13 +383,13 @@ class ShardedStrategy(ModelParallelStrategy):
                         storage_options: Any | None = None) -> None:
         """Write the checkpoint to ``<name>.tmp-<id>`` beside ``filepath`` and rename it there
         (the former checkpoint is removed only after the new one is complete)."""
-        if not self._save_distributed_checkpoint:
+        if not self._save_distributed_checkpoint or storage_options is not None:
             super().save_checkpoint(checkpoint, filepath, storage_options)
             return
         path = Path(self.broadcast(os.fspath(filepath)))
         temporary = path.with_name(f"{path.name}.tmp-{self.broadcast(uuid.uuid4().hex)}")
         try:
-            super().save_checkpoint(checkpoint, temporary, storage_options)
+            self._write_directory(checkpoint, temporary)
             self.barrier()
         except BaseException:
             if self.global_rank == 0:
@@ -368,3 +405,20 @@ class ShardedStrategy(ModelParallelStrategy):
             elif old.exists() or old.is_symlink():
                 old.unlink()
         self.barrier()
+
+    def _write_directory(self, checkpoint: dict[str, Any], path: Path) -> None:
+        """Lightning's distributed-checkpoint layout (``state_dict`` and ``optimizer_<i>`` in
+        the shards, the rest in ``meta.pt``), with every tensor that all processes hold alike
+        in name (unsharded buffers, byte items) written from global rank 0's copy, as a DDP
+        checkpoint holds rank 0's (torch's default writes each from whichever process has
+        written least, so BatchNorm running statistics came from any rank)."""
+        from torch.distributed.checkpoint import save
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{index}": optimizer_state for index, optimizer_state
+                      in enumerate(checkpoint.pop("optimizer_states", []))})
+        save(state, checkpoint_id=path, planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
+        if self.global_rank == 0:
+            torch.save(checkpoint, path / META_FILE)

@@ -187,6 +187,16 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "smog": lambda: SMoG(vit(), **HEAD, num_groups=4, reset_every=2, queue_size=16,
                          kmeans_iterations=3, momentum_base=0.9, **OPT),
 }
+#: Methods with BatchNorm in their heads, outside the one-process comparison (each process
+#: normalises its own batch): sharded must hold DDP's running statistics on every rank (rank 0's
+#: buffers broadcast before each step) and save rank 0's, as DDP's checkpoint does.
+BATCHNORM: dict[str, Callable[[], pl.LightningModule]] = {
+    "simclr_bn": lambda: SimCLR(vit(), projection_hidden_dim=16, projection_dim=8,
+                                head_batch_norm=True, **OPT),
+    "byol_bn": lambda: BYOL(vit(), projection_hidden_dim=16, projection_dim=8,
+                            head_batch_norm=True, momentum_base=0.9, **OPT),
+}
+
 #: Views of a method when they are not two 16 px views.
 VIEWS: dict[str, tuple[int, ...]] = {
     **{name: (16, 16, 8) for name in ("dino", "swav", "ibot", "dinov2", "ibot_plus_plus",
@@ -205,7 +215,7 @@ VIEWS: dict[str, tuple[int, ...]] = {
 
 def make_method(name: str) -> pl.LightningModule:
     torch.manual_seed(0)
-    return METHODS[name]()
+    return {**METHODS, **BATCHNORM}[name]()
 
 
 def full_state(model: pl.LightningModule) -> dict[str, torch.Tensor]:
@@ -223,15 +233,19 @@ def _trainer(strategy: Any, devices: int, **kwargs: Any) -> pl.Trainer:
                       precision="32-true", **settings)
 
 
-def fit_tensors(name: str, strategy: Any, devices: int) -> dict[str, torch.Tensor]:
+def fit_tensors(name: str, strategy: Any, devices: int, save_to: Path | None = None
+                ) -> dict[str, torch.Tensor]:
     """Fit method ``name`` STEPS steps on the precomputed views (the global order on 1
-    process) and return its full state."""
+    process) and return its full state; optionally save a checkpoint at the end."""
     data = KeyedViews(SAMPLES, VIEWS.get(name, (16, 16)), dtype=torch.float64)
     if devices == 1:
         data = Subset(data, sampler_order() if name in BY_POSITION
                       else ddp_global_order(SAMPLES, WORLD, BATCH))
     model = make_method(name)
-    _trainer(strategy, devices).fit(model, TensorDataModule(data, BATCH * WORLD // devices))
+    trainer = _trainer(strategy, devices)
+    trainer.fit(model, TensorDataModule(data, BATCH * WORLD // devices))
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
     return full_state(model)
 
 
@@ -317,6 +331,10 @@ def _equivalence_worker(rank: int, port: int, out: str, image_root: str) -> None
     try:
         result["ddp"] = {n: fit_tensors(n, "ddp", WORLD) for n in names}
         result["sharded"] = {n: fit_tensors(n, ShardedStrategy(), WORLD) for n in names}
+        result["bn_ddp"] = {n: fit_tensors(n, "ddp", WORLD) for n in BATCHNORM}
+        result["bn_sharded"] = {n: fit_tensors(n, ShardedStrategy(), WORLD,
+                                               save_to=Path(image_root) / f"{n}.ckpt")
+                                for n in BATCHNORM}
         result["checkpointed"] = fit_tensors("ibot", ShardedStrategy(activation_checkpointing=True),
                                              WORLD)
         result["bad_wrap"] = _teacher_wrapped_whole()

@@ -24,7 +24,11 @@ from torch import Tensor, nn
 from ssl_lightning.backbones.pretrained import load_torch_data, state_differences
 from ssl_lightning.backbones.spec import build_backbone
 from ssl_lightning.deprecation import rename_state_keys, renamed_prefix
-from ssl_lightning.sharding import is_sharded_checkpoint, load_sharded_checkpoint
+from ssl_lightning.sharding import (
+    incomplete_checkpoint_directory,
+    is_sharded_checkpoint,
+    load_sharded_checkpoint,
+)
 
 DEFAULT_PREFIX = "backbone."
 #: Checkpoint entry with the backbone's ``{"class_path", "init_args"}`` (written by SSLMethod).
@@ -47,11 +51,14 @@ def load_checkpoint(path: str | os.PathLike, what: str = "Checkpoint",
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ValueError: The file is not a torch file (empty, truncated, foreign), pickles Python
-            objects, or is not a Lightning checkpoint (no ``state_dict``).
+            objects, or is not a Lightning checkpoint (no ``state_dict``); a directory that is
+            not a complete sharded checkpoint, or one whose files are refused or damaged.
     """
     path = os.fspath(path)
     if is_sharded_checkpoint(path):
         return load_sharded_checkpoint(path)
+    if os.path.isdir(path):
+        raise ValueError(incomplete_checkpoint_directory(path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Checkpoint file not found: {path!r}.")
     checkpoint: Any = load_torch_data(path, what, fix)

@@ -9,7 +9,9 @@ A checkpoint is data, so the class it names is imported and called only when it 
 allow-list: the backbones of :mod:`ssl_lightning.backbones`, torchvision model classes and the
 builders of ``torchvision.models.list_models()``, timm model classes and the builders of
 ``timm.list_models()``, every ``class_path`` of the config the CLI runs (:func:`trust_classes`),
-and the entries of the :data:`TRUSTED_CLASSES_ENV` environment variable.
+and the entries of the :data:`TRUSTED_CLASSES_ENV` environment variable. A name given exactly is
+admitted as it is; a ``package.*`` entry admits only the public ``nn.Module`` classes of the
+package (and the built-in packages' model builders), decided before anything is called.
 """
 
 from __future__ import annotations
@@ -67,10 +69,15 @@ def config_class_paths(config: Any) -> list[str]:
     return []
 
 
-def _trusted_by_user(class_path: str) -> bool:
-    entries = _trusted | set(re.split(r"[,\s]+", os.environ.get(TRUSTED_CLASSES_ENV, "")))
-    return any(class_path == entry or (entry.endswith(".*") and class_path.startswith(entry[:-1]))
-               for entry in entries if entry)
+def _trusted_by_user(class_path: str) -> str | None:
+    """How the user trusts ``class_path``: ``"name"`` (named exactly, in the config or
+    :data:`TRUSTED_CLASSES_ENV`), ``"package"`` (under a ``package.*`` entry) or None."""
+    entries = (_trusted | set(re.split(r"[,\s]+", os.environ.get(TRUSTED_CLASSES_ENV, "")))) - {""}
+    if class_path in entries:
+        return "name"
+    if any(entry.endswith(".*") and class_path.startswith(entry[:-1]) for entry in entries):
+        return "package"
+    return None
 
 
 def _is_built_in_model(obj: Any) -> bool:
@@ -103,12 +110,14 @@ def _refused(class_path: str, source: str) -> ValueError:
 
 
 def _allowed_class(class_path: str, source: str) -> Any:
-    """Import ``class_path`` if the allow-list admits it: checked by name before the import
-    (public names of the built-in packages, or trusted by the user), and for the built-in
-    packages by what the name resolves to."""
-    by_user = _trusted_by_user(class_path)
+    """Import ``class_path`` if the allow-list admits it, before anything it names is called:
+    checked by name before the import (public names of the built-in packages or of a trusted
+    package, or a name the user trusts exactly), then by what the name resolves to (an
+    ``nn.Module`` subclass or a model builder of the built-in packages; anything for a name the
+    user trusts exactly, e.g. a builder function of theirs)."""
+    trust = _trusted_by_user(class_path)
     private = any(part.startswith("_") for part in class_path.split("."))  # e.g. __main__
-    if not by_user and (private or not class_path.startswith(_BUILT_IN_PACKAGES)):
+    if trust != "name" and (private or not (trust or class_path.startswith(_BUILT_IN_PACKAGES))):
         raise _refused(class_path, source)
     module_name, _, name = class_path.rpartition(".")
     try:
@@ -119,7 +128,16 @@ def _allowed_class(class_path: str, source: str) -> Any:
             f"({err}); install the package that defines it, or pass the backbone explicitly "
             "(--model.backbone ...)."
         ) from err
-    if not by_user and not _is_built_in_model(cls):
+    module_class = isinstance(cls, type) and issubclass(cls, nn.Module)
+    if trust == "package" and not (module_class or _is_built_in_model(cls)):
+        raise ValueError(
+            f"{source} names {class_path!r}, a {type(cls).__name__} and not an nn.Module "
+            f"class, so it is not called: a trusted package ({TRUSTED_CLASSES_ENV}='package.*')"
+            " admits only its nn.Module classes. To allow this name, set "
+            f"{TRUSTED_CLASSES_ENV}={class_path} (exactly), or pass the backbone explicitly "
+            "(--model.backbone ...)."
+        )
+    if trust is None and not _is_built_in_model(cls):
         raise _refused(class_path, source)
     return cls
 

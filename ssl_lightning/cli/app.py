@@ -42,6 +42,7 @@ from ssl_lightning.cli.errors import (
 from ssl_lightning.cli.resume import (
     check_architecture,
     check_method_and_hyperparameters,
+    check_strategy,
     read_checkpoint,
 )
 from ssl_lightning.io import RunDirectoryLock, latest_checkpoint, with_atomic_checkpoint_io
@@ -177,6 +178,7 @@ class SSLLightningCLI(LightningCLI):
         """Pre-flight checks that would otherwise fail after processes were spawned."""
         if self._resume is not None:
             path, checkpoint = self._resume
+            check_strategy(self.trainer.strategy, path)
             check_architecture(self.model, checkpoint, path)
             self._resume = None  # the checkpoint's tensors are no longer needed here
         if self.subcommand == "fit":

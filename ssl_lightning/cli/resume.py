@@ -2,6 +2,7 @@
 
 - the file: missing, empty, truncated or not a Lightning checkpoint -> the file named and what
   to do, instead of a ``PytorchStreamReader`` / ``EOFError`` traceback;
+- the strategy: a sharded checkpoint directory resumes only under ``ShardedStrategy``;
 - the method: resuming needs the class the checkpoint was trained with;
 - the hyperparameters: every one whose new value differs is listed in one warning; the new
   run's values are used (the checkpoint supplies the weights, the optimiser state and the step);
@@ -23,6 +24,7 @@ from torch import nn
 from ssl_lightning.cli.errors import CLIError
 from ssl_lightning.deprecation import rename_hyperparameters, rename_state_keys
 from ssl_lightning.evaluation.checkpoint import load_checkpoint
+from ssl_lightning.sharding import ShardedStrategy, is_sharded_checkpoint
 
 #: Hyperparameters a resume cannot change (the optimiser state is specific to the optimiser).
 FIXED_ON_RESUME = ("optimizer",)
@@ -39,6 +41,20 @@ def read_checkpoint(path: str) -> Mapping[str, Any]:
                        f"directory {os.getcwd()!r}).") from err
     except ValueError as err:
         raise CLIError(str(err)) from err
+
+
+def check_strategy(strategy: object, path: str) -> None:
+    """Refuse a sharded checkpoint directory under another strategy than ``ShardedStrategy``
+    (Lightning's loaders would fail on the directory with an ``IsADirectoryError``)."""
+    if is_sharded_checkpoint(path) and not isinstance(strategy, ShardedStrategy):
+        raise CLIError(
+            f"--ckpt_path {path!r} is a sharded checkpoint (a distributed-checkpoint directory "
+            f"written by ShardedStrategy), and this run's strategy is "
+            f"{type(strategy).__name__}: compose configs/shared/fsdp.yaml after the method's "
+            "config (--config <method>.yaml --config configs/shared/fsdp.yaml) to resume it. "
+            "(`python -m ssl_lightning consolidate` makes one file of it for evaluation and "
+            "export; that file has no optimiser state.)"
+        )
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

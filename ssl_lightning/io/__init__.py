@@ -7,6 +7,8 @@
 - :func:`run_directory`: a run's own folder, whatever the logger; :func:`latest_checkpoint`:
   the newest checkpoint of a logger's runs (``--ckpt_path last``).
 - :class:`RunDirectoryLock`: refuses a ``fit`` whose run directory another live run holds.
+- :mod:`ssl_lightning.io.distributed_checkpoint`: sharded checkpoint directories read as data
+  (``SafeReader``: allow-listed ``.metadata``, ``weights_only`` byte items, shard names checked).
 """
 
 from ssl_lightning.io.atomic import atomic_open, atomic_path, atomic_torch_save, same_file

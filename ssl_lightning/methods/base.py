@@ -43,7 +43,7 @@ from ssl_lightning.optim import (
     split_decay_groups,
 )
 from ssl_lightning.queue import FeatureQueue
-from ssl_lightning.sharding import shard_method, sharded_paths
+from ssl_lightning.sharding import require_sharded_strategy, shard_method, sharded_paths
 from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.training.grad_cache import (
     add_step_inputs,
@@ -320,12 +320,15 @@ class SSLMethod(SeededSteps):
             self.backbone.compile()
 
     def configure_model(self) -> None:
-        """Under Lightning's ``ModelParallelStrategy`` (``configs/shared/fsdp.yaml``): shard the
-        backbone, heads and teachers with FSDP2, once (:func:`ssl_lightning.sharding.
-        shard_method`; the strategy's ``activation_checkpointing`` and ``mixed_precision``)."""
+        """Under ``ShardedStrategy`` (``configs/shared/fsdp.yaml``): shard the backbone, heads
+        and teachers with FSDP2, once (:func:`ssl_lightning.sharding.shard_method`; the
+        strategy's ``activation_checkpointing`` and ``mixed_precision``). Lightning's own
+        ``ModelParallelStrategy`` is refused (:func:`ssl_lightning.sharding.
+        require_sharded_strategy`)."""
         if self._device_mesh is None or sharded_paths(self.backbone):
             return
         strategy = self.trainer.strategy
+        require_sharded_strategy(strategy)
         shard_method(self, self._device_mesh,
                      activation_checkpointing=getattr(strategy, "activation_checkpointing", False),
                      mixed_precision=getattr(strategy, "mixed_precision", False))

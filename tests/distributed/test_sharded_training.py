@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 import torch
 from lightning_ddp_utils import assert_states_close
-from sharding_harness import METHODS, NOT_IN_HARNESS, WORLD, make_method, run_all, run_resume
+from sharding_harness import (
+    BATCHNORM,
+    METHODS,
+    NOT_IN_HARNESS,
+    WORLD,
+    make_method,
+    run_all,
+    run_resume,
+)
 
 import ssl_lightning.methods
 from ssl_lightning.methods import SSLMethod
@@ -26,7 +34,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[st
     make_image_folder(root / "test", classes=2, per_class=6, seed=1)
     ranks = run_all(root)
     single = {**ranks[0]["single"], **ranks[1]["single"]}
-    return {"root": root, "single": single, **{k: ranks[0][k] for k in (
+    return {"root": root, "single": single, "ranks": ranks, **{k: ranks[0][k] for k in (
         "ddp", "sharded", "straight", "straight_dinov3_gram", "straight_distillation",
         "bad_wrap", "bad_ema", "checkpointed")}}
 
@@ -105,3 +113,16 @@ def test_consolidated_checkpoint_is_the_full_state(runs: dict[str, Any]) -> None
     checkpoint = load_sharded_checkpoint(runs["root"] / "ckpt" / "step=4.ckpt")
     assert checkpoint["global_step"] == 4 and "backbone_spec" in checkpoint
     assert_states_close(checkpoint["state_dict"], runs["straight"]["state"], atol=0.0)
+
+
+@pytest.mark.parametrize("name", list(BATCHNORM))
+def test_sharded_batchnorm_statistics_are_ddps(runs: dict[str, Any], name: str) -> None:
+    """Without SyncBatchNorm each process updates BatchNorm's running statistics from its own
+    batch. DDP broadcasts rank 0's buffers before each step and saves rank 0's; the sharded run
+    holds the same values on every rank and its checkpoint holds rank 0's."""
+    for rank, result in enumerate(runs["ranks"]):
+        ddp, sharded = result["bn_ddp"][name], result["bn_sharded"][name]
+        assert [k for k in ddp if "running_mean" in k], "no BatchNorm statistics"
+        assert_states_close(sharded, ddp, atol=ATOL, path=f"{name} rank {rank}")
+    saved = load_sharded_checkpoint(runs["root"] / f"{name}.ckpt")["state_dict"]
+    assert_states_close(saved, runs["ranks"][0]["bn_ddp"][name], atol=ATOL, path=f"{name} saved")

@@ -279,3 +279,48 @@ def test_checkpoints_written_by_fit_load_with_weights_only(run_config, tmp_path)
     for path in written:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         assert {"state_dict", "backbone_spec", "callbacks", "hyper_parameters"} <= set(checkpoint)
+
+
+def _package_trust_cases(marker: Path, tmp_path: Path, images: Path) -> dict[str, tuple]:
+    """(trusted package, hostile spec, what it would leave behind if called)."""
+    pickled = tmp_path / "weights.pth"
+    torch.save({"x": Payload(marker)}, pickled)
+    return {
+        "timm load_state_dict": ("timm.*", {"class_path": "timm.models.load_state_dict",
+                                            "init_args": {"checkpoint_path": str(pickled),
+                                                          "weights_only": False}},
+                                 marker),
+        "ssl_lightning write_shards": ("ssl_lightning.*", {
+            "class_path": "ssl_lightning.data.shards.write_shards",
+            "init_args": {"images": str(images), "output": str(tmp_path / "copied")}},
+            tmp_path / "copied"),
+    }
+
+
+@pytest.mark.parametrize("case", ["timm load_state_dict", "ssl_lightning write_shards"])
+def test_a_trusted_package_admits_only_its_module_classes(case, marker, tmp_path, images,
+                                                          monkeypatch) -> None:
+    """``SSL_LIGHTNING_TRUSTED_CLASSES='pkg.*'`` admits nn.Module classes only; a function of
+    the package is refused before it is called."""
+    if case.startswith("timm"):
+        pytest.importorskip("timm")
+    package, spec, trace = _package_trust_cases(marker, tmp_path, images)[case]
+    monkeypatch.setattr(spec_module, "_trusted", set())
+    monkeypatch.setenv(TRUSTED_CLASSES_ENV, package)
+    with pytest.raises(ValueError, match="not an nn.Module class, so it is not called") as info:
+        build_backbone(spec)
+    assert not trace.exists(), f"{spec['class_path']} was called"
+    assert f"{TRUSTED_CLASSES_ENV}={spec['class_path']}" in str(info.value)
+    assert isinstance(build_backbone({"class_path": "ssl_lightning.backbones.SmallConvNet",
+                                      "init_args": {"widths": [4]}}), nn.Module)
+
+
+def test_a_trusted_package_admits_no_private_module(monkeypatch) -> None:
+    """``ssl_lightning.*`` does not admit ``ssl_lightning.__main__.main`` (importing it would
+    run the CLI); a private name is admitted only when named exactly."""
+    monkeypatch.setattr(spec_module, "_trusted", set())
+    monkeypatch.setenv(TRUSTED_CLASSES_ENV, "ssl_lightning.*")
+    monkeypatch.delitem(sys.modules, "ssl_lightning.__main__", raising=False)
+    with pytest.raises(ValueError, match="not on the allow-list"):
+        build_backbone({"class_path": "ssl_lightning.__main__.main", "init_args": {}})
+    assert "ssl_lightning.__main__" not in sys.modules
