@@ -218,7 +218,7 @@ def pretrain(
 
     data_args = {key: _with_preset(value, preset)
                  for key, value in ((config.get("data") or {}).get("init_args") or {}).items()
-                 if key not in ("root", "download", "archive")}
+                 if key not in ("root", "download", "archive", "archive_max_mb")}
     data_args.update(train_dir=str(train_dir), val_dir=None if val_dir is None else str(val_dir),
                      preset=preset)
     if val_dir is None:
