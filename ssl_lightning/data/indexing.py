@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -189,20 +190,27 @@ class BadCacheError(ValueError):
     another user's, or naming files outside the folder)."""
 
 
-def _plain_name(name: object, extensions: tuple[str, ...], under: str = "") -> str:
-    """``name`` if it is a plain relative path below the folder (no absolute path, no ``..``,
-    ``.`` or hidden part, no empty part) ending with one of ``extensions`` (under ``under/``
-    when given), else :class:`BadCacheError`."""
-    if not isinstance(name, str):
-        raise BadCacheError(f"an entry is {type(name).__name__}, not a file name")
-    parts = name.split(os.sep)
-    if (os.path.isabs(name) or "\0" in name or os.altsep and os.altsep in name
-            or any(not part or part.startswith(".") for part in parts)
-            or not parts[-1].lower().endswith(extensions)
-            or under and (len(parts) < 2 or parts[0] != under)):
-        raise BadCacheError(f"it names {name!r}, which is not a plain relative image name "
-                            f"inside the folder{f' (in class folder {under!r})' if under else ''}")
-    return name
+_SEPARATORS = re.escape(os.sep + (os.altsep or ""))
+#: A plain relative name: parts separated by ``os.sep``, none empty, none starting with ``.``
+#: (no ``.``, ``..`` or hidden part), no leading separator, no NUL.
+_PLAIN_NAME = re.compile(rf"(?:[^{_SEPARATORS}\0.][^{_SEPARATORS}\0]*{re.escape(os.sep)})*"
+                         rf"[^{_SEPARATORS}\0.][^{_SEPARATORS}\0]*")
+
+
+def _plain_names(names: object, extensions: tuple[str, ...], under: str = "") -> list[str]:
+    """``names`` if each is a plain relative path below the folder (:data:`_PLAIN_NAME`)
+    ending with one of ``extensions`` (and starting with ``under/`` when given), else
+    :class:`BadCacheError` naming the first that is not."""
+    if not isinstance(names, list):
+        raise BadCacheError(f"a file list is {type(names).__name__}, not a list")
+    plain, prefix = _PLAIN_NAME.fullmatch, under + os.sep if under else ""
+    for name in names:
+        if not (isinstance(name, str) and plain(name) and name.lower().endswith(extensions)
+                and name.startswith(prefix)):
+            where = f" (in class folder {under!r})" if under else ""
+            raise BadCacheError(f"it names {name!r}, which is not a plain relative image name "
+                                f"inside the folder{where}")
+    return names
 
 
 def _cached_listing(cached: dict, root: str, real_root: str, labeled: bool,
@@ -225,10 +233,10 @@ def _cached_listing(cached: dict, root: str, real_root: str, labeled: bool,
             raise BadCacheError(f"it records the folder {folder!r} outside the folder")
         if not isinstance(state, list) or not all(isinstance(v, int) for v in state):
             raise BadCacheError(f"the recorded state of {folder!r} is not a list of integers")
-    for name in classes:
-        if os.sep in _plain_name(name, ("",)):
+    for name in _plain_names(classes, ("",)):
+        if os.sep in name:
             raise BadCacheError(f"its class {name!r} is not a folder name")
-    checked = [[_plain_name(name, extensions, classes[i] if labeled else "") for name in files]
+    checked = [_plain_names(files, extensions, classes[i] if labeled else "")
                for i, files in enumerate(names)]
     for folder, state in folders.items():
         try:
@@ -236,7 +244,8 @@ def _cached_listing(cached: dict, root: str, real_root: str, labeled: bool,
                 return None
         except OSError:
             return None
-    return list(classes), [[os.path.join(root, name) for name in files] for files in checked]
+    base = os.path.join(root, "")  # the names are plain relative names: joined by adding
+    return list(classes), [[base + name for name in files] for files in checked]
 
 
 def _read_cache(path: Path, root: str, real_root: str, labeled: bool,
