@@ -228,6 +228,8 @@ def _cached_listing(cached: dict, root: str, real_root: str, labeled: bool,
     if not isinstance(classes, list) or not isinstance(names, list) or \
             not isinstance(folders, dict) or len(names) != (len(classes) if labeled else 1):
         raise BadCacheError("its classes and file lists do not match")
+    if "." not in folders:
+        raise BadCacheError("it records no state of the folder itself")
     for folder, state in folders.items():
         if os.path.isabs(folder) or ".." in Path(folder).parts:
             raise BadCacheError(f"it records the folder {folder!r} outside the folder")
@@ -264,7 +266,8 @@ def _read_cache(path: Path, root: str, real_root: str, labeled: bool,
         return _cached_listing(cached, root, real_root, labeled, extensions)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError,
+            RecursionError) as err:
         why = err if isinstance(err, BadCacheError) else f"it is not a readable index ({err})"
         warnings.warn(f"Ignoring the image-index cache file {path}: {why}. The folder {root} "
                       "is listed again and the file rewritten.", stacklevel=3)

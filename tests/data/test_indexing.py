@@ -164,6 +164,25 @@ def test_a_cache_entry_outside_the_folder_or_not_an_image_is_never_read(
     assert index_images(tree, labeled=False, cache_dir=cache) == expected  # rewritten
 
 
+@pytest.mark.parametrize(("change", "why"), [
+    ({"folders": {}}, "records no state of the folder itself"),
+    ({"folders": {".": [0, 0, 0, 0], "../..": [0, 0, 0, 0]}}, "records the folder '../..'"),
+    ({"classes": ["a", "../b", "c"]}, "names '../b'"), ({"files": "a.jpg"}, "do not match"),
+    ({"files": [[[]], [], []]}, "an entry is list|names \\[\\]"),
+])
+def test_a_cache_with_crafted_folders_or_classes_is_ignored(tree: Path, tmp_path: Path,
+                                                            settled: None, change: dict,
+                                                            why: str) -> None:
+    """A cache that records no folder would never go stale; one that records folders or
+    classes outside the data folder is not an index of it."""
+    cache = tmp_path / "cache"
+    expected = index_images(tree, labeled=True, cache_dir=cache)
+    cache_file, content = cached_content(cache)
+    cache_file.write_text(json.dumps({**content, **change}))
+    with pytest.warns(UserWarning, match=f"cache file {cache_file}: .*{why}"):
+        assert index_images(tree, labeled=True, cache_dir=cache) == expected
+
+
 def test_a_labeled_cache_keeps_each_file_in_its_class_folder(tree: Path, tmp_path: Path,
                                                              settled: None) -> None:
     cache = tmp_path / "cache"
