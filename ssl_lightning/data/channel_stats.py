@@ -36,7 +36,8 @@ def channel_statistics(paths: Iterable[str | Path]) -> tuple[list[float], list[f
         CorruptImageError: an image that cannot be read, holds no pixel or a non-finite value
             (:func:`~ssl_lightning.data.arrays.read_pixels`).
     """
-    shift = total = squares = None
+    shift: torch.Tensor | None = None
+    total = squares = torch.zeros(0)  # per channel, from the first image on
     pixels, count, first = 0, 0, ("", "")
     for path in paths:
         array = read_pixels(path)
@@ -58,7 +59,7 @@ def channel_statistics(paths: Iterable[str | Path]) -> tuple[list[float], list[f
         squares += centred.square().sum(1)
         pixels += flat.shape[1]
         count += 1
-    if shift is None or total is None or squares is None:
+    if shift is None:
         raise ValueError("No images to compute channel statistics from.")
     offset = total / pixels
     std = (squares / pixels - offset.square()).clamp_min(0).sqrt()
