@@ -26,6 +26,7 @@ from pathlib import Path
 from torchvision.datasets.folder import make_dataset
 
 from ssl_lightning.data.datasets import ImageFolderDataset
+from ssl_lightning.data.indexing import SETTLE_S
 
 
 def make_tree(root: Path, files: int, folders: int) -> list[str]:
@@ -64,15 +65,14 @@ def main() -> None:
         expected = make_tree(root, args.files, args.folders)
         print(f"made {len(expected):,} files in {args.folders:,} folders "
               f"in {time.perf_counter() - start:.1f} s")
-        old = time.time() - 10  # settle the folders' times so that the cache is written
-        for folder in (root, *root.iterdir()):
-            os.utime(folder, (old, old))
+        time.sleep(SETTLE_S + 0.5)  # the folders' times settle, so that the cache is written
 
         os.environ["SSL_LIGHTNING_INDEX_CACHE"] = "0"
         walk_s, walked = timed(lambda: ImageFolderDataset(root), args.repeats)
         os.environ["SSL_LIGHTNING_INDEX_CACHE"] = "1"
         os.environ["SSL_LIGHTNING_CACHE_DIR"] = str(cache)
         first_s, _ = timed(lambda: ImageFolderDataset(root), 1)
+        assert len(list((cache / "image_index").iterdir())) == 1, "the cache was not written"
         cached_s, cached = timed(lambda: ImageFolderDataset(root), args.repeats)
         classes = sorted(p.name for p in root.iterdir())
         index = {name: i for i, name in enumerate(classes)}

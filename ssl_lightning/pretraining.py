@@ -66,12 +66,12 @@ def method_config(method: str) -> Path:
     """The shipped config of ``method`` (case-insensitive, ``-`` read as ``_``).
 
     Raises:
-        ValueError: no such method; the message lists them.
+        ValueError: no such method (or not a name); the message lists them.
     """
     from ssl_lightning.commands import CONFIGS_DIR
 
-    name = method.lower().replace("-", "_")
     known = method_names()
+    name = method.lower().replace("-", "_") if isinstance(method, str) else None
     if name not in known:
         raise ValueError(f"Unknown method {method!r}: choose one of {', '.join(known)}.")
     return CONFIGS_DIR / f"{name}.yaml"
@@ -204,7 +204,7 @@ def pretrain(
     ``"imagenet"`` (224 px).
 
     Raises:
-        ValueError: an unknown method.
+        ValueError: an unknown method, or ``epochs`` that is not a whole number >= 1.
         FileNotFoundError: ``data`` is missing or holds no readable image.
         SystemExit: a setting the CLI refused (its message is on stderr), as
             :func:`ssl_lightning.cli.main`.
@@ -212,13 +212,17 @@ def pretrain(
     from ssl_lightning.cli import main
 
     config_path = method_config(method)
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
+                               or epochs < 1):
+        raise ValueError(f"epochs must be a whole number >= 1 (trainer.max_epochs), got "
+                         f"{epochs!r}; None keeps the method's config ({config_path.name}).")
     config = yaml.safe_load(config_path.read_text())
     train_dir, val_dir = data_splits(Path(data))
     preset = preset_for(train_dir)
 
     data_args = {key: _with_preset(value, preset)
                  for key, value in ((config.get("data") or {}).get("init_args") or {}).items()
-                 if key not in ("root", "download", "archive")}
+                 if key not in ("root", "download", "archive", "archive_max_mb")}
     data_args.update(train_dir=str(train_dir), val_dir=None if val_dir is None else str(val_dir),
                      preset=preset)
     if val_dir is None:

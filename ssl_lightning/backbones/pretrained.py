@@ -77,7 +77,8 @@ def _unreadable(path: str, size: int, what: str, fix: str, cut_short: str) -> st
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     """The tensors of a state-dict file (``torch.save`` with ``weights_only`` loading, or
-    ``.safetensors``), unwrapped from ``{"state_dict": ...}`` / ``{"model": ...}`` containers."""
+    ``.safetensors``), unwrapped from ``{"state_dict": ...}`` / ``{"model": ...}`` containers;
+    a file with a NaN or infinite value is refused, naming its first such tensor."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"pretrained_path {path!r} does not exist.")
@@ -97,6 +98,16 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
             state = state[key]
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise ValueError(f"pretrained_path {path!r} does not hold a state dict of tensors.")
+    bad = next((key for key, value in state.items()
+                if (value.is_floating_point() or value.is_complex())
+                and not bool(torch.isfinite(value).all())), None)
+    if bad is not None:
+        values = state[bad]
+        raise ValueError(
+            f"pretrained_path {path!r} holds NaN or infinite values: tensor {bad!r} has "
+            f"{int((~torch.isfinite(values)).sum())} of {values.numel()} (the first such "
+            "tensor). The weights come from a run that diverged, or the file is damaged: use "
+            "a checkpoint from before the divergence.")
     return dict(state)
 
 

@@ -1,6 +1,8 @@
 """Per-channel mean and standard deviation of a folder of images, for their normalisation:
 ``python -m ssl_lightning channel-stats --images DIR`` prints them as the ``mean:`` / ``std:``
-lines of ``MultiChannelViews`` and ``MultiChannelEval`` in a config."""
+lines of ``MultiChannelViews`` and ``MultiChannelEval`` in a config. Every user error (a missing
+or empty folder, a bad ``--limit``, an unreadable or non-finite image, mixed channel counts or
+bit depths) is one ``error:`` line and exit status 2."""
 
 from __future__ import annotations
 
@@ -8,11 +10,19 @@ import argparse
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from ssl_lightning.data.arrays import load_array
-from ssl_lightning.data.datasets import check_directory
+from ssl_lightning.cli.errors import debug_mode, one_line
+from ssl_lightning.data.arrays import read_pixels
+from ssl_lightning.data.datasets import CorruptImageError, check_directory
 from ssl_lightning.data.indexing import ARRAY_EXTENSIONS, find_images
+
+
+def bit_depth(dtype: np.dtype) -> str:
+    """The unit a file's pixels are in: its integer type (``uint8``, ``uint16``, ...), or
+    ``float`` for any floating-point type."""
+    return "float" if dtype.kind == "f" else str(dtype)
 
 
 def channel_statistics(paths: Iterable[str | Path]) -> tuple[list[float], list[float], int]:
@@ -21,28 +31,47 @@ def channel_statistics(paths: Iterable[str | Path]) -> tuple[list[float], list[f
     means (the shifted-data variance: no cancellation for data far from zero, e.g. 16-bit).
 
     Raises:
-        ValueError: no images, or images with different channel counts (naming the first).
+        ValueError: no images, or images with different channel counts or bit depths (naming
+            a file of each).
+        CorruptImageError: an image that cannot be read, holds no pixel or a non-finite value
+            (:func:`~ssl_lightning.data.arrays.read_pixels`).
     """
-    shift = total = squares = None
-    pixels, count = 0, 0
+    shift: torch.Tensor | None = None
+    total = squares = torch.zeros(0)  # per channel, from the first image on
+    pixels, count, first = 0, 0, ("", "")
     for path in paths:
-        flat = load_array(path).double().flatten(1)
+        array = read_pixels(path)
+        flat = torch.from_numpy(array.astype(np.float64)).flatten(1)
         if shift is None:
             shift = flat.mean(1, keepdim=True)
             total, squares = torch.zeros_like(shift[:, 0]), torch.zeros_like(shift[:, 0])
+            first = (str(path), bit_depth(array.dtype))
         elif flat.shape[0] != shift.shape[0]:
             raise ValueError(f"{path} has {flat.shape[0]} channels, the images before it "
                              f"{shift.shape[0]}: one dataset needs one channel count.")
+        elif bit_depth(array.dtype) != first[1]:
+            raise ValueError(
+                f"{path} holds {bit_depth(array.dtype)} pixels, {first[0]} {first[1]} ones: "
+                "their statistics would pool two units. Convert the files to one bit depth, or "
+                "compute the statistics of each kind apart.")
         centred = flat - shift
         total += centred.sum(1)
         squares += centred.square().sum(1)
         pixels += flat.shape[1]
         count += 1
-    if shift is None or total is None or squares is None:
+    if shift is None:
         raise ValueError("No images to compute channel statistics from.")
     offset = total / pixels
     std = (squares / pixels - offset.square()).clamp_min(0).sqrt()
     return (shift[:, 0] + offset).tolist(), std.tolist(), count
+
+
+def _limit(text: str) -> int:
+    """``--limit``: a whole number of images, at least 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
 
 
 def main(args: list[str] | None = None) -> tuple[list[float], list[float], int]:
@@ -53,15 +82,29 @@ def main(args: list[str] | None = None) -> tuple[list[float], list[float], int]:
                     "and bit depth, in the files' units), printed as YAML for MultiChannelViews "
                     "and MultiChannelEval.")
     parser.add_argument("--images", required=True, help="folder of images (searched recursively)")
-    parser.add_argument("--limit", type=int, default=None,
-                        help="use N images drawn at random (seeded by --seed) instead of all")
+    parser.add_argument("--limit", type=str, default=None,
+                        help="use N >= 1 images drawn at random (seeded by --seed) instead of all")
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(args)
-    paths = find_images(check_directory(options.images), ARRAY_EXTENSIONS)
-    if options.limit is not None and options.limit < len(paths):
-        order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(options.seed))
-        paths = [paths[i] for i in sorted(order[:options.limit].tolist())]
-    mean, std, count = channel_statistics(paths)
+    try:
+        limit = None if options.limit is None else _limit(options.limit)
+    except ValueError:
+        parser.exit(2, f"error: --limit must be a whole number of images >= 1, got "
+                       f"{options.limit!r}; leave it out to use every image.\n")
+    try:
+        paths = find_images(check_directory(options.images), ARRAY_EXTENSIONS)
+        if not paths:
+            raise ValueError(f"no images under {options.images} (searched recursively for "
+                             f"{', '.join(ARRAY_EXTENSIONS)}).")
+        if limit is not None and limit < len(paths):
+            generator = torch.Generator().manual_seed(options.seed)
+            order = torch.randperm(len(paths), generator=generator)
+            paths = [paths[i] for i in sorted(order[:limit].tolist())]
+        mean, std, count = channel_statistics(paths)
+    except (ValueError, OSError, CorruptImageError) as err:
+        if debug_mode():
+            raise
+        parser.exit(2, f"error: {one_line(err)}\n")
     print(f"# {len(mean)} channel(s), {count} image(s) under {options.images}")
     print(f"mean: [{', '.join(f'{v:.6g}' for v in mean)}]")
     print(f"std: [{', '.join(f'{v:.6g}' for v in std)}]")

@@ -24,6 +24,12 @@ Layout = Literal["folder", "torchvision"]
 
 #: Prefix of the temporary folder beside ``root`` that an archive is extracted into.
 EXTRACTING = ".extracting-"
+#: Default limit (MB) on the bytes an archive expands to (``archive_max_mb``); CIFAR-10 and
+#: CIFAR-100 expand to under 200 MB in either layout.
+ARCHIVE_MAX_MB = 4096.0
+#: Limit on an archive's expansion ratio (bytes extracted per byte of archive): images and
+#: pickled arrays compress about 1:1, a "zip bomb" by a thousand and more.
+ARCHIVE_MAX_RATIO = 100.0
 
 
 def _member_problem(name: str, is_file_or_dir: bool) -> str | None:
@@ -37,17 +43,21 @@ def _member_problem(name: str, is_file_or_dir: bool) -> str | None:
     return None
 
 
-def _unpack(archive: Path, destination: Path) -> None:
+def _unpack(archive: Path, destination: Path, max_bytes: int) -> None:
     """Extract a tar (any compression) or zip ``archive`` into ``destination``, refusing
-    members with absolute paths, ``..`` components, links and devices.
+    members with absolute paths, ``..`` components, links and devices, and archives that
+    expand past ``max_bytes`` or :data:`ARCHIVE_MAX_RATIO` (checked on the member sizes before
+    anything is written: a tar member's size is its exact length, and ``zipfile`` stops a zip
+    member at its recorded size).
 
     Raises:
-        ValueError: ``archive`` is not a tar or zip file, or holds such a member.
+        ValueError: ``archive`` is not a tar or zip file, holds such a member or is too large.
     """
     if tarfile.is_tarfile(archive):
         with tarfile.open(archive) as tar:
             members = [(m.name, m.isfile() or m.isdir()) for m in tar.getmembers()]
             _check_members(archive, members)
+            _check_size(archive, sum(m.size for m in tar.getmembers() if m.isfile()), max_bytes)
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(destination, filter="data")
             else:  # Python < 3.10.12: the members were checked above
@@ -55,10 +65,23 @@ def _unpack(archive: Path, destination: Path) -> None:
     elif zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zipped:
             _check_members(archive, [(info.filename, True) for info in zipped.infolist()])
+            _check_size(archive, sum(info.file_size for info in zipped.infolist()), max_bytes)
             zipped.extractall(destination)
     else:
         raise ValueError(f"archive {archive} is neither a tar nor a zip file: give a .tar.gz, "
                          ".tar or .zip of the train/ and test/ folders.")
+
+
+def _check_size(archive: Path, total: int, max_bytes: int) -> None:
+    """Refuse an archive whose members add up to more than ``max_bytes``, or more than
+    :data:`ARCHIVE_MAX_RATIO` times the archive's own size."""
+    size = archive.stat().st_size
+    if total > max_bytes or total > ARCHIVE_MAX_RATIO * max(size, 1):
+        raise ValueError(
+            f"archive {archive} ({size:,} bytes) expands to {total:,} bytes, past the limit of "
+            f"{max_bytes:,} bytes (archive_max_mb) or {ARCHIVE_MAX_RATIO:g} times its size: "
+            "refusing to extract it. If you trust it, raise --data.archive_max_mb, or extract "
+            "it yourself (tar xf / unzip into a new folder) and set root to the folder.")
 
 
 def _check_members(archive: Path, members: list[tuple[str, bool]]) -> None:
@@ -89,6 +112,9 @@ class CIFAR10DataModule(SSLDataModule):
         archive: A ``.tar.gz`` / ``.tar`` / ``.zip`` holding either layout, at its top level or
             in one top-level folder (the shared ``cifar10-jpeg.tar.gz`` holds ``cifar10/train``
             and ``cifar10/test``), extracted into ``root`` if no data is there yet.
+        archive_max_mb: The most megabytes (10**6 bytes) the archive may expand to; an archive
+            that expands to more, or to more than :data:`ARCHIVE_MAX_RATIO` times its own size,
+            is refused before anything is written.
         **kwargs: Loader and transform arguments of :class:`SSLDataModule`.
     """
 
@@ -100,11 +126,16 @@ class CIFAR10DataModule(SSLDataModule):
                  "test/ folders), or download: true.")
 
     def __init__(self, root: str = "data/cifar10", download: bool = False,
-                 archive: str | None = None, **kwargs: Any) -> None:
+                 archive: str | None = None, archive_max_mb: float = ARCHIVE_MAX_MB,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not archive_max_mb > 0 or archive_max_mb == float("inf"):
+            raise ValueError(f"archive_max_mb must be a positive number of megabytes, got "
+                             f"{archive_max_mb}.")
         self.root = Path(root)
         self.download = download
         self.archive = Path(archive) if archive is not None else None
+        self.archive_max_mb = archive_max_mb
 
     def _found(self, folder: Path) -> Layout | None:
         """The layout of the data under ``folder``, or None when there is none."""
@@ -174,7 +205,7 @@ class CIFAR10DataModule(SSLDataModule):
         rank_zero_info(f"Extracting {archive} into {self.root} ...")
         staging = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         try:
-            _unpack(archive, staging)
+            _unpack(archive, staging, int(self.archive_max_mb * 1e6))
             data = next((folder for folder in (staging, *sorted(staging.iterdir()))
                          if folder.is_dir() and self._found(folder) is not None), None)
             if data is None:
@@ -215,5 +246,6 @@ class CIFAR100DataModule(CIFAR10DataModule):
     torchvision_folder = "cifar-100-python"
 
     def __init__(self, root: str = "data/cifar100", download: bool = False,
-                 archive: str | None = None, **kwargs: Any) -> None:
-        super().__init__(root, download, archive, **kwargs)
+                 archive: str | None = None, archive_max_mb: float = ARCHIVE_MAX_MB,
+                 **kwargs: Any) -> None:
+        super().__init__(root, download, archive, archive_max_mb, **kwargs)

@@ -9,6 +9,7 @@ Normalisation uses per-channel statistics of the data (``python -m ssl_lightning
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -22,9 +23,12 @@ class ChannelNormalize:
     """``(x - mean) / std`` per channel, checking the image's channel count."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
-        if len(mean) != len(std) or not mean or min(std) <= 0:
-            raise ValueError(f"mean and std need one value per channel each (the same count) "
-                             f"and std > 0; got mean={list(mean)}, std={list(std)}.")
+        if len(mean) != len(std) or not mean or not all(map(math.isfinite, [*mean, *std])) \
+                or min(std) <= 0:
+            raise ValueError(f"mean and std need one finite value per channel each (the same "
+                             f"count) and std > 0; got mean={list(mean)}, std={list(std)}. "
+                             "Compute them with python -m ssl_lightning channel-stats --images "
+                             "DIR.")
         self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
 

@@ -27,14 +27,31 @@ from torch import Tensor, nn
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
+class WhiteningError(RuntimeError):
+    """A sub-batch covariance has no Cholesky factor (not positive definite)."""
+
+
 def whiten(x: Tensor, eps: float = 0.0) -> Tensor:
-    """Cholesky whitening of each (w, D) group of ``x`` (..., w, D): ``L⁻¹ (x − μ)``."""
+    """Cholesky whitening of each (w, D) group of ``x`` (..., w, D): ``L⁻¹ (x − μ)``.
+
+    Raises:
+        WhiteningError: a covariance is not positive definite (collapsed, rank-deficient
+            embeddings, or non-finite ones), naming ``whitening_eps`` and a value to try.
+    """
     centred = x - x.mean(dim=-2, keepdim=True)
     cov = centred.transpose(-1, -2) @ centred / (x.shape[-2] - 1)
     if eps:
         eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
         cov = (1 - eps) * cov + eps * eye
-    factor = torch.linalg.cholesky(cov)
+    try:
+        factor = torch.linalg.cholesky(cov)
+    except torch.linalg.LinAlgError as err:
+        raise WhiteningError(
+            f"W-MSE cannot whiten a sub-batch of {x.shape[-2]} embeddings of size "
+            f"{x.shape[-1]}: their covariance is not positive definite (the embeddings have "
+            f"collapsed onto fewer directions, or are not finite) and whitening_eps is {eps:g}. "
+            "Shrink the covariance towards the identity with whitening_eps > 0, e.g. "
+            "--model.whitening_eps 1e-4 (and check the learning rate).") from err
     return torch.linalg.solve_triangular(factor, centred.transpose(-1, -2),
                                          upper=False).transpose(-1, -2)
 

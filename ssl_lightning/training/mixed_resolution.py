@@ -13,6 +13,7 @@ the same sizes, and a micro-batched step on one set of sizes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -54,9 +55,10 @@ class MixedResolution:
                         f"not a multiple of the ViT's patch size {patch_size}; the nearest valid "
                         f"sides are {nearest}.")
         weights = list(ratios) if ratios is not None else [1.0] * len(sizes)
-        if len(weights) != len(sizes) or min(weights) < 0 or sum(weights) <= 0:
-            raise ValueError(f"ratios must be {len(sizes)} non-negative values with a positive "
-                             f"sum (one per size), got {ratios}.")
+        if len(weights) != len(sizes) or not all(math.isfinite(w) and w >= 0 for w in weights) \
+                or sum(weights) <= 0:
+            raise ValueError(f"mixed_resolution_ratios must be {len(sizes)} finite, non-negative "
+                             f"values with a positive sum (one per size), got {ratios}.")
         self.sizes: list[Sizes] = [(int(g), int(l_), int(t)) for g, l_, t in sizes]
         self.weights = torch.tensor(weights, dtype=torch.float64)
 

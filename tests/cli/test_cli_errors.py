@@ -85,7 +85,7 @@ def test_unknown_class_path_suggests_the_closest_name(fit, capsys, args, suggest
      "projection_dim, projection_hidden_dim, projection_layers, projector, queue_size, rng_seed,"),
     (["--data.batchsize", "3"],
      "--data (CIFAR10DataModule): unknown argument 'batchsize'. Did you mean 'batch_size'?",
-     "Arguments of CIFAR10DataModule: archive, batch_size, "),
+     "Arguments of CIFAR10DataModule: archive, archive_max_mb, batch_size, "),
     (["--trainer.max_epoch", "2"],
      "--trainer: unknown argument 'max_epoch'. Did you mean 'max_epochs'?",
      "Arguments of --trainer: accelerator, "),

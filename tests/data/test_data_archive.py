@@ -147,3 +147,30 @@ def test_no_data_names_the_three_ways(tmp_path: Path) -> None:
         dm.prepare_data()
     with pytest.raises(FileNotFoundError, match=pattern):
         dm.setup("fit")
+
+
+def test_an_archive_expanding_past_the_limits_is_refused_before_writing(
+        tmp_path: Path, tiny_image_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zip bomb (a few KB expanding to MB of zeros) and an archive past ``archive_max_mb``
+    are refused before any member is written, and leave nothing beside ``root``."""
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as zipped:
+        for split in ("train", "test"):
+            zipped.writestr(f"{split}/a/zeros.jpg", b"\0" * 2_000_000)
+    assert bomb.stat().st_size < 20_000
+    written: list[object] = []
+    monkeypatch.setattr(zipfile.ZipFile, "extractall", lambda *a, **k: written.append(a))
+    with pytest.raises(ValueError, match=r"bomb.zip \(.* bytes\) expands to 4,000,000 bytes, "
+                                         r"past .* or 100 times its size"):
+        _module(tmp_path, bomb).prepare_data()
+    assert not written and list((tmp_path / "data").iterdir()) == []
+
+    archive = _tar(tiny_image_folder, tmp_path / "c.tar.gz")
+    small = CIFAR10DataModule(root=str(tmp_path / "data" / "cifar10"), archive=str(archive),
+                              archive_max_mb=0.001, **LOADER)
+    with pytest.raises(ValueError, match="past the limit of 1,000 bytes .*archive_max_mb.*"
+                                         "extract it yourself"):
+        small.prepare_data()
+    assert list((tmp_path / "data").iterdir()) == []
+    with pytest.raises(ValueError, match="archive_max_mb must be a positive number"):
+        CIFAR10DataModule(archive_max_mb=float("nan"))

@@ -28,6 +28,7 @@ from ssl_lightning.data.channel_stats import channel_statistics
 from ssl_lightning.data.channel_stats import main as channel_stats_main
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.indexing import ARRAY_EXTENSIONS
+from ssl_lightning.data.multichannel_views import ChannelNormalize
 from ssl_lightning.evaluation.embed import main as embed_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,3 +236,16 @@ def test_pretraining_on_13_band_tiffs_through_the_cli(tmp_path: Path, batched: b
         result = embed_main([*common, "--output", "emb.npy", "--image-reader", "array",
                              "--mean", *["30000"] * 13, "--std", *["18000"] * 13])
         assert result["rows"] == 8 and np.load("emb.npy").shape == (8, 16)
+
+
+@pytest.mark.parametrize(("mean", "std"), [([0.0, float("nan")], [1.0, 1.0]),
+                                           ([0.0, 0.0], [1.0, float("inf")]),
+                                           ([0.0, 0.0], [1.0, float("nan")]),
+                                           ([0.0, 0.0], [1.0, 0.0]), ([0.0, 0.0], [1.0, -2.0])])
+def test_non_finite_or_non_positive_statistics_are_refused_when_constructed(
+        mean: list[float], std: list[float]) -> None:
+    """NaN statistics used to turn every input into NaN without a word."""
+    with pytest.raises(ValueError, match="one finite value per channel each .* std > 0"):
+        ChannelNormalize(mean, std)
+    with pytest.raises(ValueError, match="one finite value per channel"):
+        MultiChannelViews(mean, std, crop_size=8)

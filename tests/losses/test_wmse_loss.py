@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ssl_lightning.losses import WMSELoss
-from ssl_lightning.losses.wmse import whiten
+from ssl_lightning.losses.wmse import WhiteningError, whiten
 
 
 def _cholesky(a: list[list[float]]) -> list[list[float]]:
@@ -104,3 +104,14 @@ def test_bad_settings_are_refused() -> None:
     v, perms = _data()
     with pytest.raises(ValueError, match="choose a whitening_size > 3 that divides"):
         WMSELoss(whitening_size=3)(v, perms)
+
+
+def test_a_rank_deficient_batch_without_shrinkage_names_whitening_eps() -> None:
+    """A collapsing run (embeddings on fewer than D directions) with whitening_eps 0: one clear
+    error naming the setting and a value, not torch's raw Cholesky error; eps > 0 whitens."""
+    v, perms = _data()
+    collapsed = v.clone()
+    collapsed[..., 2] = collapsed[..., 0]  # rank 2 of D = 3 in every sub-batch
+    with pytest.raises(WhiteningError, match=r"whitening_eps is 0\. .*--model.whitening_eps 1e-4"):
+        WMSELoss(whitening_size=4)(collapsed, perms)
+    assert torch.isfinite(WMSELoss(whitening_size=4, eps=1e-4)(collapsed, perms))

@@ -119,3 +119,19 @@ def test_a_vit_backbone_follows_the_methods_crops(tmp_path: Path,
         assert backbone_spec("vit_tiny", preset) == {
             "class_path": "ssl_lightning.ViT",
             "init_args": {"arch": "tiny", "image_size": size, "patch_size": patch}}
+
+
+@pytest.mark.parametrize("epochs", [0, -1, 1.5, True])
+def test_epochs_below_one_are_refused_before_anything_runs(tmp_path: Path, epochs: object) -> None:
+    """epochs=0 used to export the untrained backbone as the result, -1 to crash."""
+    with pytest.raises(ValueError, match=rf"epochs must be a whole number >= 1 .*got "
+                                         rf"{epochs!r}; None keeps the method's config "
+                                         r"\(simclr.yaml\)"):
+        ssl_lightning.pretrain(data=tmp_path / "missing", epochs=epochs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", [None, 3, ""])
+def test_a_method_that_is_no_name_is_refused_with_the_choices(tmp_path: Path,
+                                                              method: object) -> None:
+    with pytest.raises(ValueError, match=rf"Unknown method {method!r}: choose one of .*simclr"):
+        ssl_lightning.pretrain(data=tmp_path, method=method)  # type: ignore[arg-type]

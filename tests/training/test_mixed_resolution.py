@@ -90,3 +90,12 @@ def test_sizes_are_checked_before_training(tiny_image_folder):
                                          r"makes 24 px ones .* set its gram_size to 32"):
         trainer.fit(model, data)
     assert trainer.global_step == 0
+
+
+@pytest.mark.parametrize("ratios", [[float("nan"), 1.0, 1.0], [float("inf"), 1.0, 0.0],
+                                    [1.0, -0.5, 1.0]])
+def test_non_finite_or_negative_ratios_are_refused_when_constructed(ratios):
+    """NaN and inf ratios used to pass and crash the first step in torch.multinomial."""
+    with pytest.raises(ValueError, match=r"mixed_resolution_ratios must be 3 finite, "
+                                         r"non-negative values .* got \["):
+        MixedResolution(SIZES, ratios)

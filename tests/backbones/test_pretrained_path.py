@@ -1,0 +1,30 @@
+"""A ``pretrained_path`` whose weights hold NaN or infinite values is refused, naming the file
+and its first such tensor (issue 35: such a backbone was used without a word)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from ssl_lightning.backbones import SmallConvNet
+
+
+@pytest.mark.parametrize(("value", "suffix"), [(float("nan"), ".pt"), (float("inf"), ".pt"),
+                                               (float("-inf"), ".safetensors")])
+def test_non_finite_weights_are_refused_naming_the_file_and_tensor(
+        tmp_path: Path, value: float, suffix: str) -> None:
+    state = SmallConvNet(widths=(8, 8)).state_dict()
+    state["net.3.weight"][0, 0, 0, 0] = value
+    path = tmp_path / f"weights{suffix}"
+    save = torch.save if suffix == ".pt" else safetensors.torch.save_file
+    save(state, path)
+    with pytest.raises(ValueError, match=rf"pretrained_path '{path}' holds NaN or infinite "
+                                         r"values: tensor 'net.3.weight' has 1 of 576"):
+        SmallConvNet(widths=(8, 8), pretrained_path=str(path))
+    state["net.3.weight"][0, 0, 0, 0] = 0.0
+    save(state, path)
+    assert torch.equal(SmallConvNet(widths=(8, 8), pretrained_path=str(path)).state_dict()
+                       ["net.3.weight"], state["net.3.weight"])
