@@ -25,11 +25,22 @@ from ssl_lightning.losses.centering import Centering
 from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.dino import DINO
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
 from ssl_lightning.training.sample_rng import active_keys
 
 
+@register_method(
+    "ibot", title="iBOT", configs=("ibot.yaml", "ibot_plus_plus.yaml"),
+    paper=Paper("iBOT: Image BERT Pre-Training with Online Tokenizer", 2022, "2111.07832"),
+    family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot_dinov2.py",
+    docs="docs/ibot_dinov2.md",
+    small=lambda **kw: IBOT(small_vit(mask_token=True), head_out_dim=12, head_hidden_dim=16,
+                            head_bottleneck_dim=8, momentum_base=0.9,
+                            warmup_teacher_temperature_epochs=0, shared_head=False,
+                            patch_out_dim=12, num_local_crops=1, image_size=8, **kw),
+)
 class IBOT(DINO):
     """iBOT self-distillation on [CLS] and masked patch tokens.
 

@@ -36,11 +36,23 @@ from ssl_lightning.losses import IJEPALoss
 from ssl_lightning.losses.ijepa import Distance
 from ssl_lightning.masking import MultiBlockMasking, Range
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.ema import momentum_teacher
 from ssl_lightning.training.sample_rng import active_keys
 
 
+@register_method(
+    "ijepa", title="I-JEPA", configs=("ijepa.yaml",),
+    paper=Paper("Self-Supervised Learning from Images "
+                "with a Joint-Embedding Predictive Architecture",
+                2023, "2301.08243"),
+    family="predictive", views=(8,), tests="tests/methods/test_mim_methods.py",
+    docs="docs/masked_image_modeling.md",
+    small=lambda **kw: IJEPA(small_vit(pool="mean"), predictor_dim=16, predictor_depth=1,
+                             predictor_heads=2, momentum_base=0.9, min_context=2, image_size=8,
+                             **kw),
+)
 class IJEPA(MomentumMethod):
     """I-JEPA.
 
