@@ -28,6 +28,7 @@ from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
+from ssl_lightning.training.grad_cache import whole_batch_draw
 from ssl_lightning.training.sample_rng import active_keys
 
 
@@ -176,15 +177,19 @@ class IBOT(DINO):
 
     def draw_masks(self, batch: int, grid: tuple[int, int]) -> Tensor:
         """Block masks (B, 2, grid_h · grid_w) for the two global crops: from each sample's key
-        inside a keyed forward, else from torch's RNG (stratified over this rank's batch)."""
+        inside a keyed forward, else from torch's RNG (stratified over this rank's batch; once
+        for the whole batch under gradient caching)."""
         keys, stratified = active_keys(), self.hparams["mask_ratio_stratified"]
         if keys is None:
-            order = torch.randperm(2 * batch) if stratified else None
-            masks = self.masking(2 * batch, grid, order=order, total=2 * batch)
-        else:
-            seeds = torch.cat([keys.streams(crop) for crop in range(2)]).cpu()
-            order = keys.global_order(2, stream=0).flatten() if stratified else None
-            masks = self.masking(2 * batch, grid, seeds, order, 2 * keys.global_batch)
+            def draw(n: int) -> Tensor:
+                order = torch.randperm(2 * n) if stratified else None
+                masks = self.masking(2 * n, grid, order=order, total=2 * n)
+                return masks.view(2, n, -1).transpose(0, 1)
+
+            return whole_batch_draw("ibot_masks", batch, draw)
+        seeds = torch.cat([keys.streams(crop) for crop in range(2)]).cpu()
+        order = keys.global_order(2, stream=0).flatten() if stratified else None
+        masks = self.masking(2 * batch, grid, seeds, order, 2 * keys.global_batch)
         return masks.view(2, batch, -1).transpose(0, 1)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:

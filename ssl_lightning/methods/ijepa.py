@@ -39,6 +39,7 @@ from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.ema import momentum_teacher
+from ssl_lightning.training.grad_cache import whole_batch_draw
 from ssl_lightning.training.sample_rng import active_keys
 
 
@@ -133,12 +134,14 @@ class IJEPA(MomentumMethod):
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
         """``(context, targets)``: (B, K) and (B, M, n) patch indices of this rank's samples,
         block sizes of the current optimiser step; positions from the samples' keys inside a
-        keyed forward, else from the CPU stream shared by the ranks."""
+        keyed forward, else from the CPU stream shared by the ranks (once for the whole batch
+        under gradient caching)."""
         keys = active_keys()
         if keys is not None:
             return self.masking(batch, self.global_step, seeds=keys.streams(0))
         world, rank = layout(self)
-        return self.masking(batch, self.global_step, world, rank)
+        return whole_batch_draw("ijepa_masks", batch,
+                                lambda n: self.masking(n, self.global_step, world, rank))
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         x = check_views(views, self.image_size, "IJEPA")
