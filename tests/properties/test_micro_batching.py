@@ -21,7 +21,13 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import KeyedViews, PrecomputedViews, TensorDataModule, fit_and_dump
+from lightning_ddp_utils import (
+    KeyedViews,
+    PrecomputedViews,
+    TensorDataModule,
+    fit_and_dump,
+    max_relative_difference,
+)
 from torch import Tensor
 
 from ssl_lightning.methods.registry import MethodEntry, method_entries
@@ -69,20 +75,6 @@ def fit(entry: MethodEntry, seeded: bool, batch_size: int, micro: int | None,
     state = fit_and_dump(model, TensorDataModule(data, batch_size), callbacks=[recorder],
                          max_steps=3, precision="64-true", **trainer_kwargs)[0]
     return {**state, "features": recorder.features, "losses": recorder.losses}
-
-
-def max_relative_difference(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> float:
-    """Largest ``‖a − e‖ / ‖e‖`` over the floating-point tensors of two state dicts (the others
-    must be equal)."""
-    assert set(actual) == set(expected)
-    worst = 0.0
-    for key, e in expected.items():
-        if e.is_floating_point() and e.numel():
-            norm = float(torch.linalg.vector_norm(e.double())) or 1.0
-            worst = max(worst, float(torch.linalg.vector_norm((actual[key] - e).double())) / norm)
-        else:
-            assert torch.equal(actual[key], e), key
-    return worst
 
 
 def skip_opted_out(entry: MethodEntry, prop: str) -> None:
