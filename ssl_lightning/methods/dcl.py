@@ -16,7 +16,8 @@ from ssl_lightning.methods.simclr import SimCLR
 @register_method(
     "dcl", title="DCL", configs=("dcl.yaml",),
     paper=Paper("Decoupled Contrastive Learning", 2022, "2110.06848"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_renamed_arguments.py",
+    family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
+    tests="tests/methods/test_renamed_arguments.py",
     small=lambda **kw: DCL(small_convnet(), projection_hidden_dim=16, projection_dim=8,
                            head_batch_norm=False, **kw),
 )

@@ -29,7 +29,8 @@ from ssl_lightning.training.support_set import NearestNeighbourSupport
     paper=Paper("With a Little Help from My "
                 "Friends: Nearest-Neighbor Contrastive Learning of Visual Representations",
                 2021, "2104.14548"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_renamed_arguments.py",
+    family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
+    tests="tests/methods/test_renamed_arguments.py",
     small=lambda **kw: NNCLR(small_convnet(), projection_hidden_dim=16, projection_dim=8,
                              head_batch_norm=False, predictor_hidden_dim=16, queue_size=16, **kw),
 )
