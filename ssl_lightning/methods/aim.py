@@ -36,7 +36,9 @@ from ssl_lightning.training.sample_rng import active_keys, keyed_uniform
     "aim", title="AIM", configs=("aim.yaml",),
     paper=Paper("Scalable Pre-training of Large Autoregressive Image Models", 2024, "2401.08541"),
     family="predictive", views=(8,), tests="tests/methods/test_simmim_aim.py",
-    small=lambda **kw: AIM(small_vit(), head_hidden_dim=16, head_layers=2, image_size=8, **kw),
+    backbone=lambda: small_vit(),
+    small=lambda backbone, **kw: AIM(backbone, head_hidden_dim=16, head_layers=2, image_size=8,
+                                     **kw),
 )
 class AIM(SSLMethod):
     """Autoregressive next-patch prediction with a prefix-causal ViT.

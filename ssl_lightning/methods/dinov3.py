@@ -44,12 +44,14 @@ GramTokens = Literal["all", "masked", "unmasked"]
     paper=Paper("DINOv3", 2025, "2508.10104"),
     family="distillation", views=(8, 8, 4, 16, 16), tests="tests/training/test_gram_teacher.py",
     docs="docs/dinov3.md",
-    small=lambda **kw: DINOv3(small_vit(mask_token=True, num_registers=1), head_out_dim=12,
-                              head_hidden_dim=16, head_bottleneck_dim=8, momentum_base=0.9,
-                              warmup_teacher_temperature_epochs=0, shared_head=False,
-                              patch_out_dim=12, num_local_crops=1, patch_hidden_dim=12,
-                              patch_bottleneck_dim=6, gram_start_step=0, gram_refresh_every=1,
-                              gram_max_refreshes=1, image_size=8, **kw),
+    backbone=lambda: small_vit(mask_token=True, num_registers=1),
+    small=lambda backbone, **kw: DINOv3(backbone, head_out_dim=12, head_hidden_dim=16,
+                                        head_bottleneck_dim=8, momentum_base=0.9,
+                                        warmup_teacher_temperature_epochs=0, shared_head=False,
+                                        patch_out_dim=12, num_local_crops=1, patch_hidden_dim=12,
+                                        patch_bottleneck_dim=6, gram_start_step=0,
+                                        gram_refresh_every=1, gram_max_refreshes=1, image_size=8,
+                                        **kw),
 )
 class DINOv3(DINOv2):
     """DINOv2 with DINOv3's schedules and Gram anchoring.

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.losses import NTXentLoss
 from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method, small_convnet
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 
 
 @register_method(
@@ -25,7 +25,7 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method, sm
     paper=Paper("Understanding Dimensional Collapse in Contrastive Self-supervised Learning",
                 2022, "2110.09348"),
     family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_more_methods_losses.py",
-    small=lambda **kw: DirectCLR(small_convnet(), loss_dim=8, **kw),
+    small=lambda backbone, **kw: DirectCLR(backbone, loss_dim=8, **kw),
 )
 class DirectCLR(SSLMethod):
     """DirectCLR.

@@ -50,8 +50,10 @@ FINGERPRINT_KEY = "teacher_fingerprint"
     paper=Paper("Distilling the Knowledge in a Neural Network", 2015, "1503.02531"),
     family="distillation", views=(8,), tests="tests/methods/test_distillation.py",
     docs="docs/distillation.md",
-    small=lambda **kw: Distillation(small_vit(), teacher=small_vit(embed_dim=24), queue_size=16,
-                                    head_hidden_dim=16, image_size=8, **kw),
+    backbone=lambda: small_vit(),
+    small=lambda backbone, **kw: Distillation(backbone, teacher=small_vit(embed_dim=24),
+                                              queue_size=16, head_hidden_dim=16, image_size=8,
+                                              **kw),
 )
 class Distillation(SSLMethod):
     """Distillation of a frozen teacher into the student ``backbone``.

@@ -37,10 +37,11 @@ from ssl_lightning.training.sample_rng import active_keys
     paper=Paper("iBOT: Image BERT Pre-Training with Online Tokenizer", 2022, "2111.07832"),
     family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot_dinov2.py",
     docs="docs/ibot_dinov2.md",
-    small=lambda **kw: IBOT(small_vit(mask_token=True), head_out_dim=12, head_hidden_dim=16,
-                            head_bottleneck_dim=8, momentum_base=0.9,
-                            warmup_teacher_temperature_epochs=0, shared_head=False,
-                            patch_out_dim=12, num_local_crops=1, image_size=8, **kw),
+    backbone=lambda: small_vit(mask_token=True),
+    small=lambda backbone, **kw: IBOT(backbone, head_out_dim=12, head_hidden_dim=16,
+                                      head_bottleneck_dim=8, momentum_base=0.9,
+                                      warmup_teacher_temperature_epochs=0, shared_head=False,
+                                      patch_out_dim=12, num_local_crops=1, image_size=8, **kw),
 )
 class IBOT(DINO):
     """iBOT self-distillation on [CLS] and masked patch tokens.

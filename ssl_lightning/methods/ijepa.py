@@ -50,9 +50,10 @@ from ssl_lightning.training.sample_rng import active_keys
                 2023, "2301.08243"),
     family="predictive", views=(8,), tests="tests/methods/test_mim_methods.py",
     docs="docs/masked_image_modeling.md",
-    small=lambda **kw: IJEPA(small_vit(pool="mean"), predictor_dim=16, predictor_depth=1,
-                             predictor_heads=2, momentum_base=0.9, min_context=2, image_size=8,
-                             **kw),
+    backbone=lambda: small_vit(pool="mean"),
+    small=lambda backbone, **kw: IJEPA(backbone, predictor_dim=16, predictor_depth=1,
+                                       predictor_heads=2, momentum_base=0.9, min_context=2,
+                                       image_size=8, **kw),
 )
 class IJEPA(MomentumMethod):
     """I-JEPA.

@@ -42,8 +42,9 @@ from ssl_lightning.training.sample_rng import active_keys
     paper=Paper("Masked Autoencoders Are Scalable Vision Learners", 2022, "2111.06377"),
     family="masked", views=(8,), tests="tests/methods/test_mim_methods.py",
     docs="docs/masked_image_modeling.md",
-    small=lambda **kw: MAE(small_vit(), decoder_dim=16, decoder_depth=1, decoder_heads=2,
-                           image_size=8, **kw),
+    backbone=lambda: small_vit(),
+    small=lambda backbone, **kw: MAE(backbone, decoder_dim=16, decoder_depth=1, decoder_heads=2,
+                                     image_size=8, **kw),
 )
 class MAE(SSLMethod):
     """Masked autoencoder.

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from torch import nn
+
 from ssl_lightning.backbones import SmallConvNet, ViT
 
 Family = Literal["contrastive", "non-contrastive", "distillation", "clustering", "masked",
@@ -30,6 +32,18 @@ PROPERTIES = ("micro_batching", "micro_batching_seedless")
 TWO_VIEWS, MULTI_CROP = (8, 8), (8, 8, 4, 4)
 
 T = TypeVar("T", bound=type)
+
+
+def small_convnet() -> SmallConvNet:
+    """The small instances' ConvNet: 2 stages (8, 16 channels) with GroupNorm (float64-friendly,
+    no batch statistics)."""
+    return SmallConvNet((8, 16), norm="group")
+
+
+def small_vit(**kwargs: Any) -> ViT:
+    """The small instances' ViT: 8 px images, 2 px patches (a 4 x 4 grid), width 16, 1 block."""
+    return ViT(**{"image_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 1, "num_heads": 2,
+                  **kwargs})
 
 
 @dataclass(frozen=True)
@@ -55,9 +69,10 @@ class MethodEntry:
         configs: Shipped config file names under ``configs/`` that train this class.
         paper: The paper it implements.
         family: Its family, for listings.
-        views: Crop sides of the views :attr:`small` takes, one per view.
-        small: ``small(**kwargs)``: a small instance (tiny backbone and heads, float64-friendly);
-            ``kwargs`` go to the constructor (``micro_batch_size``, optimiser settings).
+        views: Crop sides of the views the small instance takes, one per view.
+        make: ``make(backbone, **kwargs)``: the small instance on ``backbone`` (small heads,
+            float64-friendly); ``kwargs`` go to the constructor (``micro_batch_size``,
+            optimiser settings). Use :meth:`small`.
         opt_outs: Property name (:data:`PROPERTIES`) -> why this method does not have it.
         docs: The docs page with a heading naming :attr:`title`.
         tests: Its own test file (``tests/methods/...``), which names the class.
@@ -72,11 +87,16 @@ class MethodEntry:
     paper: Paper
     family: Family
     views: tuple[int, ...]
-    small: Callable[..., Any]
+    make: Callable[..., Any]
     opt_outs: Mapping[str, str] = field(default_factory=dict)
     docs: str = "docs/methods.md"
     tests: str = ""
     needs_sample_seeds: bool = False
+    backbone: Callable[[], nn.Module] = small_convnet
+
+    def small(self, backbone: nn.Module | None = None, **kwargs: Any) -> Any:
+        """The small instance, on ``backbone`` (e.g. a ViT for sharding) or its own."""
+        return self.make(self.backbone() if backbone is None else backbone, **kwargs)
 
     def opt_out(self, prop: str) -> str | None:
         """The reason this method opts out of ``prop``, or None."""
@@ -90,7 +110,7 @@ def register_method(
     name: str, *, title: str, configs: tuple[str, ...], paper: Paper, family: Family,
     views: tuple[int, ...], small: Callable[..., Any], tests: str,
     opt_outs: Mapping[str, str] | None = None, docs: str = "docs/methods.md",
-    needs_sample_seeds: bool = False,
+    needs_sample_seeds: bool = False, backbone: Callable[[], nn.Module] = small_convnet,
 ) -> Callable[[T], T]:
     """Class decorator: register the decorated method class under ``name`` (see
     :class:`MethodEntry` for the arguments) and return it unchanged.
@@ -111,7 +131,7 @@ def register_method(
                              f"choose another name for {cls.__name__}.")
         _REGISTRY[name] = MethodEntry(name, cls, title, tuple(configs), paper, family,
                                       tuple(views), small, dict(opt_outs or {}), docs, tests,
-                                      needs_sample_seeds)
+                                      needs_sample_seeds, backbone)
         return cls
 
     return register
@@ -134,15 +154,3 @@ def method_entry(name: str) -> MethodEntry:
     if name not in entries:
         raise KeyError(f"no method registered as {name!r}; registered: {sorted(entries)}.")
     return entries[name]
-
-
-def small_convnet() -> SmallConvNet:
-    """The small instances' ConvNet: 2 stages (8, 16 channels) with GroupNorm (float64-friendly,
-    no batch statistics)."""
-    return SmallConvNet((8, 16), norm="group")
-
-
-def small_vit(**kwargs: Any) -> ViT:
-    """The small instances' ViT: 8 px images, 2 px patches (a 4 x 4 grid), width 16, 1 block."""
-    return ViT(**{"image_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 1, "num_heads": 2,
-                  **kwargs})

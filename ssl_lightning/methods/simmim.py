@@ -36,7 +36,8 @@ from ssl_lightning.training.sample_rng import active_keys
     "simmim", title="SimMIM", configs=("simmim.yaml",),
     paper=Paper("SimMIM: A Simple Framework for Masked Image Modeling", 2022, "2111.09886"),
     family="masked", views=(8,), tests="tests/methods/test_simmim_aim.py",
-    small=lambda **kw: SimMIM(small_vit(mask_token=True), mask_patch_size=4, image_size=8, **kw),
+    backbone=lambda: small_vit(mask_token=True),
+    small=lambda backbone, **kw: SimMIM(backbone, mask_patch_size=4, image_size=8, **kw),
 )
 class SimMIM(SSLMethod):
     """Masked image modelling with mask tokens, a linear decoder and an ℓ1 pixel loss.

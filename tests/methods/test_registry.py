@@ -24,6 +24,7 @@ from ssl_lightning.methods.registry import (
     method_entries,
     method_entry,
     register_method,
+    small_vit,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,10 +38,14 @@ def _config_class(path: Path) -> str:
 
 
 def test_every_registered_method_ships_its_configs() -> None:
-    missing = [f"{e.name}: configs/{name} ({'absent' if not (ROOT / 'configs' / name).is_file() else 'trains ' + _config_class(ROOT / 'configs' / name)})"
-               for e in ENTRIES for name in e.configs
-               if not (ROOT / "configs" / name).is_file()
-               or _config_class(ROOT / "configs" / name) != e.cls.__name__]
+    missing = []
+    for e in ENTRIES:
+        for name in e.configs:
+            path = ROOT / "configs" / name
+            if not path.is_file():
+                missing.append(f"{e.name}: configs/{name} is absent")
+            elif _config_class(path) != e.cls.__name__:
+                missing.append(f"{e.name}: configs/{name} trains {_config_class(path)}")
     assert not missing, f"configs missing or training another class: {missing}"
     assert all(e.configs for e in ENTRIES), [e.name for e in ENTRIES if not e.configs]
     registered = {e.cls.__name__: e for e in ENTRIES}
@@ -80,9 +85,9 @@ def test_every_exported_method_class_is_registered() -> None:
                               if cls not in registered and name not in BASES)
         assert not unregistered, f"{module.__name__} exports unregistered methods: {unregistered}"
     expected = BASES | {e.cls.__name__ for e in ENTRIES}
-    assert set(ssl_lightning.methods.__all__) == expected, (
-        f"ssl_lightning.methods.__all__ lacks {sorted(expected - set(ssl_lightning.methods.__all__))}"
-        f", has unregistered {sorted(set(ssl_lightning.methods.__all__) - expected)}")
+    exported = set(ssl_lightning.methods.__all__)
+    assert exported == expected, (f"methods.__all__ lacks {sorted(expected - exported)}, has "
+                                  f"unregistered {sorted(exported - expected)}")
 
 
 def test_each_method_is_registered_once_under_its_file_name() -> None:
@@ -109,13 +114,15 @@ def test_docs_index_links_every_method_page() -> None:
 def test_every_small_instance_builds_an_instance_of_its_class() -> None:
     for e in ENTRIES:
         assert type(e.small()) is e.cls, e.name
+        vit = small_vit(mask_token=True, num_registers=1)
+        assert e.small(backbone=vit).backbone is vit, e.name
         assert all(isinstance(size, int) and size > 0 for size in e.views), e.name
 
 
 def test_registration_refuses_a_taken_name_and_an_opt_out_without_reason() -> None:
     def entry_args(**changes: object) -> dict:
         args = dict(title="X", configs=(), paper=Paper("X", 2020), family="contrastive",
-                    views=(8, 8), small=lambda **kw: None, tests="")
+                    views=(8, 8), small=lambda backbone, **kw: None, tests="")
         return {**args, **changes}
 
     with pytest.raises(ValueError, match="'simclr' is registered by SimCLR"):
