@@ -25,9 +25,10 @@ from ssl_lightning.backbones import SmallConvNet, ViT
 
 Family = Literal["contrastive", "non-contrastive", "distillation", "clustering", "masked",
                  "predictive"]
-#: The guarantees ``tests/properties/`` checks for every registered method; a method opts out of
-#: one only with a reason (:attr:`MethodEntry.opt_outs`).
-PROPERTIES = ("micro_batching", "micro_batching_seedless")
+#: The guarantees checked for every registered method (``tests/properties/``; sharded = DDP = one
+#: process: ``tests/distributed/test_sharded_training.py``); a method opts out of one only with
+#: a reason (:attr:`MethodEntry.opt_outs`).
+PROPERTIES = ("micro_batching", "micro_batching_seedless", "sharded_equals_ddp")
 #: Crop sides of two 8 px views, and of 2 global 8 px + 2 local 4 px crops.
 TWO_VIEWS, MULTI_CROP = (8, 8), (8, 8, 4, 4)
 
