@@ -76,9 +76,11 @@ class MethodEntry:
             optimiser settings). Use :meth:`small`.
         opt_outs: Property name (:data:`PROPERTIES`) -> why this method does not have it.
         docs: The docs page with a heading naming :attr:`title`.
-        tests: Its own test file (``tests/methods/...``), which names the class.
+        tests: Its own test file (under ``tests/``), which names the class.
         needs_sample_seeds: The loss reads dataset indices from the batches' sample seeds
             (batches without seeds are refused).
+        backbone: The small instance's default backbone factory (:func:`small_convnet` unless
+            the method needs a ViT, :func:`small_vit`).
     """
 
     name: str
