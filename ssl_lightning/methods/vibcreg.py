@@ -21,6 +21,7 @@ from ssl_lightning.methods.vicreg import VICReg
                 "Self-Supervised Learning on Time Series",
                 2021, "2109.00783"),
     family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_more_methods.py",
+    # IterNorm, like BatchNorm, normalises each micro-batch by its own statistics: off here.
     small=lambda backbone, **kw: VIbCReg(backbone, expander_hidden_dim=16, expander_dim=16,
                                          head_batch_norm=False, iternorm=False,
                                          covariance_weight=1.0, **kw),
