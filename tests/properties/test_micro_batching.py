@@ -97,11 +97,6 @@ def reference(runs: dict[tuple[str, bool], dict], entry: MethodEntry, seeded: bo
     return runs[entry.name, seeded]
 
 
-def data_kind(entry: MethodEntry) -> bool:
-    """Whether the naive-accumulation check feeds sample seeds (only where the loss needs them)."""
-    return entry.needs_sample_seeds
-
-
 @pytest.mark.parametrize("seeded", list(SEEDS.values()), ids=list(SEEDS))
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
 def test_micro_batches_equal_the_whole_batch(entry: MethodEntry, seeded: bool,
@@ -129,7 +124,7 @@ def test_methods_that_need_sample_seeds_refuse_batches_without_them(entry: Metho
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
 def test_naive_accumulation_changes_coupled_losses_and_warns(entry: MethodEntry,
                                                              whole_batch: dict) -> None:
-    seeded = data_kind(entry)
+    seeded = entry.needs_sample_seeds  # batches without seeds where the method allows them
     if entry.small().min_global_batch > 2:  # e.g. W-MSE: one whitening sub-batch of 4
         with pytest.raises(ValueError, match="global batch"):
             fit(entry, seeded, 2, None, accumulate_grad_batches=4)
