@@ -141,3 +141,16 @@ def test_opt_outs_carry_reasons() -> None:
     for e in ENTRIES:
         for prop, reason in e.opt_outs.items():
             assert isinstance(e, MethodEntry) and len(reason.split()) >= 5, (e.name, prop)
+
+
+def test_every_registered_method_builds_in_the_resume_harness() -> None:
+    """``tests/resume_harness.py`` takes every registered method (its small instance on views of
+    its registry crop sizes) unless a tuned instance of the same name replaces it."""
+    import resume_harness
+
+    for e in ENTRIES:
+        model = resume_harness.METHODS[e.name]()
+        assert type(model) is e.cls, e.name
+        views = resume_harness.transform(e.name, model)
+        if e.name not in resume_harness.TUNED:
+            assert views.num_views == len(e.views), e.name
