@@ -227,6 +227,20 @@ def fit_and_dump(
         ]
 
 
+def max_relative_difference(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> float:
+    """Largest ``‖a − e‖ / ‖e‖`` over the floating-point tensors of two state dicts (the others
+    must be equal)."""
+    assert set(actual) == set(expected)
+    worst = 0.0
+    for key, e in expected.items():
+        if e.is_floating_point() and e.numel():
+            norm = float(torch.linalg.vector_norm(e.double())) or 1.0
+            worst = max(worst, float(torch.linalg.vector_norm((actual[key] - e).double())) / norm)
+        else:
+            assert torch.equal(actual[key], e), key
+    return worst
+
+
 def assert_states_close(actual: Any, expected: Any, atol: float = 1e-6, path: str = "") -> None:
     """Recursively assert that two nested states are equal (tensors to ``atol``, rtol 0)."""
     if isinstance(expected, Tensor):

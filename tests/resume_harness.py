@@ -16,6 +16,10 @@ continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and
 sends SIGTERM then). Each job ``torch.save``s its final state to ``out``: model, optimizer and
 scheduler states, callback states (online probe), the last logged metrics and the global step.
 Every fit calls ``seed_everything(0)`` first, as the CLI does.
+
+``method`` is any registered method (``ssl_lightning/methods/registry.py``: its small instance
+on views of its registry crop sizes) or a name of :data:`TUNED` (instances tuned for a resume
+check of their own, on 16 px views, and the known-bad variants); a tuned name wins.
 """
 
 from __future__ import annotations
@@ -65,9 +69,12 @@ from ssl_lightning.methods import (
     SwAV,
     VICReg,
 )
+from ssl_lightning.methods.registry import method_entries, method_entry
 
-SIZE = 16  # crop side of the training views
+SIZE = 16  # crop side of the training views of the tuned instances
 OPT = dict(optimizer="sgd", lr=0.3, lr_scaling="none", warmup_epochs=0.5, image_size=SIZE)
+#: The registered small instances' settings (their own image size).
+REGISTERED_OPT = {k: v for k, v in OPT.items() if k != "image_size"}
 
 
 def _net() -> SmallConvNet:
@@ -109,7 +116,9 @@ class _UnsavedGroupsSMoG(SMoG):
         checkpoint["state_dict"]["groups"].copy_(self.groups)
 
 
-METHODS: dict[str, Callable[[], pl.LightningModule]] = {
+#: Instances tuned for a resume check of their own (BatchNorm heads, stochastic depth, schedules
+#: that cross an epoch) and the known-bad variants.
+TUNED: dict[str, Callable[[], pl.LightningModule]] = {
     "simclr": lambda: SimCLR(_net(), projection_hidden_dim=8, projection_dim=4,
                              head_batch_norm=True, **OPT),
     "moco_v2": lambda: MoCoV2(_net(), projection_hidden_dim=8, projection_dim=4, queue_size=8,
@@ -168,10 +177,33 @@ METHODS: dict[str, Callable[[], pl.LightningModule]] = {
     "linear": lambda: LinearEval(_net(), num_classes=2, checkpoint="random", lr=0.1,
                                  lr_scaling="none", warmup_epochs=0.5, image_size=SIZE),
 }
+METHODS: dict[str, Callable[[], pl.LightningModule]] = {
+    **{entry.name: lambda entry=entry: entry.small(**REGISTERED_OPT)
+       for entry in method_entries()},
+    **TUNED,
+}
 
 
-def transform(method: str) -> MultiViewTransform:
+def registry_views(sizes: tuple[int, ...], weak_views: int = 0) -> MultiViewTransform:
+    """Random views of a registry entry's crop sizes: equal sizes (the last ``weak_views`` of
+    them weak, ReSSL's), 2 global + local crops, or DINOv3's 2 global + local + 2 Gram-teacher
+    crops."""
+    if len(set(sizes)) == 1:
+        return SimCLRViews("cifar", num_views=len(sizes) - weak_views, crop_size=sizes[0],
+                           weak_views=weak_views)
+    local = [size for size in sizes[2:] if size < sizes[0]]
+    gram = [size for size in sizes[2:] if size > sizes[0]]
+    if gram:
+        return GramCropViews(gram_size=gram[0], global_size=sizes[0], num_local_crops=len(local),
+                             local_size=local[0])
+    return MultiCropViews("dino", "cifar", num_local_crops=len(local), global_size=sizes[0],
+                          local_size=local[0])
+
+
+def transform(method: str, model: pl.LightningModule) -> MultiViewTransform:
     """The method's own kind of views (random), small."""
+    if method not in TUNED:
+        return registry_views(method_entry(method).views, model.hparams.get("weak_views", 0))
     if method in ("dino", "swav", "ibot_vit", "msn", "pmsn",
                   "deepcluster_v2", "deepcluster_v2_unsaved"):
         return MultiCropViews("swav" if method == "swav" else "dino", "cifar", num_local_crops=2,
@@ -216,7 +248,7 @@ def run(job: dict[str, Any]) -> None:
         f"{root}/train", f"{root}/test", preset="cifar", batch_size=4, num_workers=job["workers"],
         prefetch_factor=2, eval_batch_size=12, device_transform=device,
         batched_views_on=job.get("views_on", "auto"),
-        train_transform=None if device is not None else transform(job["method"]), **cache)
+        train_transform=None if device is not None else transform(job["method"], model), **cache)
     callbacks: list[pl.Callback] = []
     if job["method"] != "linear":
         callbacks += [OnlineProbe(lr=0.2), KNNCallback(k=3)]

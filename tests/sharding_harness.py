@@ -1,13 +1,16 @@
 """Sharded (FSDP2) training of the methods: one 2-process spawn running many checks.
 
-Every method class that ``ssl_lightning.methods`` exports is in :data:`METHODS` or in
-:data:`NOT_IN_HARNESS` with its reason (``tests/distributed/test_sharded_training.py`` checks it).
+:data:`METHODS` is every registered method (``ssl_lightning/methods/registry.py``) that does not
+opt out of ``sharded_equals_ddp`` (none does today), as its registry small instance on a ViT
+(the ConvNet methods get :func:`~ssl_lightning.methods.registry.small_vit`; FSDP2 shards its
+blocks) with the harness's :data:`SETTINGS`, plus the :data:`VARIANTS` that check something of
+their own.
 
 :func:`run_all` spawns 2 CPU processes. Before joining a process group, rank r fits the
 single-process references (the global batch of 8 on one process) of every other method; then
 both join one gloo group and every method is fitted with Lightning's DDP and with
 :class:`~ssl_lightning.sharding.ShardedStrategy` inside that group (the product matrix's trick:
-one start-up for all fits). Tiny ViTs (depth 1, width 16, 16 px), 24 precomputed samples (3
+one start-up for all fits). Tiny ViTs (depth 1, width 16, 8 px), 24 precomputed samples (3
 optimiser steps of 4 per rank), float64 through ``torch.set_default_dtype`` (Lightning refuses
 ``precision="64-true"`` for ``ModelParallelStrategy``; under ``32-true`` a float64 model and
 float64 data stay float64). Every sample carries its seed (:class:`KeyedViews`, as the data
@@ -44,49 +47,12 @@ from torch.utils.data import DistributedSampler, Subset
 import ssl_lightning.callbacks.ema as ema_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.data import GramCropViews, ImageFolderDataModule, SimCLRViews
-from ssl_lightning.methods import (
-    AIM,
-    BYOL,
-    DCL,
-    DINO,
-    IBOT,
-    IJEPA,
-    MAE,
-    MMCR,
-    MSN,
-    NNBYOL,
-    NNCLR,
-    PMSN,
-    WMSE,
-    All4One,
-    BarlowTwins,
-    DeepClusterV2,
-    DINOv2,
-    DINOv3,
-    DirectCLR,
-    Distillation,
-    FastSiam,
-    LeJEPA,
-    MoCoV2,
-    MoCoV2Plus,
-    MoCoV3,
-    NNSiam,
-    ReSSL,
-    SimCLR,
-    SimMIM,
-    SimSiam,
-    SMoG,
-    SupCon,
-    SwAV,
-    TiCo,
-    VIbCReg,
-    VICReg,
-)
+from ssl_lightning.methods import BYOL, DINOv3, SimCLR, VIbCReg
+from ssl_lightning.methods.registry import method_entries, method_entry, small_convnet, small_vit
 from ssl_lightning.sharding import ShardedStrategy
 
 SAMPLES, BATCH, WORLD, STEPS = 24, 4, 2, 3
-OPT = dict(lr_scaling="none", warmup_epochs=0, image_size=16)
-HEAD = dict(projection_hidden_dim=16, projection_dim=8, head_batch_norm=False)
+OPT = dict(lr_scaling="none", warmup_epochs=0)
 DINO_HEAD = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8,
                  warmup_teacher_temperature_epochs=0, momentum_base=0.9)
 MIM = dict(shared_head=False, patch_out_dim=24, mask_probability=0.5, num_local_crops=1)
@@ -114,79 +80,37 @@ def vit(**kwargs: Any) -> ViT:
                   "num_heads": 2, **kwargs})
 
 
-#: Exported method classes that are not in :data:`METHODS`, and why.
-NOT_IN_HARNESS = {
-    "SSLMethod": "the base class of every method; it has no loss of its own",
-    "MomentumMethod": "the base class of the EMA-teacher methods; it has no loss of its own",
+#: Harness settings added to a registered method's small instance: no shuffled BatchNorm (a
+#: collective of its own), DINOv3 with SGD (above), Distillation without mixup (it pairs samples
+#: by sampler position, the queue holds the gathered rank-major order, and no one-process order
+#: matches both; tests/distributed/test_distillation_ddp.py covers mixup).
+SETTINGS: dict[str, dict[str, Any]] = {
+    "moco_v2": dict(shuffle_bn=False),
+    "moco_v2_plus": dict(shuffle_bn=False),
+    "dinov3": DINOV3_SGD,
+    "distillation": dict(mixup=False),
 }
 
-METHODS: dict[str, Callable[[], pl.LightningModule]] = {
-    "simclr": lambda: SimCLR(vit(), **HEAD, **OPT),
-    "dcl": lambda: DCL(vit(), **HEAD, **OPT),
-    "supcon": lambda: SupCon(vit(), **HEAD, **OPT),
-    "nnclr": lambda: NNCLR(vit(), **HEAD, predictor_hidden_dim=16, queue_size=16, **OPT),
-    "moco_v2": lambda: MoCoV2(vit(), projection_hidden_dim=16, projection_dim=8, queue_size=16,
-                              shuffle_bn=False, momentum_base=0.9, **OPT),
-    "moco_v3": lambda: MoCoV3(vit(), **HEAD, momentum_base=0.9, **OPT),
-    "byol": lambda: BYOL(vit(), projection_hidden_dim=16, projection_dim=8,
-                         head_batch_norm=False, momentum_base=0.9, **OPT),
-    "simsiam": lambda: SimSiam(vit(), **HEAD, predictor_hidden_dim=4, **OPT),
-    "barlow_twins": lambda: BarlowTwins(vit(), **HEAD, **OPT),
-    "vicreg": lambda: VICReg(vit(), expander_hidden_dim=16, expander_dim=8,
-                             head_batch_norm=False, **OPT),
-    "swav": lambda: SwAV(vit(), **HEAD, num_prototypes=6, freeze_prototypes_steps=1, **OPT),
-    "dino": lambda: DINO(vit(), **DINO_HEAD, **OPT),
-    "ibot": lambda: IBOT(vit(mask_token=True), **DINO_HEAD, **MIM, **OPT),
-    "dinov2": lambda: DINOv2(vit(mask_token=True, num_registers=1), **DINO_HEAD, **MIM, **OPT),
-    "mae": lambda: MAE(vit(patch_size=2), decoder_dim=16, decoder_depth=1, decoder_heads=2,
-                       **OPT),
-    "ijepa": lambda: IJEPA(vit(patch_size=2, pool="mean"), predictor_dim=16, predictor_depth=1,
-                           predictor_heads=2, momentum_base=0.9, **OPT),
-    "moco_v2_plus": lambda: MoCoV2Plus(vit(), projection_hidden_dim=16, projection_dim=8,
-                                       queue_size=16, shuffle_bn=False, momentum_base=0.9, **OPT),
-    "fastsiam": lambda: FastSiam(vit(), num_views=3, **HEAD, predictor_hidden_dim=4, **OPT),
-    "nnsiam": lambda: NNSiam(vit(), **HEAD, predictor_hidden_dim=4, queue_size=16, **OPT),
-    "nnbyol": lambda: NNBYOL(vit(), **HEAD, momentum_base=0.9, queue_size=16, **OPT),
-    "directclr": lambda: DirectCLR(vit(), loss_dim=8, **OPT),
-    "ibot_plus_plus": lambda: IBOT(vit(mask_token=True), **DINO_HEAD, **MIM,
-                                   patch_visible_weight=0.5, **OPT),
-    "lejepa": lambda: LeJEPA(vit(), **HEAD, num_slices=16, **OPT),
-    "tico": lambda: TiCo(vit(), **HEAD, momentum_base=0.9, **OPT),
-    "mmcr": lambda: MMCR(vit(), **HEAD, **OPT),
-    "wmse": lambda: WMSE(vit(), projection_hidden_dim=16, projection_dim=3,
-                         head_batch_norm=False, whitening_size=4, **OPT),
-    # Loss weights 1: LARS and the recipe's weights (25, 25, 200) amplify summation-order noise
-    # past the bound (1.8e-9; one process with each batch reversed already differs by 5.4e-10).
-    "vibcreg": lambda: VIbCReg(vit(), expander_hidden_dim=16, expander_dim=8,
-                               head_batch_norm=False, iternorm_groups=2, invariance_weight=1.0,
-                               variance_weight=1.0, covariance_weight=1.0, **OPT),
-    # Gram teacher snapshots at steps 0 and 1 (then frozen), run on 32 px crops whose 8x8 patch
-    # features are resized to the student's 4x4 grid.
-    "dinov3": lambda: DINOv3(vit(mask_token=True, num_registers=1), **DINO_HEAD, **MIM,
-                             patch_hidden_dim=12, patch_bottleneck_dim=6, gram_start_step=0,
-                             gram_refresh_every=1, gram_max_refreshes=1,
-                             **OPT, **DINOV3_SGD),
-    # A frozen ViT teacher, sharded like the student: the queue KL and the patch-similarity KL.
-    # No mixup: it pairs samples by sampler position, the queue holds the gathered (rank-major)
-    # order, and no one-process order matches both (tests/distributed/test_distillation_ddp.py
-    # covers mixup).
-    "distillation": lambda: Distillation(vit(), teacher=vit(embed_dim=24), queue_size=16,
-                                         head_hidden_dim=16, mixup=False, **OPT),
-    "simmim": lambda: SimMIM(vit(mask_token=True), mask_patch_size=8, **OPT),
-    "aim": lambda: AIM(vit(pool="mean"), head_hidden_dim=16, head_layers=2, **OPT),
-    "msn": lambda: MSN(vit(), projection_hidden_dim=16, projection_dim=8, num_prototypes=6,
-                       head_batch_norm=False, mask_ratio=0.25, momentum_base=0.9, **OPT),
-    "pmsn": lambda: PMSN(vit(), projection_hidden_dim=16, projection_dim=8, num_prototypes=6,
-                         head_batch_norm=False, mask_ratio=0.25, momentum_base=0.9, **OPT),
-    "ressl": lambda: ReSSL(vit(), **HEAD, queue_size=16, momentum_base=0.9, **OPT),
-    "all4one": lambda: All4One(vit(), **HEAD, predictor_hidden_dim=8, queue_size=16,
-                               neighbours=3, transformer_layers=1, transformer_heads=2,
-                               momentum_base=0.9, **OPT),
-    "deepcluster_v2": lambda: DeepClusterV2(vit(), **HEAD, num_prototypes=(5, 3),
-                                            kmeans_iterations=3, **OPT),
-    "smog": lambda: SMoG(vit(), **HEAD, num_groups=4, reset_every=2, queue_size=16,
-                         kmeans_iterations=3, momentum_base=0.9, **OPT),
+
+def _registered(name: str) -> Callable[[], pl.LightningModule]:
+    entry = method_entry(name)
+    backbone = small_vit if entry.backbone is small_convnet else entry.backbone
+    return lambda: entry.small(backbone(), **OPT, **SETTINGS.get(name, {}))
+
+
+#: Variants beyond the registry's small instances, with their views.
+VARIANTS: dict[str, tuple[Callable[[], pl.LightningModule], tuple[int, ...]]] = {
+    "ibot_plus_plus": (lambda: method_entry("ibot").small(patch_visible_weight=0.5, **OPT),
+                       method_entry("ibot").views),
+    # IterNorm on, loss weights 1: LARS and the recipe's weights (25, 25, 200) amplify
+    # summation-order noise past the bound (1.8e-9; one process with each batch reversed
+    # already differs by 5.4e-10).
+    "vibcreg_iternorm": (lambda: VIbCReg(small_vit(), expander_hidden_dim=16, expander_dim=8,
+                                         head_batch_norm=False, iternorm_groups=2,
+                                         invariance_weight=1.0, variance_weight=1.0,
+                                         covariance_weight=1.0, **OPT), (8, 8)),
 }
+
 #: Methods with BatchNorm in their heads, outside the one-process comparison (each process
 #: normalises its own batch): sharded must hold DDP's running statistics on every rank (rank 0's
 #: buffers broadcast before each step) and save rank 0's, as DDP's checkpoint does.
@@ -197,19 +121,15 @@ BATCHNORM: dict[str, Callable[[], pl.LightningModule]] = {
                             head_batch_norm=True, momentum_base=0.9, **OPT),
 }
 
-#: Views of a method when they are not two 16 px views.
+METHODS: dict[str, Callable[[], pl.LightningModule]] = {
+    **{entry.name: _registered(entry.name) for entry in method_entries()
+       if entry.opt_out("sharded_equals_ddp") is None},
+    **{name: make for name, (make, _) in VARIANTS.items()},
+}
+#: The views of each method: its registry entry's, or its variant's.
 VIEWS: dict[str, tuple[int, ...]] = {
-    **{name: (16, 16, 8) for name in ("dino", "swav", "ibot", "dinov2", "ibot_plus_plus",
-                                      "lejepa")},
-    "fastsiam": (16, 16, 16),
-    "mmcr": (16, 16, 16),
-    "dinov3": (16, 16, 8, 32, 32),
-    "msn": (16, 16, 8),
-    "deepcluster_v2": (16, 16, 8),
-    "pmsn": (16, 16, 8),
-    "simmim": (16,),
-    "aim": (16,),
-    "distillation": (16,),
+    **{entry.name: entry.views for entry in method_entries()},
+    **{name: views for name, (_, views) in VARIANTS.items()},
 }
 
 
@@ -256,15 +176,15 @@ RESUMED = ("dino", "dinov3_gram", "distillation")
 
 
 def _resume_method(name: str) -> tuple[pl.LightningModule, Any]:
-    """Method ``name`` of :data:`RESUMED` and its random views (16 px; DINOv3's Gram-teacher
-    crops at 32 px)."""
+    """Method ``name`` of :data:`RESUMED` and its random views (8 px for the registered small
+    instances; DINOv3's: 16 px, its Gram-teacher crops at 32 px)."""
     if name in ("dino", "distillation"):
-        return make_method(name), SimCLRViews("cifar", crop_size=16,
+        return make_method(name), SimCLRViews("cifar", crop_size=8,
                                               num_views=2 if name == "dino" else 1)
     torch.manual_seed(0)
     model = DINOv3(vit(mask_token=True), **DINO_HEAD, **MIM, patch_hidden_dim=12,
                    patch_bottleneck_dim=6, gram_start_step=1, gram_refresh_every=2,
-                   gram_max_refreshes=1, **OPT)
+                   gram_max_refreshes=1, image_size=16, **OPT)
     return model, GramCropViews(gram_size=32, global_size=16, num_local_crops=1, local_size=8)
 
 

@@ -24,23 +24,15 @@ OUR_BACKBONES = {
 
 
 def method_rows() -> list[tuple[str, str]]:
-    """Each method with its paper (the first comment line of its config) and its configs."""
-    import ssl_lightning
-    from ssl_lightning.methods import SSLMethod
+    """Each registered method (:mod:`ssl_lightning.methods.registry`) by class name, with its
+    display name, family, paper and shipped configs."""
+    from ssl_lightning.methods.registry import method_entries
 
-    configs: dict[str, list[Path]] = {}
-    for path, model in config_models():
-        configs.setdefault(model, []).append(path)
     rows = []
-    for name in sorted(ssl_lightning.__all__, key=str.lower):
-        cls = getattr(ssl_lightning, name)
-        if not (isinstance(cls, type) and issubclass(cls, SSLMethod)) or cls.__module__.endswith(
-                (".base", ".momentum")):
-            continue
-        shipped = configs.get(name, [])
-        summary = first_comment(shipped[0]) if shipped else (cls.__doc__ or "").strip()
-        names = ", ".join(f"--config {path.stem}" for path in shipped) or "no config"
-        rows.append((name, f"{summary.splitlines()[0] if summary else ''} [{names}]"))
+    for entry in sorted(method_entries(), key=lambda e: e.cls.__name__.lower()):
+        configs = ", ".join(f"--config {Path(name).stem}" for name in entry.configs)
+        rows.append((entry.cls.__name__,
+                     f"{entry.title} ({entry.family}): {entry.paper} [{configs or 'no config'}]"))
     return rows
 
 

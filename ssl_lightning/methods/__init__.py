@@ -1,4 +1,9 @@
-"""Self-supervised methods, each a LightningModule derived from SSLMethod."""
+"""Self-supervised methods, each a LightningModule derived from SSLMethod.
+
+Each method file registers its class (:func:`~ssl_lightning.methods.registry.register_method`)
+when imported here; ``tests/methods/test_registry.py`` checks that ``__all__`` is the two base
+classes and exactly the registered methods.
+"""
 
 from ssl_lightning.methods.aim import AIM
 from ssl_lightning.methods.all4one import All4One

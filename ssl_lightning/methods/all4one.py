@@ -27,10 +27,22 @@ from ssl_lightning.distributed import all_reduce_sum_with_grad
 from ssl_lightning.heads import NeighbourTransformer, PredictionHead
 from ssl_lightning.losses import All4OneLoss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 from ssl_lightning.training.support_set import NearestNeighbourSupport
 
 
+@register_method(
+    "all4one", title="All4One", configs=("all4one.yaml",),
+    paper=Paper("All4One: Symbiotic Neighbour Contrastive Learning "
+                "via Self-Attention and Redundancy Reduction",
+                2023, "2303.09417"),
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_relational_methods.py",
+    small=lambda backbone, **kw: All4One(backbone, projection_hidden_dim=16, projection_dim=8,
+                                         head_batch_norm=False, predictor_hidden_dim=8,
+                                         queue_size=16, neighbours=3, transformer_layers=1,
+                                         transformer_heads=2, momentum_base=0.9, **kw),
+)
 class All4One(MomentumMethod):
     """All4One.
 

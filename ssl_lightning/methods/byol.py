@@ -18,9 +18,18 @@ from torch import Tensor, nn
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import BYOLLoss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
 
+@register_method(
+    "byol", title="BYOL", configs=("byol.yaml",),
+    paper=Paper("Bootstrap Your Own Latent: A New Approach to Self-Supervised Learning",
+                2020, "2006.07733"),
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    small=lambda backbone, **kw: BYOL(backbone, projection_hidden_dim=16, projection_dim=8,
+                                      head_batch_norm=False, momentum_base=0.9, **kw),
+)
 class BYOL(MomentumMethod):
     """BYOL.
 

@@ -9,9 +9,18 @@ from typing import Any
 from torch import nn
 
 from ssl_lightning.losses import DCLLoss
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.methods.simclr import SimCLR
 
 
+@register_method(
+    "dcl", title="DCL", configs=("dcl.yaml",),
+    paper=Paper("Decoupled Contrastive Learning", 2022, "2110.06848"),
+    family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
+    tests="tests/methods/test_renamed_arguments.py",
+    small=lambda backbone, **kw: DCL(backbone, projection_hidden_dim=16, projection_dim=8,
+                                     head_batch_norm=False, **kw),
+)
 class DCL(SimCLR):
     """DCL / DCLW: :class:`SimCLR` with :class:`DCLLoss` in place of NT-Xent.
 

@@ -41,6 +41,7 @@ from ssl_lightning.data.seeding import sample_indices, sample_seed
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
 from ssl_lightning.sharding import copy_full
 from ssl_lightning.training.sample_rng import keyed_forward
 from ssl_lightning.training.train_set_pass import epoch0_batches, train_mode_unchanged_state
@@ -48,6 +49,19 @@ from ssl_lightning.training.train_set_pass import epoch0_batches, train_mode_unc
 CROPS_FOR_ASSIGN = 2
 
 
+@register_method(
+    "deepcluster_v2", title="DeepCluster v2", configs=("deepcluster_v2.yaml",),
+    paper=Paper("Unsupervised Learning of Visual Features by Contrasting Cluster Assignments",
+                2020, "2006.09882"),
+    family="clustering", views=MULTI_CROP, tests="tests/methods/test_deepcluster_v2.py",
+    needs_sample_seeds=True,
+    opt_outs={"micro_batching_seedless": (
+        "its loss reads each sample's dataset index from the batch's sample seeds, "
+        "and batches without them are refused before the first step")},
+    small=lambda backbone, **kw: DeepClusterV2(backbone, projection_hidden_dim=16,
+                                               projection_dim=8, head_batch_norm=False,
+                                               num_prototypes=(6, 4), kmeans_iterations=3, **kw),
+)
 class DeepClusterV2(SSLMethod):
     """DeepCluster v2 with multi-crop batches ``[global_1, global_2, local_1, ...]``.
 

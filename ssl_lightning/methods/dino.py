@@ -22,12 +22,21 @@ from ssl_lightning.backbones.vit import DropPath
 from ssl_lightning.heads import DINOHead
 from ssl_lightning.losses import DINOLoss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
 from ssl_lightning.optim import epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
 
 ClipMode = Literal["per_parameter", "per_module"]
 
 
+@register_method(
+    "dino", title="DINO", configs=("dino.yaml",),
+    paper=Paper("Emerging Properties in Self-Supervised Vision Transformers", 2021, "2104.14294"),
+    family="distillation", views=MULTI_CROP, tests="tests/methods/test_dino.py",
+    small=lambda backbone, **kw: DINO(backbone, head_out_dim=12, head_hidden_dim=16,
+                                      head_bottleneck_dim=8, clip_grad=0.05, momentum_base=0.9,
+                                      warmup_teacher_temperature_epochs=0, **kw),
+)
 class DINO(MomentumMethod):
     """DINO self-distillation with multi-crop.
 

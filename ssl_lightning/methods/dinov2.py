@@ -23,10 +23,22 @@ from torch import Tensor, nn
 from ssl_lightning.losses import KoLeoLoss
 from ssl_lightning.losses.centering import Centering
 from ssl_lightning.methods.ibot import IBOT
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 
 KoLeoScope = Literal["global", "local"]
 
 
+@register_method(
+    "dinov2", title="DINOv2", configs=("dinov2.yaml",),
+    paper=Paper("DINOv2: Learning Robust Visual Features without Supervision", 2024, "2304.07193"),
+    family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot_dinov2.py",
+    docs="docs/ibot_dinov2.md",
+    backbone=lambda: small_vit(mask_token=True, num_registers=1),
+    small=lambda backbone, **kw: DINOv2(backbone, head_out_dim=12, head_hidden_dim=16,
+                                        head_bottleneck_dim=8, momentum_base=0.9,
+                                        warmup_teacher_temperature_epochs=0, shared_head=False,
+                                        patch_out_dim=12, num_local_crops=1, image_size=8, **kw),
+)
 class DINOv2(IBOT):
     """DINOv2 self-distillation: DINO + iBOT losses, Sinkhorn centring, KoLeo.
 

@@ -29,6 +29,7 @@ from ssl_lightning.losses import GramLoss
 from ssl_lightning.losses.gram import ClampNegatives
 from ssl_lightning.methods.dino import ClipMode
 from ssl_lightning.methods.dinov2 import DINOv2
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName, cosine_ramp
 from ssl_lightning.training.ema import Schedule
 from ssl_lightning.training.gram_teacher import GramTeacher
@@ -38,6 +39,20 @@ from ssl_lightning.training.step_rng import step_seed
 GramTokens = Literal["all", "masked", "unmasked"]
 
 
+@register_method(
+    "dinov3", title="DINOv3", configs=("dinov3.yaml", "dinov3_continue.yaml"),
+    paper=Paper("DINOv3", 2025, "2508.10104"),
+    family="distillation", views=(8, 8, 4, 16, 16), tests="tests/training/test_gram_teacher.py",
+    docs="docs/dinov3.md",
+    backbone=lambda: small_vit(mask_token=True, num_registers=1),
+    small=lambda backbone, **kw: DINOv3(backbone, head_out_dim=12, head_hidden_dim=16,
+                                        head_bottleneck_dim=8, momentum_base=0.9,
+                                        warmup_teacher_temperature_epochs=0, shared_head=False,
+                                        patch_out_dim=12, num_local_crops=1, patch_hidden_dim=12,
+                                        patch_bottleneck_dim=6, gram_start_step=0,
+                                        gram_refresh_every=1, gram_max_refreshes=1, image_size=8,
+                                        **kw),
+)
 class DINOv3(DINOv2):
     """DINOv2 with DINOv3's schedules and Gram anchoring.
 

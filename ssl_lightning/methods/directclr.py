@@ -17,8 +17,16 @@ from torch import Tensor, nn
 
 from ssl_lightning.losses import NTXentLoss
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 
 
+@register_method(
+    "directclr", title="DirectCLR", configs=("directclr.yaml",),
+    paper=Paper("Understanding Dimensional Collapse in Contrastive Self-supervised Learning",
+                2022, "2110.09348"),
+    family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_more_methods_losses.py",
+    small=lambda backbone, **kw: DirectCLR(backbone, loss_dim=8, **kw),
+)
 class DirectCLR(SSLMethod):
     """DirectCLR.
 

@@ -34,6 +34,7 @@ from ssl_lightning.backbones.tokens import layout
 from ssl_lightning.heads.mlp import build_mlp
 from ssl_lightning.losses.distillation import VARIANTS, DistillationLoss, Variant
 from ssl_lightning.methods.base import Batch, SSLMethod
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import LRScaling, OptimizerName
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.sharding import full_state_dict
@@ -44,6 +45,16 @@ from ssl_lightning.training.step_rng import step_seed
 FINGERPRINT_KEY = "teacher_fingerprint"
 
 
+@register_method(
+    "distillation", title="Distillation", configs=("distillation.yaml", "distillation_timm.yaml"),
+    paper=Paper("Distilling the Knowledge in a Neural Network", 2015, "1503.02531"),
+    family="distillation", views=(8,), tests="tests/methods/test_distillation.py",
+    docs="docs/distillation.md",
+    backbone=lambda: small_vit(),
+    small=lambda backbone, **kw: Distillation(backbone, teacher=small_vit(embed_dim=24),
+                                              queue_size=16, head_hidden_dim=16, image_size=8,
+                                              **kw),
+)
 class Distillation(SSLMethod):
     """Distillation of a frozen teacher into the student ``backbone``.
 

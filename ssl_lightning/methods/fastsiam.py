@@ -15,9 +15,18 @@ from typing import Any
 from torch import Tensor, nn
 
 from ssl_lightning.losses import FastSiamLoss
+from ssl_lightning.methods.registry import Paper, register_method
 from ssl_lightning.methods.simsiam import SimSiam
 
 
+@register_method(
+    "fastsiam", title="FastSiam", configs=("fastsiam.yaml",),
+    paper=Paper("FastSiam: Resource-Efficient Self-supervised Learning on a Single GPU", 2022),
+    family="non-contrastive", views=(8, 8, 8), tests="tests/losses/test_more_methods_losses.py",
+    small=lambda backbone, **kw: FastSiam(backbone, num_views=3, projection_hidden_dim=16,
+                                          projection_dim=16, predictor_hidden_dim=8,
+                                          head_batch_norm=False, **kw),
+)
 class FastSiam(SimSiam):
     """FastSiam: :class:`SimSiam` on ``num_views`` views with the mean-of-others target.
 

@@ -25,11 +25,24 @@ from ssl_lightning.losses.centering import Centering
 from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.dino import DINO
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
+from ssl_lightning.training.grad_cache import whole_batch_draw
 from ssl_lightning.training.sample_rng import active_keys
 
 
+@register_method(
+    "ibot", title="iBOT", configs=("ibot.yaml", "ibot_plus_plus.yaml"),
+    paper=Paper("iBOT: Image BERT Pre-Training with Online Tokenizer", 2022, "2111.07832"),
+    family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot_dinov2.py",
+    docs="docs/ibot_dinov2.md",
+    backbone=lambda: small_vit(mask_token=True),
+    small=lambda backbone, **kw: IBOT(backbone, head_out_dim=12, head_hidden_dim=16,
+                                      head_bottleneck_dim=8, momentum_base=0.9,
+                                      warmup_teacher_temperature_epochs=0, shared_head=False,
+                                      patch_out_dim=12, num_local_crops=1, image_size=8, **kw),
+)
 class IBOT(DINO):
     """iBOT self-distillation on [CLS] and masked patch tokens.
 
@@ -165,15 +178,19 @@ class IBOT(DINO):
 
     def draw_masks(self, batch: int, grid: tuple[int, int]) -> Tensor:
         """Block masks (B, 2, grid_h · grid_w) for the two global crops: from each sample's key
-        inside a keyed forward, else from torch's RNG (stratified over this rank's batch)."""
+        inside a keyed forward, else from torch's RNG (stratified over this rank's batch; once
+        for the whole batch under gradient caching)."""
         keys, stratified = active_keys(), self.hparams["mask_ratio_stratified"]
         if keys is None:
-            order = torch.randperm(2 * batch) if stratified else None
-            masks = self.masking(2 * batch, grid, order=order, total=2 * batch)
-        else:
-            seeds = torch.cat([keys.streams(crop) for crop in range(2)]).cpu()
-            order = keys.global_order(2, stream=0).flatten() if stratified else None
-            masks = self.masking(2 * batch, grid, seeds, order, 2 * keys.global_batch)
+            def draw(n: int) -> Tensor:
+                order = torch.randperm(2 * n) if stratified else None
+                masks = self.masking(2 * n, grid, order=order, total=2 * n)
+                return masks.view(2, n, -1).transpose(0, 1)
+
+            return whole_batch_draw("ibot_masks", batch, draw)
+        seeds = torch.cat([keys.streams(crop) for crop in range(2)]).cpu()
+        order = keys.global_order(2, stream=0).flatten() if stratified else None
+        masks = self.masking(2 * batch, grid, seeds, order, 2 * keys.global_batch)
         return masks.view(2, batch, -1).transpose(0, 1)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:

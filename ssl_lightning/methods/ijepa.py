@@ -36,11 +36,25 @@ from ssl_lightning.losses import IJEPALoss
 from ssl_lightning.losses.ijepa import Distance
 from ssl_lightning.masking import MultiBlockMasking, Range
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.ema import momentum_teacher
+from ssl_lightning.training.grad_cache import whole_batch_draw
 from ssl_lightning.training.sample_rng import active_keys
 
 
+@register_method(
+    "ijepa", title="I-JEPA", configs=("ijepa.yaml",),
+    paper=Paper("Self-Supervised Learning from Images "
+                "with a Joint-Embedding Predictive Architecture",
+                2023, "2301.08243"),
+    family="predictive", views=(8,), tests="tests/methods/test_mim_methods.py",
+    docs="docs/masked_image_modeling.md",
+    backbone=lambda: small_vit(pool="mean"),
+    small=lambda backbone, **kw: IJEPA(backbone, predictor_dim=16, predictor_depth=1,
+                                       predictor_heads=2, momentum_base=0.9, min_context=2,
+                                       image_size=8, **kw),
+)
 class IJEPA(MomentumMethod):
     """I-JEPA.
 
@@ -121,12 +135,14 @@ class IJEPA(MomentumMethod):
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
         """``(context, targets)``: (B, K) and (B, M, n) patch indices of this rank's samples,
         block sizes of the current optimiser step; positions from the samples' keys inside a
-        keyed forward, else from the CPU stream shared by the ranks."""
+        keyed forward, else from the CPU stream shared by the ranks (once for the whole batch
+        under gradient caching)."""
         keys = active_keys()
         if keys is not None:
             return self.masking(batch, self.global_step, seeds=keys.streams(0))
         world, rank = layout(self)
-        return self.masking(batch, self.global_step, world, rank)
+        return whole_batch_draw("ijepa_masks", batch,
+                                lambda n: self.masking(n, self.global_step, world, rank))
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         x = check_views(views, self.image_size, "IJEPA")

@@ -15,11 +15,20 @@ from ssl_lightning.distributed import all_reduce_sum_with_grad
 from ssl_lightning.losses import LeJEPALoss
 from ssl_lightning.losses.sigreg import sigreg_directions
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
 
 #: :meth:`~ssl_lightning.training.step_rng.SeededSteps.step_generator` stream of the directions.
 SIGREG_STREAM = 1
 
 
+@register_method(
+    "lejepa", title="LeJEPA", configs=("lejepa.yaml",),
+    paper=Paper("LeJEPA: Provable and Scalable Self-Supervised Learning Without the Heuristics",
+                2025, "2511.08544"),
+    family="non-contrastive", views=MULTI_CROP, tests="tests/methods/test_more_methods.py",
+    small=lambda backbone, **kw: LeJEPA(backbone, projection_hidden_dim=16, projection_dim=8,
+                                        head_batch_norm=False, num_slices=16, **kw),
+)
 class LeJEPA(SSLMethod):
     """LeJEPA with SIGReg.
 

@@ -32,10 +32,20 @@ from ssl_lightning.losses import MAELoss
 from ssl_lightning.losses.mae import patchify
 from ssl_lightning.masking import RandomMasking
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.sample_rng import active_keys
 
 
+@register_method(
+    "mae", title="MAE", configs=("mae.yaml",),
+    paper=Paper("Masked Autoencoders Are Scalable Vision Learners", 2022, "2111.06377"),
+    family="masked", views=(8,), tests="tests/methods/test_mim_methods.py",
+    docs="docs/masked_image_modeling.md",
+    backbone=lambda: small_vit(),
+    small=lambda backbone, **kw: MAE(backbone, decoder_dim=16, decoder_depth=1, decoder_heads=2,
+                                     image_size=8, **kw),
+)
 class MAE(SSLMethod):
     """Masked autoencoder.
 

@@ -13,8 +13,18 @@ from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.losses import MMCRLoss
 from ssl_lightning.losses.mmcr import centroids
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import Paper, register_method
 
 
+@register_method(
+    "mmcr", title="MMCR", configs=("mmcr.yaml",),
+    paper=Paper("Learning Efficient Coding of Natural "
+                "Images with Maximum Manifold Capacity Representations",
+                2023, "2303.03307"),
+    family="non-contrastive", views=(8, 8, 8), tests="tests/methods/test_more_methods.py",
+    small=lambda backbone, **kw: MMCR(backbone, projection_hidden_dim=16, projection_dim=8,
+                                      head_batch_norm=False, **kw),
+)
 class MMCR(SSLMethod):
     """MMCR.
 

@@ -27,10 +27,18 @@ from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import InfoNCELoss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
 
+@register_method(
+    "moco_v2", title="MoCo v2", configs=("moco_v2.yaml",),
+    paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    small=lambda backbone, **kw: MoCoV2(backbone, projection_hidden_dim=16, projection_dim=8,
+                                        queue_size=16, symmetric=True, momentum_base=0.9, **kw),
+)
 class MoCoV2(MomentumMethod):
     """MoCo v2 (and the symmetric "MoCo v2+" loss).
 

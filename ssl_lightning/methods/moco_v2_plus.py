@@ -15,10 +15,18 @@ from typing import Any
 from torch import Tensor, nn
 
 from ssl_lightning.methods.moco_v2 import MoCoV2
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.training.ema import Schedule
 
 
+@register_method(
+    "moco_v2_plus", title="MoCo v2+", configs=("moco_v2_plus.yaml",),
+    paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
+    family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_more_methods_losses.py",
+    small=lambda backbone, **kw: MoCoV2Plus(backbone, projection_hidden_dim=16, projection_dim=8,
+                                            queue_size=16, **kw),
+)
 class MoCoV2Plus(MoCoV2):
     """MoCo v2+: :class:`MoCoV2` with the symmetric loss and a queue of keys for each view.
 

@@ -18,9 +18,18 @@ from torch import Tensor, nn
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import MoCoV3Loss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
 
+@register_method(
+    "moco_v3", title="MoCo v3", configs=("moco_v3.yaml", "moco_v3_vit.yaml"),
+    paper=Paper("An Empirical Study of Training Self-Supervised Vision Transformers",
+                2021, "2104.02057"),
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    small=lambda backbone, **kw: MoCoV3(backbone, projection_hidden_dim=16, projection_dim=8,
+                                        projection_layers=2, head_batch_norm=False, **kw),
+)
 class MoCoV3(MomentumMethod):
     """MoCo v3.
 

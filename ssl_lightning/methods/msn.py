@@ -33,6 +33,7 @@ from ssl_lightning.heads import SwAVPrototypes, build_mlp
 from ssl_lightning.losses import MSNLoss
 from ssl_lightning.masking import RandomMasking
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.ema import momentum_teacher
 from ssl_lightning.training.sample_rng import active_keys
@@ -50,6 +51,15 @@ def msn_projector(in_dim: int, hidden_dim: int, out_dim: int, batch_norm: bool) 
     return head
 
 
+@register_method(
+    "msn", title="MSN", configs=("msn.yaml",),
+    paper=Paper("Masked Siamese Networks for Label-Efficient Learning", 2022, "2204.07141"),
+    family="clustering", views=MULTI_CROP, tests="tests/methods/test_msn.py",
+    backbone=small_vit,
+    small=lambda backbone, **kw: MSN(backbone, projection_hidden_dim=16, projection_dim=8,
+                                     head_batch_norm=False, num_prototypes=10, mask_ratio=0.25,
+                                     image_size=8, momentum_base=0.9, **kw),
+)
 class MSN(MomentumMethod):
     """Masked Siamese Networks.
 

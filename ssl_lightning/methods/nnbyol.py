@@ -15,9 +15,20 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from ssl_lightning.methods.byol import BYOL
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.support_set import NearestNeighbourSupport
 
 
+@register_method(
+    "nnbyol", title="NNBYOL", configs=("nnbyol.yaml",),
+    paper=Paper("With a Little Help from My "
+                "Friends: Nearest-Neighbor Contrastive Learning of Visual Representations",
+                2021, "2104.14548"),
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/losses/test_more_methods_losses.py",
+    small=lambda backbone, **kw: NNBYOL(backbone, projection_hidden_dim=16, projection_dim=8,
+                                        head_batch_norm=False, momentum_base=0.9, queue_size=16,
+                                        **kw),
+)
 class NNBYOL(BYOL):
     """NNBYOL: :class:`BYOL` with nearest-neighbour targets from a support set.
 

@@ -20,9 +20,21 @@ from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import NNCLRLoss
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.support_set import NearestNeighbourSupport
 
 
+@register_method(
+    "nnclr", title="NNCLR", configs=("nnclr.yaml",),
+    paper=Paper("With a Little Help from My "
+                "Friends: Nearest-Neighbor Contrastive Learning of Visual Representations",
+                2021, "2104.14548"),
+    family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
+    tests="tests/methods/test_renamed_arguments.py",
+    small=lambda backbone, **kw: NNCLR(backbone, projection_hidden_dim=16, projection_dim=8,
+                                       head_batch_norm=False, predictor_hidden_dim=16,
+                                       queue_size=16, **kw),
+)
 class NNCLR(SSLMethod):
     """NNCLR.
 

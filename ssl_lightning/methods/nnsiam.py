@@ -13,10 +13,21 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.methods.simsiam import SimSiam
 from ssl_lightning.training.support_set import NearestNeighbourSupport
 
 
+@register_method(
+    "nnsiam", title="NNSiam", configs=("nnsiam.yaml",),
+    paper=Paper("With a Little Help from My "
+                "Friends: Nearest-Neighbor Contrastive Learning of Visual Representations",
+                2021, "2104.14548"),
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/losses/test_more_methods_losses.py",
+    small=lambda backbone, **kw: NNSiam(backbone, projection_hidden_dim=16, projection_dim=16,
+                                        predictor_hidden_dim=8, head_batch_norm=False,
+                                        queue_size=16, **kw),
+)
 class NNSiam(SimSiam):
     """NNSiam: :class:`SimSiam` with nearest-neighbour targets from a support set.
 

@@ -13,8 +13,19 @@ from torch import nn
 
 from ssl_lightning.losses import MSNLoss
 from ssl_lightning.methods.msn import MSN
+from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method, small_vit
 
 
+@register_method(
+    "pmsn", title="PMSN", configs=("pmsn.yaml",),
+    paper=Paper("The Hidden Uniform Cluster Prior in Self-Supervised Learning",
+                2023, "2210.07277"),
+    family="clustering", views=MULTI_CROP, tests="tests/methods/test_msn.py",
+    backbone=small_vit,
+    small=lambda backbone, **kw: PMSN(backbone, projection_hidden_dim=16, projection_dim=8,
+                                      head_batch_norm=False, num_prototypes=10, mask_ratio=0.25,
+                                      image_size=8, momentum_base=0.9, **kw),
+)
 class PMSN(MSN):
     """MSN with a power-law prior on the mean prediction.
 

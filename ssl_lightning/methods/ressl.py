@@ -26,10 +26,19 @@ from torch import Tensor, nn
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import ReSSLLoss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
 
+@register_method(
+    "ressl", title="ReSSL", configs=("ressl.yaml",),
+    paper=Paper("ReSSL: Relational Self-Supervised Learning with Weak Augmentation",
+                2021, "2107.09282"),
+    family="distillation", views=TWO_VIEWS, tests="tests/methods/test_relational_methods.py",
+    small=lambda backbone, **kw: ReSSL(backbone, projection_hidden_dim=16, projection_dim=8,
+                                       queue_size=16, momentum_base=0.9, **kw),
+)
 class ReSSL(MomentumMethod):
     """ReSSL.
 

@@ -27,10 +27,18 @@ from ssl_lightning.losses import SimMIMLoss
 from ssl_lightning.losses.mae import patchify
 from ssl_lightning.masking import RandomUnitMasking
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.sample_rng import active_keys
 
 
+@register_method(
+    "simmim", title="SimMIM", configs=("simmim.yaml",),
+    paper=Paper("SimMIM: A Simple Framework for Masked Image Modeling", 2022, "2111.09886"),
+    family="masked", views=(8,), tests="tests/methods/test_simmim_aim.py",
+    backbone=lambda: small_vit(mask_token=True),
+    small=lambda backbone, **kw: SimMIM(backbone, mask_patch_size=4, image_size=8, **kw),
+)
 class SimMIM(SSLMethod):
     """Masked image modelling with mask tokens, a linear decoder and an ℓ1 pixel loss.
 

@@ -34,9 +34,19 @@ from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.distributed import rank, world_size
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.byol import BYOL
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.queue import FeatureQueue
 
 
+@register_method(
+    "smog", title="SMoG", configs=("smog.yaml",),
+    paper=Paper("Unsupervised Visual Representation Learning by Synchronous Momentum Grouping",
+                2022, "2207.06167"),
+    family="clustering", views=TWO_VIEWS, tests="tests/methods/test_smog.py",
+    small=lambda backbone, **kw: SMoG(backbone, projection_hidden_dim=16, projection_dim=8,
+                                      head_batch_norm=False, num_groups=4, reset_every=2,
+                                      queue_size=16, kmeans_iterations=3, momentum_base=0.9, **kw),
+)
 class SMoG(BYOL):
     """SMoG (symmetrised: both views predict the other view's group every step).
 

@@ -19,8 +19,17 @@ from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import SupConLoss
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 
 
+@register_method(
+    "supcon", title="SupCon", configs=("supcon.yaml",),
+    paper=Paper("Supervised Contrastive Learning", 2020, "2004.11362"),
+    family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
+    tests="tests/distributed/test_contrastive_family_ddp.py",
+    small=lambda backbone, **kw: SupCon(backbone, projection_hidden_dim=16, projection_dim=8,
+                                        head_batch_norm=False, **kw),
+)
 class SupCon(SSLMethod):
     """Supervised contrastive learning.
 

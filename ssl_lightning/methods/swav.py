@@ -28,10 +28,21 @@ from ssl_lightning.distributed import all_gather_no_grad, rank, world_size
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import SwAVLoss
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
 
 CROPS_FOR_ASSIGN = (0, 1)
 
 
+@register_method(
+    "swav", title="SwAV", configs=("swav.yaml",),
+    paper=Paper("Unsupervised Learning of Visual Features by Contrasting Cluster Assignments",
+                2020, "2006.09882"),
+    family="clustering", views=MULTI_CROP, tests="tests/methods/test_swav.py",
+    small=lambda backbone, **kw: SwAV(backbone, projection_hidden_dim=16, projection_dim=8,
+                                      head_batch_norm=False, num_prototypes=10,
+                                      freeze_prototypes_steps=1, queue_size=16,
+                                      queue_start_epoch=0, **kw),
+)
 class SwAV(SSLMethod):
     """SwAV with multi-crop.
 

@@ -15,9 +15,19 @@ from torch import Tensor, nn
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import TiCoLoss
 from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.ema import momentum_teacher
 
 
+@register_method(
+    "tico", title="TiCo", configs=("tico.yaml",),
+    paper=Paper("TiCo: Transformation Invariance and Covariance "
+                "Contrast for Self-Supervised Visual Representation Learning",
+                2022, "2206.10698"),
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_more_methods.py",
+    small=lambda backbone, **kw: TiCo(backbone, projection_hidden_dim=16, projection_dim=8,
+                                      head_batch_norm=False, momentum_base=0.9, **kw),
+)
 class TiCo(MomentumMethod):
     """TiCo.
 

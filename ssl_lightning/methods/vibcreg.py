@@ -11,9 +11,21 @@ from torch import nn
 
 from ssl_lightning.heads import IterNorm
 from ssl_lightning.losses import VIbCRegLoss
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.methods.vicreg import VICReg
 
 
+@register_method(
+    "vibcreg", title="VIbCReg", configs=("vibcreg.yaml",),
+    paper=Paper("VIbCReg: Variance-Invariance-better-Covariance Regularization for "
+                "Self-Supervised Learning on Time Series",
+                2021, "2109.00783"),
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_more_methods.py",
+    # IterNorm, like BatchNorm, normalises each micro-batch by its own statistics: off here.
+    small=lambda backbone, **kw: VIbCReg(backbone, expander_hidden_dim=16, expander_dim=16,
+                                         head_batch_norm=False, iternorm=False,
+                                         covariance_weight=1.0, **kw),
+)
 class VIbCReg(VICReg):
     """VIbCReg.
 

@@ -13,8 +13,18 @@ from ssl_lightning.deprecation import renamed_argument
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import VICRegLoss
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 
 
+@register_method(
+    "vicreg", title="VICReg", configs=("vicreg.yaml",),
+    paper=Paper("VICReg: Variance-Invariance-Covariance Regularization "
+                "for Self-Supervised Learning",
+                2022, "2105.04906"),
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/losses/test_vicreg.py",
+    small=lambda backbone, **kw: VICReg(backbone, expander_hidden_dim=16, expander_dim=16,
+                                        head_batch_norm=False, **kw),
+)
 class VICReg(SSLMethod):
     """VICReg.
 

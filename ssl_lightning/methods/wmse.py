@@ -13,11 +13,19 @@ from torch import Tensor, nn
 from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.losses import WMSELoss
 from ssl_lightning.methods.base import SSLMethod
+from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 
 #: :meth:`~ssl_lightning.training.step_rng.SeededSteps.step_generator` stream of the splits.
 WHITENING_STREAM = 2
 
 
+@register_method(
+    "wmse", title="W-MSE", configs=("wmse.yaml",),
+    paper=Paper("Whitening for Self-Supervised Representation Learning", 2021, "2007.06346"),
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_more_methods.py",
+    small=lambda backbone, **kw: WMSE(backbone, projection_hidden_dim=16, projection_dim=3,
+                                      head_batch_norm=False, whitening_size=4, **kw),
+)
 class WMSE(SSLMethod):
     """W-MSE.
 

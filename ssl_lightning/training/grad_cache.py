@@ -13,9 +13,11 @@ outputs) and ``loss_from_outputs`` (gathers, the loss, state updates), as every
    the backward of the cached output gradients.
 
 Masks and stochastic depth drawn per sample (the batch's keys, split with the samples, see
-:mod:`~ssl_lightning.training.sample_rng`) are those of the whole batch in every pass; the saved
-random state is replayed only for what still draws from torch's generator (dropout, batches
-without sample seeds).
+:mod:`~ssl_lightning.training.sample_rng`) are those of the whole batch in every pass. Batches
+without sample seeds draw from torch's generator: a method's per-batch decisions (masks, their
+stratified ratios) go through :func:`whole_batch_draw`, which draws them once for the whole
+batch, from the random state the whole batch's forward starts from, and hands each micro-batch
+its rows; the saved random state is replayed for the rest (dropout).
 
 The parameter gradients of all but the last micro-batch are summed with ``torch.autograd.grad``
 (no ``.grad`` writes, so no DDP hook fires and Lightning's ``zero_grad`` between
@@ -31,13 +33,63 @@ per micro-batch (see docs/gradient_caching.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
 from ssl_lightning.training.sample_rng import SampleKeys, keyed_forward
+
+T = TypeVar("T")
+
+
+@dataclass
+class _MicroBatch:
+    """The rows ``[start, stop)`` of a whole batch of ``size`` that gradient caching is running
+    without sample keys, and the whole batch's draws (by name) of this step."""
+
+    start: int
+    stop: int
+    size: int
+    draws: dict[str, Any] = field(default_factory=dict)
+
+
+_MICRO_BATCH: contextvars.ContextVar[_MicroBatch | None] = contextvars.ContextVar(
+    "micro_batch", default=None)
+
+
+@contextmanager
+def _running(micro_batch: _MicroBatch | None) -> Iterator[None]:
+    token = _MICRO_BATCH.set(micro_batch)
+    try:
+        yield
+    finally:
+        _MICRO_BATCH.reset(token)
+
+
+def whole_batch_draw(name: str, batch: int, draw: Callable[[int], T]) -> T:
+    """``draw(batch)``: random decisions of ``batch`` samples (tensors, or a tuple of tensors,
+    with the samples in dim 0), drawn once for the whole batch under gradient caching.
+
+    Outside a micro-batch of :func:`grad_cached_loss` run without sample keys this is
+    ``draw(batch)``. Inside, the first micro-batch draws for the whole batch (from the random
+    state the whole batch's forward starts from, so the draws are the whole batch's) and keeps
+    them under ``name``; every micro-batch returns its own rows. Call it before anything else in
+    ``forward_views`` draws from torch's generator.
+    """
+    micro = _MICRO_BATCH.get()
+    if micro is None:
+        return draw(batch)
+    if micro.start == 0:
+        micro.draws[name] = draw(micro.size)
+    whole = micro.draws[name]
+    if isinstance(whole, tuple):
+        return type(whole)(t[micro.start:micro.stop] for t in whole)  # type: ignore[return-value]
+    return whole[micro.start:micro.stop]
 
 
 class SplitStep(Protocol):
@@ -98,6 +150,12 @@ def grad_cached_loss(
     """
     chunks = [list(c) for c in zip(*(v.split(micro_batch_size) for v in views), strict=True)]
     chunk_keys = keys.split(micro_batch_size) if keys is not None else [None] * len(chunks)
+    whole_size = len(views[0])
+    starts = list(range(0, whole_size, micro_batch_size))
+    whole_draws: dict[str, Any] = {}
+    rows = [None if keys is not None else
+            _MicroBatch(start, min(start + micro_batch_size, whole_size), whole_size, whole_draws)
+            for start in starts]
     device = views[0].device
     params = [p for p in method.parameters() if p.requires_grad]
     saved_buffers = {name: b.detach().clone() for name, b in method.named_buffers()}
@@ -107,7 +165,7 @@ def grad_cached_loss(
     structure: list[tuple[str, int | None]] = []
     for i, chunk in enumerate(chunks):
         rng_states.append(_rng_state(device))
-        with torch.set_grad_enabled(i == 0), keyed_forward(chunk_keys[i]):
+        with torch.set_grad_enabled(i == 0), keyed_forward(chunk_keys[i]), _running(rows[i]):
             leaves, structure = _flatten(method.forward_views(chunk))  # i == 0: which need grad
         if i == 0:
             needs_grad = [isinstance(t, Tensor) and t.requires_grad for t in leaves]
@@ -137,7 +195,7 @@ def grad_cached_loss(
     last_grads: list[Tensor] = []
     for i, chunk in enumerate(chunks):
         _set_rng_state(device, rng_states[i])
-        with keyed_forward(chunk_keys[i]):
+        with keyed_forward(chunk_keys[i]), _running(rows[i]):
             leaves, _ = _flatten(method.forward_views(chunk))
         pairs = [(leaves[j], g[i]) for j, g in leaf_grads.items() if leaves[j].requires_grad]
         if i == len(chunks) - 1:

@@ -23,7 +23,9 @@ def test_methods_lists_every_method_with_its_config() -> None:
                 if isinstance(getattr(ssl_lightning, name), type)
                 and issubclass(getattr(ssl_lightning, name), SSLMethod)}
     assert set(rows) == exported - {"SSLMethod", "MomentumMethod"}
-    assert "--config simclr" in rows["SimCLR"] and "Chen et al." in rows["SimCLR"]
+    assert rows["SimCLR"] == ("SimCLR (contrastive): A Simple Framework for Contrastive Learning "
+                              "of Visual Representations (2020, arXiv:2002.05709) "
+                              "[--config simclr]")
     assert "--config moco_v3_vit" in rows["MoCoV3"]
 
 
