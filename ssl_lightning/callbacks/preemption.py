@@ -6,7 +6,8 @@ pre-empted job looks finished), turns Ctrl-C into ``KeyboardInterrupt`` (status 
 checkpoint), and under DDP broadcasts from inside its SIGTERM handler (a rank that gets the signal
 outside the training loop, e.g. in the sanity check, then waits forever for the others). With
 :class:`PreemptionCheckpoint` the signal only sets a flag, from the start of ``fit``; at the end
-of the next *optimizer* step (never inside a gradient-accumulation cycle) the ranks agree on it
+of the next *optimizer* step (never inside a gradient-accumulation cycle), after every other
+callback's update of that step (it runs last), the ranks agree on it
 (one reduction of the flag, at the same point on every rank), write ``last.ckpt`` (the state
 that ``--ckpt_path`` resumes bit-exactly, see ``docs/resume.md``), print the command that resumes
 and exit with status 130 (128 + SIGINT) or 143 (128 + SIGTERM), or 0 after it requeued itself on
@@ -99,6 +100,10 @@ class PreemptionCheckpoint(pl.Callback):
                            "handlers cannot be set; stop signals are not handled.")
             return
         self.received, self.saved_path = None, None
+        # Last in the list (after the model's own callbacks and the ModelCheckpoints): the stop
+        # checkpoint then holds every callback's update of the step (probe, EMA teacher, ...),
+        # the state a checkpoint of a run that was never stopped holds at that step.
+        trainer.callbacks = [c for c in trainer.callbacks if c is not self] + [self]  # type: ignore[attr-defined]
         self._previous = {signum: signal.getsignal(signum) for signum in self._signals(trainer)}
         for signum in self._previous:
             signal.signal(signum, self._handler)

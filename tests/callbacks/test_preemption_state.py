@@ -1,0 +1,71 @@
+"""The stop checkpoint of :class:`PreemptionCheckpoint` holds the state a run that was never
+stopped holds at that step: model (with the EMA teacher its callback updates), optimiser and
+every callback's ``state_dict`` (the online probe), in one process without a signal (the flag is
+set as the signal handler sets it; ``test_preemption.py`` sends real signals)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from lightning_ddp_utils import assert_states_close
+from momentum_utils import cpu_trainer, views_loader
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.callbacks import OnlineProbe, PreemptionCheckpoint
+from ssl_lightning.methods import BYOL
+
+STOP_AT = 2  # the flag is set before this step; the run stops after it (global_step 3)
+
+
+class _FlagAt(pl.Callback):
+    """Sets ``preemption.received`` to SIGTERM at the start of step ``step``."""
+
+    def __init__(self, preemption: PreemptionCheckpoint, step: int) -> None:
+        self.preemption, self.step = preemption, step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            self.preemption.received = signal.SIGTERM
+
+
+def _byol() -> BYOL:
+    torch.manual_seed(0)
+    return BYOL(SmallConvNet((4, 8), norm="group"), projection_hidden_dim=8, projection_dim=4,
+                momentum_base=0.9, optimizer="sgd", lr=0.3, lr_scaling="none", image_size=16)
+
+
+def _callback_states(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Every callback's state but the checkpoint writers' own (file names and scores)."""
+    return {k: v for k, v in checkpoint["callbacks"].items()
+            if not k.startswith(("ModelCheckpoint", "PreemptionCheckpoint"))}
+
+
+def test_stop_checkpoint_holds_every_callbacks_update_of_its_step(tmp_path: Path) -> None:
+    straight = ModelCheckpoint(tmp_path / "straight", filename="{step}", save_top_k=-1,
+                               every_n_train_steps=1)
+    cpu_trainer(str(tmp_path), 1, callbacks=[straight, OnlineProbe(num_classes=10)]).fit(
+        _byol(), views_loader())
+    expected = torch.load(tmp_path / "straight" / f"step={STOP_AT + 1}.ckpt", weights_only=True)
+
+    # The CLI's order: the stop callback before the probe and the method's EMA callback.
+    preemption = PreemptionCheckpoint(str(tmp_path / "stopped"))
+    callbacks = [preemption, OnlineProbe(num_classes=10), _FlagAt(preemption, STOP_AT)]
+    with pytest.raises(SystemExit) as stopped:
+        cpu_trainer(str(tmp_path), 1, callbacks=callbacks, enable_checkpointing=False).fit(
+            _byol(), views_loader())
+    assert stopped.value.code == 143
+    saved = torch.load(tmp_path / "stopped" / "last.ckpt", weights_only=True)
+
+    assert saved["global_step"] == expected["global_step"] == STOP_AT + 1
+    states = _callback_states(saved)
+    assert any(k.startswith("OnlineProbe") and v for k, v in states.items())
+    assert_states_close(states, _callback_states(expected), atol=0.0, path="callbacks")
+    assert_states_close(saved["state_dict"], expected["state_dict"], atol=0.0, path="model")
+    assert_states_close(saved["optimizer_states"], expected["optimizer_states"], atol=0.0,
+                        path="optimizer")
