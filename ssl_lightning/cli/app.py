@@ -11,6 +11,7 @@ the config and the command line define the run, the checkpoint supplies its stat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from functools import reduce
 from operator import or_
@@ -19,9 +20,9 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.accelerators import CPUAccelerator
-from pytorch_lightning.callbacks import LearningRateMonitor, ProgressBar
+from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
 from torch import nn
 
 from ssl_lightning.backbones.spec import (
@@ -39,12 +40,16 @@ from ssl_lightning.cli.errors import (
     one_line,
     run_error_message,
 )
+from ssl_lightning.callbacks import PreemptionCheckpoint
 from ssl_lightning.cli.resume import (
+    KEPT_ON_CHANGE,
     check_architecture,
     check_method_and_hyperparameters,
+    keep_last_checkpoints,
     read_checkpoint,
 )
 from ssl_lightning.io import RunDirectoryLock, latest_checkpoint, with_atomic_checkpoint_io
+from ssl_lightning.io.run_directory import local_run_directory
 
 #: ``ckpt_path`` values Lightning resolves itself (no file to check here).
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -61,6 +66,7 @@ class SSLLightningCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._resume: tuple[str, Mapping[str, Any]] | None = None
+        self._keep_original_run = False  # a resume with changed settings: keep its last.ckpt
         kwargs["parser_class"] = ReadableArgumentParser
         # no --optimizer / --lr_scheduler: they would replace the method's optimiser and schedule
         kwargs["auto_configure_optimizers"] = False
@@ -82,6 +88,11 @@ class SSLLightningCLI(LightningCLI):
                 # jsonargparse's ActionTypeHint (not public) parses with its _typehint
                 action._typehint = reduce(  # type: ignore[attr-defined]
                     or_, [int, *(m for m in members if m is not int)])
+        parser.add_argument(
+            "--resume_in_place", type=bool, default=False,
+            help="fit --ckpt_path with changed hyperparameters: continue in the checkpoint's run "
+                 "folder and replace its last.ckpt (by default the original run is kept, see "
+                 "docs/resume.md).")
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         """LightningCLI's trainer, writing checkpoints atomically (unless the config names its
@@ -109,9 +120,15 @@ class SSLLightningCLI(LightningCLI):
             return
         checkpoint = read_checkpoint(str(path))
         self._dump_config()
-        check_method_and_hyperparameters(checkpoint, str(path), self.config_dump.get("model") or {})
+        in_place = bool(self.config[subcommand].get("resume_in_place"))
+        kept = ("--resume_in_place: this run continues in the checkpoint's run folder and "
+                "replaces its last.ckpt." if in_place else KEPT_ON_CHANGE)
+        changed = check_method_and_hyperparameters(
+            checkpoint, str(path), self.config_dump.get("model") or {}, kept=kept)
         self._resume = (str(path), checkpoint)
-        self._continue_in_run_directory(str(path))
+        self._keep_original_run = changed and not in_place
+        if not self._keep_original_run:
+            self._continue_in_run_directory(str(path))
 
     def _resolve_last(self) -> str | None:
         """``--ckpt_path last``: the newest ``last.ckpt`` of the configured TensorBoard / CSV
@@ -181,6 +198,8 @@ class SSLLightningCLI(LightningCLI):
             self._resume = None  # the checkpoint's tensors are no longer needed here
         if self.subcommand == "fit":
             self._check_sync_batchnorm()
+            if self._keep_original_run:
+                self._keep_last_checkpoints()
         self._drop_lr_monitor_without_logger()
         self._record_backbone_spec()
 
@@ -195,6 +214,19 @@ class SSLLightningCLI(LightningCLI):
             if message is None:
                 raise
             raise CLIError(message) from err
+
+    def _keep_last_checkpoints(self) -> None:
+        """Copy each ``last.ckpt`` this run would replace (in its checkpoint callbacks' folders)
+        to ``last-before-resume[-N].ckpt``, on global rank 0 before anything is written."""
+        if not rank_zero_only.rank == 0:
+            return
+        default = os.path.join(local_run_directory(self.trainer), "checkpoints")
+        folders = [c.dirpath or default for c in self.trainer.callbacks  # type: ignore[attr-defined]
+                   if (isinstance(c, ModelCheckpoint) and c.save_last)
+                   or isinstance(c, PreemptionCheckpoint)]
+        for original, copy in keep_last_checkpoints(str(f) for f in folders):
+            rank_zero_info(f"Kept the original run's {original} as {copy} (this resume changes "
+                           "hyperparameters).")
 
     def _drop_lr_monitor_without_logger(self) -> None:
         """Without a logger (``--trainer.logger false``), Lightning refuses a
