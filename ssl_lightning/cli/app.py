@@ -202,6 +202,9 @@ class SSLLightningCLI(LightningCLI):
                 self._keep_last_checkpoints()
         self._drop_lr_monitor_without_logger()
         self._record_backbone_spec()
+        for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(callback, PreemptionCheckpoint):  # the process ends after the fit:
+                callback.ignore_after_finish = True  # a finished run exits 0 whatever comes
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``subcommand``; a setting refused while the run sets up, and an error of

@@ -5,6 +5,7 @@ set as the signal handler sets it; ``test_preemption.py`` sends real signals).""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,38 @@ def test_stop_checkpoint_holds_every_callbacks_update_of_its_step(tmp_path: Path
     assert_states_close(saved["state_dict"], expected["state_dict"], atol=0.0, path="model")
     assert_states_close(saved["optimizer_states"], expected["optimizer_states"], atol=0.0,
                         path="optimizer")
+
+
+class _SignalAtFitEnd(pl.Callback):
+    """Sends this process SIGTERM in ``on_fit_end`` (the backbone's export) and ``teardown``
+    (the run's summary), after the last training step."""
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("ignore_after_finish", [True, False])
+def test_signals_after_the_last_step_do_not_stop_a_finished_run(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], ignore_after_finish: bool) -> None:
+    """The fit returns normally (no SystemExit) and, with ``ignore_after_finish`` (the CLI's
+    setting), a SIGTERM after ``fit`` returned is noted too, until the process exits; without
+    it, the handler in place before ``fit`` gets it back (here: a recorder, not the default
+    that would end the process)."""
+    previous: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: previous.append(signum))
+    try:
+        preemption = PreemptionCheckpoint(str(tmp_path), ignore_after_finish=ignore_after_finish)
+        trainer = cpu_trainer(str(tmp_path), 1, callbacks=[preemption, _SignalAtFitEnd()],
+                              enable_checkpointing=False, max_steps=2)
+        trainer.fit(_byol(), views_loader())
+        assert preemption.finished and trainer.state.finished
+        assert previous == [] and not (tmp_path / "last.ckpt").exists()
+        os.kill(os.getpid(), signal.SIGTERM)  # after fit returned: the process is ending
+        assert previous == ([] if ignore_after_finish else [signal.SIGTERM])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    notes = capfd.readouterr().err.count("SIGTERM received after the last training step")
+    assert notes == (3 if ignore_after_finish else 2)
