@@ -104,18 +104,26 @@ class PreemptionCheckpoint(pl.Callback):
         return isinstance(env, SLURMEnvironment) and env.auto_requeue
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """From the start of ``fit``, the stop signals only set a flag."""
+        """From the start of ``fit`` (or from :meth:`listen`), the stop signals only set a flag."""
         if stage != "fit":
             return
+        # Last in the list (after the model's own callbacks and the ModelCheckpoints): the stop
+        # checkpoint then holds every callback's update of the step (probe, EMA teacher, ...),
+        # the state a checkpoint of a run that was never stopped holds at that step.
+        trainer.callbacks = [c for c in trainer.callbacks if c is not self] + [self]  # type: ignore[attr-defined]
+        if not self._previous:
+            self.listen(trainer)
+
+    def listen(self, trainer: pl.Trainer) -> None:
+        """Make the stop signals set the flag from now on (``setup`` does it; the CLI calls it
+        before ``fit``, so that a signal while the data is indexed, before ``setup``, stops the
+        run like one in the sanity check instead of raising ``KeyboardInterrupt``: exit 1, and
+        under DDP a rank that dies while the others wait for it)."""
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn("PreemptionCheckpoint: fit runs outside the main thread, where signal "
                            "handlers cannot be set; stop signals are not handled.")
             return
         self.received, self.saved_path, self.finished = None, None, False
-        # Last in the list (after the model's own callbacks and the ModelCheckpoints): the stop
-        # checkpoint then holds every callback's update of the step (probe, EMA teacher, ...),
-        # the state a checkpoint of a run that was never stopped holds at that step.
-        trainer.callbacks = [c for c in trainer.callbacks if c is not self] + [self]  # type: ignore[attr-defined]
         self._previous = {signum: signal.getsignal(signum) for signum in self._signals(trainer)}
         for signum in self._previous:
             signal.signal(signum, self._handler)
@@ -138,6 +146,7 @@ class PreemptionCheckpoint(pl.Callback):
             self._install(trainer, dict.fromkeys(self._previous, self._handler))
         else:
             self._install(trainer, self._previous)
+        self._previous = {}
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
@@ -149,6 +158,7 @@ class PreemptionCheckpoint(pl.Callback):
             self._install(trainer, self._previous)
         else:
             self._install(trainer, dict.fromkeys(self._previous, signal.SIG_DFL))
+        self._previous = {}
 
     def _install(self, trainer: pl.Trainer, handlers: dict[int, _Handler]) -> None:
         """Set ``handlers``, also as the ones Lightning restores when its run ends."""

@@ -202,14 +202,18 @@ class SSLLightningCLI(LightningCLI):
                 self._keep_last_checkpoints()
         self._drop_lr_monitor_without_logger()
         self._record_backbone_spec()
-        for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
-            if isinstance(callback, PreemptionCheckpoint):  # the process ends after the fit:
-                callback.ignore_after_finish = True  # a finished run exits 0 whatever comes
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``subcommand``; a setting refused while the run sets up, and an error of
         ssl_lightning's own types, are raised as their one-line message
-        (:func:`~ssl_lightning.cli.errors.run_error_message`)."""
+        (:func:`~ssl_lightning.cli.errors.run_error_message`). A ``fit``'s stop signals are
+        handled by its :class:`PreemptionCheckpoint` from here on, and after the fit finished
+        they are only noted until the process exits (a finished run exits 0)."""
+        if subcommand == "fit":
+            for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
+                if isinstance(callback, PreemptionCheckpoint):
+                    callback.ignore_after_finish = True  # the process ends after the fit
+                    callback.listen(self.trainer)  # also while the data is indexed
         try:
             super()._run_subcommand(subcommand)
         except Exception as err:

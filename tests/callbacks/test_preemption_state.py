@@ -105,3 +105,21 @@ def test_signals_after_the_last_step_do_not_stop_a_finished_run(
         signal.signal(signal.SIGTERM, before)
     notes = capfd.readouterr().err.count("SIGTERM received after the last training step")
     assert notes == (3 if ignore_after_finish else 2)
+
+
+def test_a_signal_before_setup_stops_the_run_at_its_first_step(tmp_path: Path) -> None:
+    """``listen`` (the CLI calls it before ``fit``): a Ctrl-C while the data is indexed is
+    kept, not a ``KeyboardInterrupt``; the run stops after its first step and exits 130."""
+    preemption = PreemptionCheckpoint(str(tmp_path))
+    trainer = cpu_trainer(str(tmp_path), 1, callbacks=[preemption], enable_checkpointing=False)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        preemption.listen(trainer)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert preemption.received == signal.SIGINT
+        with pytest.raises(SystemExit) as stopped:
+            trainer.fit(_byol(), views_loader())
+    finally:  # on_exception left the default handler for a second Ctrl-C
+        signal.signal(signal.SIGINT, before)
+    assert stopped.value.code == 130 and preemption.received == signal.SIGINT
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 1
