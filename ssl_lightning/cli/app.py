@@ -22,7 +22,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_only
+from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
 
 from ssl_lightning.backbones.spec import (
@@ -31,6 +31,7 @@ from ssl_lightning.backbones.spec import (
     config_class_paths,
     trust_classes,
 )
+from ssl_lightning.callbacks import PreemptionCheckpoint
 from ssl_lightning.cli.errors import (
     READABLE,
     CLIError,
@@ -40,7 +41,6 @@ from ssl_lightning.cli.errors import (
     one_line,
     run_error_message,
 )
-from ssl_lightning.callbacks import PreemptionCheckpoint
 from ssl_lightning.cli.resume import (
     KEPT_ON_CHANGE,
     check_architecture,
@@ -225,7 +225,7 @@ class SSLLightningCLI(LightningCLI):
     def _keep_last_checkpoints(self) -> None:
         """Copy each ``last.ckpt`` this run would replace (in its checkpoint callbacks' folders)
         to ``last-before-resume[-N].ckpt``, on global rank 0 before anything is written."""
-        if not rank_zero_only.rank == 0:
+        if not self.trainer.is_global_zero:
             return
         default = os.path.join(local_run_directory(self.trainer), "checkpoints")
         folders = [c.dirpath or default for c in self.trainer.callbacks  # type: ignore[attr-defined]
