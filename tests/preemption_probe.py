@@ -5,8 +5,6 @@ Each writes ``<marker>.rank<r>`` (JSON: the process id and the ids of its child 
 loader workers) when it starts holding, then waits until the run's
 :class:`~ssl_lightning.callbacks.PreemptionCheckpoint` recorded a signal (at most ``hold_s``), and
 with ``keep_holding`` goes on holding (a long step) until ``hold_s`` is over.
-:class:`HoldInDataSetup` is a data module that holds that way in its ``setup`` (the training data
-indexed slowly on one rank), before the callbacks' ``setup``.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from typing import Any
 import pytorch_lightning as pl
 
 from ssl_lightning.callbacks import PreemptionCheckpoint
-from ssl_lightning.data import CIFAR10DataModule
 
 
 def child_pids(pid: int) -> list[int]:
@@ -72,16 +69,3 @@ class HoldInSanityCheck(_Hold):
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.hold(trainer)
-
-
-class HoldInDataSetup(CIFAR10DataModule):
-    """CIFAR10DataModule whose ``setup`` holds on rank ``hold_rank`` (writing ``marker``)."""
-
-    def __init__(self, *args: Any, marker: str = "", hold_rank: int = 1, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.marker, self.hold_rank = marker, hold_rank
-
-    def setup(self, stage: str | None = None) -> None:
-        assert self.trainer is not None
-        _Hold(f"{self.marker}.data", rank=self.hold_rank).hold(self.trainer)
-        super().setup(stage)
