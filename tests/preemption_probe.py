@@ -74,6 +74,14 @@ class HoldInSanityCheck(_Hold):
         self.hold(trainer)
 
 
+class HoldInTeardown(_Hold):
+    """Hold in ``teardown`` after a finished fit (where the run's summary prints), at most
+    ``hold_s`` (a signal there no longer sets the flag)."""
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.hold(trainer)
+
+
 class HoldInDataSetup(CIFAR10DataModule):
     """CIFAR10DataModule whose ``build_train`` (the indexing of the training images, in ``setup``
     before the callbacks' ``setup``) holds on rank ``hold_rank`` (writing ``marker``) until a

@@ -8,6 +8,7 @@ process group, held at a known point (``tests/preemption_probe.py``) and signall
   run checkpoints and exits 143, and no worker outlives the run;
 - 2 processes (``--trainer.strategy ddp``, gloo) with SIGTERM to rank 1 during the sanity check:
   both ranks stop at its end and exit 143, no hang;
+- SIGTERM after the last training step (while the summary prints): noted, the run exits 0;
 - 2 processes, Ctrl-C while rank 1 still indexes its training images (before the callbacks'
   ``setup``): both ranks stop at the sanity check's end and exit 130, no traceback.
 """
@@ -188,3 +189,11 @@ def test_ddp_ctrl_c_while_rank_1_indexes_its_data_stops_both_ranks(start: Any) -
     assert run.wait(timeout=180) == 130, run.stderr[-3000:]
     assert "Stopped by SIGINT before the first training step" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_sigterm_after_the_last_step_lets_the_finished_run_exit_0(start: Any) -> None:
+    run = start("HoldInTeardown", hold_s=10)
+    run.held()
+    run.signal_group(signal.SIGTERM)
+    assert run.wait() == 0, run.stderr[-3000:]
+    assert "SIGTERM received after the last training step" in run.stderr
