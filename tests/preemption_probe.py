@@ -5,6 +5,8 @@ Each writes ``<marker>.rank<r>`` (JSON: the process id and the ids of its child 
 loader workers) when it starts holding, then waits until the run's
 :class:`~ssl_lightning.callbacks.PreemptionCheckpoint` recorded a signal (at most ``hold_s``), and
 with ``keep_holding`` goes on holding (a long step) until ``hold_s`` is over.
+:class:`HoldInDataSetup` is a data module that holds that way while it indexes its training
+images (slowly, on one rank), before the callbacks' ``setup``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import pytorch_lightning as pl
 
 from ssl_lightning.callbacks import PreemptionCheckpoint
+from ssl_lightning.data import CIFAR10DataModule
 
 
 def child_pids(pid: int) -> list[int]:
@@ -69,3 +72,27 @@ class HoldInSanityCheck(_Hold):
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.hold(trainer)
+
+
+class HoldInTeardown(_Hold):
+    """Hold in ``teardown`` after a finished fit (where the run's summary prints), at most
+    ``hold_s`` (a signal there no longer sets the flag)."""
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.hold(trainer)
+
+
+class HoldInDataSetup(CIFAR10DataModule):
+    """CIFAR10DataModule whose ``build_train`` (the indexing of the training images, in ``setup``
+    before the callbacks' ``setup``) holds on rank ``hold_rank`` (writing ``marker``) until a
+    stop signal arrived, at most ``hold_s``."""
+
+    def __init__(self, *args: Any, marker: str = "", hold_rank: int = 1, hold_s: float = 60.0,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.marker, self.hold_rank, self.hold_s = marker, hold_rank, hold_s
+
+    def build_train(self, transform: Any) -> Any:
+        assert self.trainer is not None
+        _Hold(f"{self.marker}.data", hold_s=self.hold_s, rank=self.hold_rank).hold(self.trainer)
+        return super().build_train(transform)

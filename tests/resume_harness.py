@@ -14,7 +14,8 @@ checkpoint at the end of every epoch (``epoch=N.ckpt``).
 continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
 ``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
 sends SIGTERM then). Each job ``torch.save``s its final state to ``out``: model, optimizer and
-scheduler states, callback states (online probe), the last logged metrics and the global step.
+scheduler states, every callback's state (online probe, kNN, the method's EMA callback, ...;
+not the checkpoint writers'), the last logged metrics and the global step.
 Every fit calls ``seed_everything(0)`` first, as the CLI does.
 
 ``method`` is any registered method (``ssl_lightning/methods/registry.py``: its small instance
@@ -258,10 +259,10 @@ def run(job: dict[str, Any]) -> None:
     if job.get("epoch_ckpt_dir"):
         callbacks.append(ModelCheckpoint(job["epoch_ckpt_dir"], filename="{epoch}", save_top_k=-1,
                                          every_n_epochs=1, save_on_train_epoch_end=True))
-    if job.get("preempt_dir"):
+    if job.get("preempt_dir"):  # first, as in the CLI's shared callbacks (before the probe)
         preemption = PreemptionCheckpoint(job["preempt_dir"])
-        callbacks += [preemption, _WaitForSignal(preemption, job["wait_step"],
-                                                 job["out"] + ".waiting")]
+        callbacks = [preemption, *callbacks,
+                     _WaitForSignal(preemption, job["wait_step"], job["out"] + ".waiting")]
     devices = job.get("devices", 1)
     trainer = pl.Trainer(
         accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto",
@@ -283,8 +284,9 @@ def run(job: dict[str, Any]) -> None:
         "model": model.state_dict(),
         "optimizer": [o.state_dict() for o in trainer.optimizers],
         "scheduler": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
-        "callbacks": {type(c).__name__: c.state_dict() for c in callbacks
-                      if not isinstance(c, ModelCheckpoint)},
+        # every callback's state, the method's own (EMA) included; not the checkpoint writers'
+        "callbacks": {type(c).__name__: c.state_dict() for c in trainer.callbacks  # type: ignore[attr-defined]
+                      if not isinstance(c, (ModelCheckpoint, PreemptionCheckpoint))},
         "metrics": {k: float(v) for k, v in trainer.logged_metrics.items()},
     }, job["out"])
 

@@ -6,14 +6,17 @@ pre-empted job looks finished), turns Ctrl-C into ``KeyboardInterrupt`` (status 
 checkpoint), and under DDP broadcasts from inside its SIGTERM handler (a rank that gets the signal
 outside the training loop, e.g. in the sanity check, then waits forever for the others). With
 :class:`PreemptionCheckpoint` the signal only sets a flag, from the start of ``fit``; at the end
-of the next *optimizer* step (never inside a gradient-accumulation cycle) the ranks agree on it
+of the next *optimizer* step (never inside a gradient-accumulation cycle), after every other
+callback's update of that step (it runs last), the ranks agree on it
 (one reduction of the flag, at the same point on every rank), write ``last.ckpt`` (the state
 that ``--ckpt_path`` resumes bit-exactly, see ``docs/resume.md``), print the command that resumes
 and exit with status 130 (128 + SIGINT) or 143 (128 + SIGTERM), or 0 after it requeued itself on
 SLURM (``scontrol requeue``, as Lightning's ``SLURMEnvironment(auto_requeue=True)`` does, but at
 a step boundary instead of inside the signal handler). A signal during the sanity check stops the
 run at its end, before training, without a checkpoint. The same signal a second time ends the
-process at once (by that signal).
+process at once (by that signal). Once the last training step is done (``on_train_end``), the run
+has finished: a stop signal from then on is only noted, and the run writes its summary and export
+and exits 0 (with ``ignore_after_finish``, as the CLI sets it, until the process exits).
 """
 
 from __future__ import annotations
@@ -54,25 +57,35 @@ class PreemptionCheckpoint(pl.Callback):
         filename: Checkpoint name without ``.ckpt``.
         requeue: Requeue the SLURM job after saving; None: when Lightning runs with
             ``SLURMEnvironment(auto_requeue=True)`` (its default inside a SLURM batch job).
+        ignore_after_finish: After a fit whose training finished, keep noting (and ignoring) the
+            stop signals after ``fit`` returns, until the process exits, instead of restoring
+            the handlers they had before ``fit``: a finished run then exits 0 whatever signal
+            comes (the CLI sets it; a notebook keeps the default, its Ctrl-C back).
     """
 
     def __init__(self, dirpath: str | None = None, filename: str = "last",
-                 requeue: bool | None = None) -> None:
+                 requeue: bool | None = None, ignore_after_finish: bool = False) -> None:
         super().__init__()
         if not filename:
             raise ValueError("PreemptionCheckpoint filename must not be empty.")
         self.dirpath, self.filename, self.requeue = dirpath, filename, requeue
+        self.ignore_after_finish = ignore_after_finish
         self.received: int | None = None  # the signal number, once one arrived in this process
+        self.finished = False  # the last training step is done: signals no longer stop the run
         self.saved_path: str | None = None
         self._previous: dict[int, _Handler] = {}
 
     def _handler(self, signum: int, _: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.finished:
+            os.write(2, f"\n{name} received after the last training step: the run has finished "
+                        "and exits 0 once its summary and export are written.\n".encode())
+            return
         if self.received == signum:  # asked twice: stop now (a checkpoint write is atomic)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
         self.received = signum
-        name = signal.Signals(signum).name
         # os.write: a print here could re-enter a print the signal interrupted.
         os.write(2, f"\n{name} received: stopping after the current optimizer step and saving a "
                     f"checkpoint; {name} again stops at once.\n".encode())
@@ -91,14 +104,26 @@ class PreemptionCheckpoint(pl.Callback):
         return isinstance(env, SLURMEnvironment) and env.auto_requeue
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """From the start of ``fit``, the stop signals only set a flag."""
+        """From the start of ``fit`` (or from :meth:`listen`), the stop signals only set a flag."""
         if stage != "fit":
             return
+        # Last in the list (after the model's own callbacks and the ModelCheckpoints): the stop
+        # checkpoint then holds every callback's update of the step (probe, EMA teacher, ...),
+        # the state a checkpoint of a run that was never stopped holds at that step.
+        trainer.callbacks = [c for c in trainer.callbacks if c is not self] + [self]  # type: ignore[attr-defined]
+        if not self._previous:
+            self.listen(trainer)
+
+    def listen(self, trainer: pl.Trainer) -> None:
+        """Make the stop signals set the flag from now on (``setup`` does it; the CLI calls it
+        before ``fit``, so that a signal while the data is indexed, before ``setup``, stops the
+        run like one in the sanity check instead of raising ``KeyboardInterrupt``: exit 1, and
+        under DDP a rank that dies while the others wait for it)."""
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn("PreemptionCheckpoint: fit runs outside the main thread, where signal "
                            "handlers cannot be set; stop signals are not handled.")
             return
-        self.received, self.saved_path = None, None
+        self.received, self.saved_path, self.finished = None, None, False
         self._previous = {signum: signal.getsignal(signum) for signum in self._signals(trainer)}
         for signum in self._previous:
             signal.signal(signum, self._handler)
@@ -107,10 +132,21 @@ class PreemptionCheckpoint(pl.Callback):
         # at the end of the batch without a checkpoint: make that part a no-op.
         trainer._signal_connector._sigterm_notifier_fn = _ignore_signal  # type: ignore[method-assign,assignment]
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The last step is done: from now on a stop signal does not stop the run (a signal
+        that came after the last step's end, during its validation, is dropped)."""
+        self.finished = True
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Give the signals back to the handlers they had before ``fit``."""
-        if stage == "fit" and self._previous:
+        """Give the signals back to the handlers they had before ``fit`` (after a finished fit
+        with ``ignore_after_finish``: keep noting them)."""
+        if stage != "fit" or not self._previous:
+            return
+        if self.finished and self.ignore_after_finish:
+            self._install(trainer, dict.fromkeys(self._previous, self._handler))
+        else:
             self._install(trainer, self._previous)
+        self._previous = {}
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
@@ -122,6 +158,7 @@ class PreemptionCheckpoint(pl.Callback):
             self._install(trainer, self._previous)
         else:
             self._install(trainer, dict.fromkeys(self._previous, signal.SIG_DFL))
+        self._previous = {}
 
     def _install(self, trainer: pl.Trainer, handlers: dict[int, _Handler]) -> None:
         """Set ``handlers``, also as the ones Lightning restores when its run ends."""

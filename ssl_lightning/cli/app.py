@@ -11,6 +11,7 @@ the config and the command line define the run, the checkpoint supplies its stat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from functools import reduce
 from operator import or_
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.accelerators import CPUAccelerator
-from pytorch_lightning.callbacks import LearningRateMonitor, ProgressBar
+from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
@@ -30,6 +31,7 @@ from ssl_lightning.backbones.spec import (
     config_class_paths,
     trust_classes,
 )
+from ssl_lightning.callbacks import PreemptionCheckpoint
 from ssl_lightning.cli.errors import (
     READABLE,
     CLIError,
@@ -40,12 +42,15 @@ from ssl_lightning.cli.errors import (
     run_error_message,
 )
 from ssl_lightning.cli.resume import (
+    KEPT_ON_CHANGE,
     check_architecture,
     check_method_and_hyperparameters,
     check_strategy,
+    keep_last_checkpoints,
     read_checkpoint,
 )
 from ssl_lightning.io import RunDirectoryLock, latest_checkpoint, with_atomic_checkpoint_io
+from ssl_lightning.io.run_directory import local_run_directory
 
 #: ``ckpt_path`` values Lightning resolves itself (no file to check here).
 _LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -62,6 +67,7 @@ class SSLLightningCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._resume: tuple[str, Mapping[str, Any]] | None = None
+        self._keep_original_run = False  # a resume with changed settings: keep its last.ckpt
         kwargs["parser_class"] = ReadableArgumentParser
         # no --optimizer / --lr_scheduler: they would replace the method's optimiser and schedule
         kwargs["auto_configure_optimizers"] = False
@@ -83,6 +89,11 @@ class SSLLightningCLI(LightningCLI):
                 # jsonargparse's ActionTypeHint (not public) parses with its _typehint
                 action._typehint = reduce(  # type: ignore[attr-defined]
                     or_, [int, *(m for m in members if m is not int)])
+        parser.add_argument(
+            "--resume_in_place", type=bool, default=False,
+            help="fit --ckpt_path with changed hyperparameters: continue in the checkpoint's run "
+                 "folder and replace its last.ckpt (by default the original run is kept, see "
+                 "docs/resume.md).")
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         """LightningCLI's trainer, writing checkpoints atomically (unless the config names its
@@ -110,9 +121,15 @@ class SSLLightningCLI(LightningCLI):
             return
         checkpoint = read_checkpoint(str(path))
         self._dump_config()
-        check_method_and_hyperparameters(checkpoint, str(path), self.config_dump.get("model") or {})
+        in_place = bool(self.config[subcommand].get("resume_in_place"))
+        kept = ("--resume_in_place: this run continues in the checkpoint's run folder and "
+                "replaces its last.ckpt." if in_place else KEPT_ON_CHANGE)
+        changed = check_method_and_hyperparameters(
+            checkpoint, str(path), self.config_dump.get("model") or {}, kept=kept)
         self._resume = (str(path), checkpoint)
-        self._continue_in_run_directory(str(path))
+        self._keep_original_run = changed and not in_place
+        if not self._keep_original_run:
+            self._continue_in_run_directory(str(path))
 
     def _resolve_last(self) -> str | None:
         """``--ckpt_path last``: the newest ``last.ckpt`` of the configured TensorBoard / CSV
@@ -183,13 +200,22 @@ class SSLLightningCLI(LightningCLI):
             self._resume = None  # the checkpoint's tensors are no longer needed here
         if self.subcommand == "fit":
             self._check_sync_batchnorm()
+            if self._keep_original_run:
+                self._keep_last_checkpoints()
         self._drop_lr_monitor_without_logger()
         self._record_backbone_spec()
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``subcommand``; a setting refused while the run sets up, and an error of
         ssl_lightning's own types, are raised as their one-line message
-        (:func:`~ssl_lightning.cli.errors.run_error_message`)."""
+        (:func:`~ssl_lightning.cli.errors.run_error_message`). A ``fit``'s stop signals are
+        handled by its :class:`PreemptionCheckpoint` from here on, and after the fit finished
+        they are only noted until the process exits (a finished run exits 0)."""
+        if subcommand == "fit":
+            for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
+                if isinstance(callback, PreemptionCheckpoint):
+                    callback.ignore_after_finish = True  # the process ends after the fit
+                    callback.listen(self.trainer)  # also while the data is indexed
         try:
             super()._run_subcommand(subcommand)
         except Exception as err:
@@ -197,6 +223,19 @@ class SSLLightningCLI(LightningCLI):
             if message is None:
                 raise
             raise CLIError(message) from err
+
+    def _keep_last_checkpoints(self) -> None:
+        """Copy each ``last.ckpt`` this run would replace (in its checkpoint callbacks' folders)
+        to ``last-before-resume[-N].ckpt``, on global rank 0 before anything is written."""
+        if not self.trainer.is_global_zero:
+            return
+        default = os.path.join(local_run_directory(self.trainer), "checkpoints")
+        folders = [c.dirpath or default for c in self.trainer.callbacks  # type: ignore[attr-defined]
+                   if (isinstance(c, ModelCheckpoint) and c.save_last)
+                   or isinstance(c, PreemptionCheckpoint)]
+        for original, copy in keep_last_checkpoints(str(f) for f in folders):
+            rank_zero_info(f"Kept the original run's {original} as {copy} (this resume changes "
+                           "hyperparameters).")
 
     def _drop_lr_monitor_without_logger(self) -> None:
         """Without a logger (``--trainer.logger false``), Lightning refuses a

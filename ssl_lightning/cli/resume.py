@@ -6,7 +6,8 @@
 - the method: resuming needs the class the checkpoint was trained with;
 - the hyperparameters: every one whose new value differs is listed in one warning; the new
   run's values are used (the checkpoint supplies the weights, the optimiser state and the step);
-  the optimiser itself cannot change;
+  the optimiser itself cannot change; the original run's files are kept (see
+  :func:`keep_last_checkpoints`);
 - the architecture: the checkpoint's weights must fit the configured model key for key and
   shape for shape.
 """
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pytorch_lightning.utilities import rank_zero_warn
@@ -24,6 +27,7 @@ from torch import nn
 from ssl_lightning.cli.errors import CLIError
 from ssl_lightning.deprecation import rename_hyperparameters, rename_state_keys
 from ssl_lightning.evaluation.checkpoint import load_checkpoint
+from ssl_lightning.io import atomic_path
 from ssl_lightning.sharding import ShardedStrategy, is_sharded_checkpoint
 
 #: Hyperparameters a resume cannot change (the optimiser state is specific to the optimiser).
@@ -68,7 +72,7 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def check_method_and_hyperparameters(checkpoint: Mapping[str, Any], path: str,
-                                     model_config: Mapping[str, Any]) -> None:
+                                     model_config: Mapping[str, Any], kept: str = "") -> bool:
     """Refuse another method (or optimiser); warn once about every hyperparameter that differs.
 
     Args:
@@ -76,6 +80,10 @@ def check_method_and_hyperparameters(checkpoint: Mapping[str, Any], path: str,
         path: Its file, for the messages.
         model_config: The new run's ``model`` config as dumped by the CLI
             (``{"class_path": ..., "init_args": {...}}``).
+        kept: What happens to the original run's files then, appended to the warning.
+
+    Returns:
+        Whether a hyperparameter differs.
     """
     saved = dict(checkpoint.get("hyper_parameters") or {})
     saved.pop("_instantiator", None)
@@ -108,8 +116,9 @@ def check_method_and_hyperparameters(checkpoint: Mapping[str, Any], path: str,
         rank_zero_warn(
             f"Resuming from {path!r} with {len(differ)} hyperparameter(s) that differ from the "
             f"checkpoint's: {listing}. This run's values are used; the checkpoint supplies the "
-            "weights, the optimiser state and the step."
+            "weights, the optimiser state and the step." + (f" {kept}" if kept else "")
         )
+    return bool(differ)
 
 
 def _method_class(class_path: object) -> type | None:
@@ -145,3 +154,33 @@ def check_architecture(model: nn.Module, checkpoint: Mapping[str, Any], path: st
         "config it was trained with (see its config.yaml beside the logs), or pass a "
         "checkpoint of this model."
     )
+
+
+#: Appended to the changed-hyperparameter warning: what a resume with other settings keeps.
+KEPT_ON_CHANGE = (
+    "The original run is kept: this run writes into a new version folder of the logger (not the "
+    "checkpoint's), and a last.ckpt it would replace is first copied to "
+    "last-before-resume[-N].ckpt beside it; --resume_in_place true continues in the checkpoint's "
+    "folder and replaces its last.ckpt.")
+
+
+def keep_last_checkpoints(folders: Iterable[str]) -> list[tuple[str, str]]:
+    """Copy every existing ``<folder>/last.ckpt`` to the first free
+    ``<folder>/last-before-resume[-N].ckpt`` (written to a temporary name and renamed), so a
+    resumed run with changed settings does not replace the original run's last state.
+
+    Returns:
+        The ``(original, copy)`` pairs.
+    """
+    kept = []
+    for folder in dict.fromkeys(folders):
+        last = Path(folder) / "last.ckpt"
+        if not last.is_file():
+            continue
+        copy, n = Path(folder) / "last-before-resume.ckpt", 1
+        while copy.exists():
+            copy, n = Path(folder) / f"last-before-resume-{n}.ckpt", n + 1
+        with atomic_path(copy) as tmp:
+            shutil.copyfile(last, tmp)
+        kept.append((str(last), str(copy)))
+    return kept

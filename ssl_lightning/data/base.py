@@ -28,6 +28,7 @@ from ssl_lightning.data.checks import (
 )
 from ssl_lightning.data.datasets import SKIPPED_IMAGES, OnError, UnreadableImages
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
+from ssl_lightning.data.fingerprint import dataset_fingerprint
 from ssl_lightning.data.multichannel_device_views import ArrayImage
 from ssl_lightning.data.seeding import EpochSampler, SeededDataset
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
@@ -144,7 +145,9 @@ class SSLDataModule(pl.LightningDataModule):
         self.unreadable = UnreadableImages(on_error, max_corrupt_fraction)
         self._restored_seed: int | None = None
         self._restored_loader: dict[str, Any] | None = None
+        self._restored_fingerprint: str | None = None
         self._restored = False
+        self._fingerprint: str | None = None  # of train_dataset, computed once when needed
         self._train_loader: StatefulDataLoader | None = None
         self._views_made_in_workers = False
         self.train_dataset: Dataset | None = None
@@ -215,6 +218,9 @@ class SSLDataModule(pl.LightningDataModule):
         state: dict[str, Any] = {"seed": self.train_seed}
         if self._train_loader is not None:
             state["train_loader"] = self._train_loader.state_dict()
+        fingerprint = self._train_fingerprint()
+        if fingerprint is not None:
+            state["dataset_fingerprint"] = fingerprint
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -222,6 +228,7 @@ class SSLDataModule(pl.LightningDataModule):
         (before Lightning builds the loaders), see :meth:`EpochSampler.load_state_dict`."""
         self._restored_seed = int(state_dict["seed"])
         self._restored_loader = state_dict.get("train_loader")
+        self._restored_fingerprint = state_dict.get("dataset_fingerprint")
         self._restored = True
         if self._restored_loader is not None and self.train_dataset is not None:
             self._sampler(self.train_dataset).load_state_dict(
@@ -266,6 +273,7 @@ class SSLDataModule(pl.LightningDataModule):
         )
         if self._restored_loader is not None:
             self._check_new_layout(sampler, _saved_sampler_state(self._restored_loader)[1])
+            self._check_same_files()
             _restore_position(loader, sampler, self._restored_loader)
             self._restored_loader = None
         self._train_loader = loader
@@ -292,6 +300,27 @@ class SSLDataModule(pl.LightningDataModule):
                 "the position in the epoch cannot be mapped. Resume with the checkpoint's "
                 "world size (devices x nodes), batch_size and dataset, or from a checkpoint "
                 "written at the end of an epoch (ModelCheckpoint's save_on_train_epoch_end).")
+
+    def _train_fingerprint(self) -> str | None:
+        """:func:`dataset_fingerprint` of the training set (None before it is built)."""
+        if self._fingerprint is None and self.train_dataset is not None:
+            self._fingerprint = dataset_fingerprint(self.train_dataset)
+        return self._fingerprint
+
+    def _check_same_files(self) -> None:
+        """Refuse a resume inside an epoch on a training set whose file list (names, sizes)
+        differs from the checkpoint's: the position would pick other samples."""
+        trainer, saved = self.trainer, self._restored_fingerprint
+        if trainer is None or saved is None or not _epoch_unfinished(trainer):
+            return
+        if saved != self._train_fingerprint():
+            raise ValueError(
+                f"The checkpoint {trainer.ckpt_path} was written inside an epoch on another "
+                f"training set: the file list (names and sizes) of this run's "
+                f"{getattr(self.train_dataset, 'root', 'training data')} differs from the "
+                "checkpoint's, so its position in the epoch would pick other samples. Resume "
+                "on the checkpoint's training data, or from a checkpoint written at the end of "
+                "an epoch (ModelCheckpoint's save_on_train_epoch_end).")
 
     def _views_in_workers(self) -> bool:
         """``"auto"``: the workers unless the trainer runs on an accelerator (also without a

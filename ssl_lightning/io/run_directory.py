@@ -17,7 +17,8 @@ import pytorch_lightning as pl
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
 
-def _local_run_directory(trainer: pl.Trainer) -> str:
+def local_run_directory(trainer: pl.Trainer) -> str:
+    """This process's idea of :func:`run_directory` (no collective: also before ``fit``)."""
     if not trainer.loggers:
         return trainer.default_root_dir
     logger = trainer.loggers[0]
@@ -30,7 +31,7 @@ def _local_run_directory(trainer: pl.Trainer) -> str:
 
 def run_directory(trainer: pl.Trainer) -> str:
     """This run's own directory (global rank 0's; a broadcast under DDP: call it on every rank)."""
-    return trainer.strategy.broadcast(_local_run_directory(trainer))
+    return trainer.strategy.broadcast(local_run_directory(trainer))
 
 
 def latest_checkpoint(runs: Path, file_name: str) -> Path | None:

@@ -191,6 +191,7 @@ class SSLMethod(SeededSteps):
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
         self._views_checked = False
+        self.register_load_state_dict_pre_hook(resize_data_sized_state)
 
     # ----------------------------------------------------------------- to implement / override
     def build_criterion(self) -> nn.Module:
@@ -514,3 +515,18 @@ def _inputs_to_channels_last(module: nn.Module, args: tuple) -> tuple:
     if isinstance(x, Tensor) and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     return (x, *rest)
+
+
+def resize_data_sized_state(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                            *args: Any) -> None:
+    """``load_state_dict`` pre-hook: give every :attr:`SSLMethod.data_sized_state` buffer the
+    shape of the state it loads (a model built before it saw its data: a resume, or Lightning's
+    ``ddp_spawn`` launcher loading the trained state back into the main process)."""
+    for key in getattr(module, "data_sized_state", ()):
+        incoming = state_dict.get(prefix + key)
+        owner_path, _, name = key.rpartition(".")
+        owner = module.get_submodule(owner_path)
+        current = getattr(owner, name)
+        if isinstance(incoming, Tensor) and incoming.shape != current.shape:
+            setattr(owner, name, torch.zeros(incoming.shape, dtype=current.dtype,
+                                             device=current.device))

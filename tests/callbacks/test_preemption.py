@@ -7,7 +7,10 @@ process group, held at a known point (``tests/preemption_probe.py``) and signall
 - SIGTERM to the whole group (``kill -TERM -PGID``, what SLURM does): the workers survive it, the
   run checkpoints and exits 143, and no worker outlives the run;
 - 2 processes (``--trainer.strategy ddp``, gloo) with SIGTERM to rank 1 during the sanity check:
-  both ranks stop at its end and exit 143, no hang.
+  both ranks stop at its end and exit 143, no hang;
+- SIGTERM after the last training step (while the summary prints): noted, the run exits 0;
+- 2 processes, Ctrl-C while rank 1 still indexes its training images (before the callbacks'
+  ``setup``): both ranks stop at the sanity check's end and exit 130, no traceback.
 """
 
 from __future__ import annotations
@@ -173,3 +176,24 @@ def test_ddp_sigterm_to_rank_1_in_the_sanity_check_stops_both_ranks(start: Any) 
     while not _gone(rank1):
         assert time.monotonic() < deadline, "rank 1 outlived rank 0"
         time.sleep(0.1)
+
+
+def test_ddp_ctrl_c_while_rank_1_indexes_its_data_stops_both_ranks(start: Any) -> None:
+    run = start("HoldInSanityCheck", world_size=2, rank=0,
+                extra=("--trainer.num_sanity_val_steps", "1",
+                       "--data.class_path", "preemption_probe.HoldInDataSetup",
+                       "--data.init_args.marker", "hold"))  # relative to the run's folder
+    run.wait_for((run.workdir / "hold.data.rank1").exists, "rank 1 to index its data")
+    time.sleep(0.2)  # the marker is written before the wait starts
+    run.signal_group(signal.SIGINT)
+    assert run.wait(timeout=180) == 130, run.stderr[-3000:]
+    assert "Stopped by SIGINT before the first training step" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_sigterm_after_the_last_step_lets_the_finished_run_exit_0(start: Any) -> None:
+    run = start("HoldInTeardown", hold_s=10)
+    run.held()
+    run.signal_group(signal.SIGTERM)
+    assert run.wait() == 0, run.stderr[-3000:]
+    assert "SIGTERM received after the last training step" in run.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
+import torch
 import yaml
 
 from ssl_lightning.cli import main
@@ -202,3 +203,45 @@ def test_damaged_checkpoint_is_named_with_what_to_do(first_run, resume, capsys, 
     else:
         assert ("is empty (0 bytes)" if damage == "empty" else "cannot be read") in err
         assert "Resume from the previous checkpoint" in err
+
+
+def _logged_run(root: Path, config: Path, *args: str) -> None:
+    """``fit`` with a CSV logger in ``root/runs/tiny`` and ModelCheckpoint's default folder."""
+    logged = yaml.safe_load(config.read_text())
+    logged["trainer"]["logger"] = {"class_path": "pytorch_lightning.loggers.CSVLogger",
+                                   "init_args": {"save_dir": str(root / "runs"), "name": "tiny"}}
+    del logged["trainer"]["callbacks"][0]["init_args"]["dirpath"]
+    path = root / "logged.yaml"
+    path.write_text(yaml.safe_dump(logged))
+    main(["fit", "--config", str(path), *args])
+
+
+def test_resume_with_changed_settings_keeps_the_original_run(first_run, resume,
+                                                             tmp_path, monkeypatch) -> None:
+    """The original run's last.ckpt survives a resume with another lr: beside it as
+    last-before-resume.ckpt (a fixed checkpoint folder), or untouched in its version folder
+    (the resumed run writes a new one); --resume_in_place replaces it."""
+    root = first_run[0]
+    folder = root / "ckpts"
+    before = {p.name for p in folder.glob("last-before-resume*.ckpt")}
+    original = (folder / "last.ckpt").read_bytes()
+    with pytest.warns(UserWarning, match="The original run is kept"):
+        resume("--model.lr", "0.05", "--trainer.max_epochs", "2")
+    new = [p for p in folder.glob("last-before-resume*.ckpt") if p.name not in before]
+    assert len(new) == 1 and new[0].read_bytes() == original
+    assert (folder / "last.ckpt").read_bytes() != original  # the resumed run's
+
+    monkeypatch.chdir(tmp_path)
+    _logged_run(tmp_path, first_run[1])
+    last = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    original = last.read_bytes()
+    _logged_run(tmp_path, first_run[1], "--ckpt_path", str(last), "--model.lr", "0.05",
+                "--trainer.max_epochs", "2")
+    assert last.read_bytes() == original
+    assert torch.load(tmp_path / "runs/tiny/version_1/checkpoints/last.ckpt",
+                      weights_only=True)["global_step"] == 12
+    with pytest.warns(UserWarning, match="--resume_in_place: this run continues"):
+        _logged_run(tmp_path, first_run[1], "--ckpt_path", str(last), "--model.lr", "0.05",
+                    "--trainer.max_epochs", "2", "--resume_in_place", "true")
+    assert torch.load(last, weights_only=True)["global_step"] == 12
+    assert not (tmp_path / "runs/tiny/version_2").exists()
