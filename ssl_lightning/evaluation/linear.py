@@ -8,7 +8,7 @@ crop + flip, SGD with momentum and a cosine schedule; top-1/top-5 accuracy on th
 
 A grid of heads (``lrs`` × ``weight_decays`` × ``last_blocks`` × ``poolings``, DINOv2's
 ``eval/linear.py`` protocol: 13 learning rates × {1, 4} last blocks × {[CLS], [CLS] + mean
-patch}) trains on one frozen forward per batch (:mod:`ssl_lightning.evaluation.probe_grid`);
+patch}) trains on one frozen forward per batch (:mod:`ssl_lightning.callbacks.probe_grid`);
 the head with the best val top-1 is the one ``val/top1`` reports.
 """
 
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.callbacks.knn import padding_mask, val_sampler
 from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
-from ssl_lightning.evaluation.probe_grid import (
+from ssl_lightning.callbacks.probe_grid import (
     LinearHeads,
     format_grid,
     head_param_groups,
@@ -101,7 +101,7 @@ class LinearEval(SeededSteps):
         last_blocks: Numbers of last blocks whose tokens are concatenated (token backbones).
         poolings: Feature poolings of the grid: ``pooled`` (the backbone's output, any
             backbone), ``cls``, ``mean``, ``cls+mean`` (ViTs; see
-            :func:`~ssl_lightning.evaluation.probe_grid.source_features`).
+            :func:`~ssl_lightning.callbacks.probe_grid.source_features`).
         rng_seed: Seed of the per-batch reseeding of stochastic depth / dropout when
             fine-tuning (see :class:`~ssl_lightning.training.step_rng.SeededSteps`); ``None``:
             the run's seed.
