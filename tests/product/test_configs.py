@@ -69,6 +69,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "smog.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
                   "--model.init_args.num_groups", "4", "--model.init_args.queue_size", "16",
                   "--model.init_args.reset_every", "2"],
+    "fewshot.yaml": ["--model.init_args.shots", "[1, 2]", "--model.init_args.draws", "2"],
     # the ResNet-18 student runs in distillation.yaml's test; here the timm teacher file matters
     "distillation_timm.yaml": ["--model.init_args.backbone", '{"class_path": '
                                '"ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'],
@@ -122,6 +123,7 @@ def _timm_teacher_file(tmp_path: Path, request: pytest.FixtureRequest) -> list[s
 
 SUBCOMMANDS: dict[str, str] = {
     "knn.yaml": "validate",
+    "fewshot.yaml": "validate",
 }
 
 def _released_backbone(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
@@ -144,6 +146,7 @@ PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
     "dinov3_continue.yaml": _released_backbone,
     "linear.yaml": _pretraining_checkpoint,
     "knn.yaml": _pretraining_checkpoint,
+    "fewshot.yaml": _pretraining_checkpoint,
     "distillation.yaml": _distillation_teacher,
     "distillation_timm.yaml": _timm_teacher_file,
 }
