@@ -12,7 +12,9 @@ Feature sources (:func:`source_features`, one forward for all of them):
 - ``cls``: the final-norm [CLS] tokens of the last ``n`` blocks, concatenated;
 - ``mean``: the mean patch tokens of the last ``n`` blocks, concatenated;
 - ``cls+mean``: the ``n`` [CLS] tokens and the mean patch token of the last block (DINOv2's
-  ``create_linear_input`` with ``use_avgpool``).
+  ``create_linear_input`` with ``use_avgpool``);
+- ``tokens``: the patch tokens of the last ``n`` blocks concatenated along the channels,
+  (B, patches, n·D), for attentive probes.
 
 The token sources need a token backbone (ours :class:`~ssl_lightning.backbones.ViT`, or a
 ``TimmBackbone`` whose model has ``blocks``, ``norm`` and ``num_prefix_tokens``, as timm's
@@ -34,8 +36,8 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones import feature_dim
 
-Pooling = Literal["pooled", "cls", "mean", "cls+mean"]
-POOLINGS: tuple[str, ...] = ("pooled", "cls", "mean", "cls+mean")
+Pooling = Literal["pooled", "cls", "mean", "cls+mean", "tokens"]
+POOLINGS: tuple[str, ...] = ("pooled", "cls", "mean", "cls+mean", "tokens")
 #: A feature source: (number of last blocks, pooling).
 Source = tuple[int, str]
 
@@ -144,7 +146,8 @@ def block_tokens(backbone: nn.Module, images: Tensor, n: int) -> tuple[Tensor, l
 
 def source_features(backbone: nn.Module, images: Tensor, sources: Sequence[Source]
                     ) -> dict[Source, Tensor]:
-    """The (B, D_source) features of every source from one forward of ``backbone``."""
+    """The (B, D_source) features (``tokens``: (B, patches, D_source)) of every source from one
+    forward of ``backbone``."""
     depth = max((n for n, pooling in sources if pooling != "pooled"), default=0)
     if depth == 0:
         pooled = backbone(images)
@@ -159,6 +162,7 @@ def source_features(backbone: nn.Module, images: Tensor, sources: Sequence[Sourc
         out[(n, pooling)] = {"pooled": lambda: pooled, "cls": lambda: torch.cat(cls, dim=1),
                              "mean": lambda: torch.cat(means, dim=1),
                              "cls+mean": lambda: torch.cat([*cls, means[-1]], dim=1),
+                             "tokens": lambda: torch.cat([t[:, prefix:] for t in last], dim=2),
                              }[pooling]()
     return out
 
@@ -166,7 +170,7 @@ def source_features(backbone: nn.Module, images: Tensor, sources: Sequence[Sourc
 def source_dims(backbone: nn.Module, sources: Sequence[Source], image_size: int = 32
                 ) -> dict[Source, int]:
     """The feature size of each source: ``feature_dim`` for ``pooled``; for the token sources
-    ``n`` (``cls``, ``mean``) or ``n + 1`` (``cls+mean``) times the token width."""
+    ``n`` (``cls``, ``mean``, ``tokens``) or ``n + 1`` (``cls+mean``) times the token width."""
     check_sources(backbone, sources)
     dims: dict[Source, int] = {}
     for n, pooling in sources:

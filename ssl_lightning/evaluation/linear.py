@@ -96,6 +96,7 @@ class LinearEval(SeededSteps):
         warmup_epochs: Linear warm-up epochs before the cosine decay.
         image_size: Image side used to infer the feature size when the backbone has no
             ``num_features``.
+        optimizer: ``"sgd"`` (with ``momentum``) or ``"adamw"``.
         lrs: Base learning rates of the grid (e.g. DINOv2's 13: 1e-5, 2e-5, 5e-5, ..., 0.1).
         weight_decays: Weight decays of the grid.
         last_blocks: Numbers of last blocks whose tokens are concatenated (token backbones).
@@ -125,6 +126,7 @@ class LinearEval(SeededSteps):
         weight_decays: list[float] | None = None,
         last_blocks: list[int] | None = None,
         poolings: list[str] | None = None,
+        optimizer: Literal["sgd", "adamw"] = "sgd",
     ) -> None:
         super().__init__()
         if num_classes is None:
@@ -139,6 +141,9 @@ class LinearEval(SeededSteps):
             raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}.")
         self.specs = probe_grid(lrs or [lr], weight_decays or [weight_decay], last_blocks or [1],
                                 poolings or ["pooled"])
+        if any(spec.pooling == "tokens" for spec in self.specs) != (self.head_kind == "tokens"):
+            raise ValueError(f"{type(self).__name__} takes the poolings pooled / cls / mean / "
+                             "cls+mean; the tokens source is AttentiveEval's.")
         if finetune and len(self.specs) > 1:
             raise ValueError(f"LinearEval finetune=True trains the backbone, so it takes one head;"
                              f" the grid has {len(self.specs)}: give one lr, weight decay, "
@@ -153,8 +158,8 @@ class LinearEval(SeededSteps):
         self.backbone = backbone
         self.backbone.requires_grad_(finetune)
         sources = list(dict.fromkeys(spec.source for spec in self.specs))
-        self.classifier = LinearHeads(self.specs, source_dims(backbone, sources, image_size),
-                                      num_classes)
+        self.classifier = self.build_heads(source_dims(backbone, sources, image_size),
+                                           num_classes)
         #: The head ``val/top1`` reports (the best at the last validation); a buffer: resumed.
         self.register_buffer("best_head", torch.zeros((), dtype=torch.long))
         self._grid_top1: list[float] | None = None
@@ -162,6 +167,13 @@ class LinearEval(SeededSteps):
         self.top5 = min(5, num_classes)
         self._val_rows: list[Tensor] = []  # per val sample: loss, top-1 hit, top-5 hit
         self.train()
+
+    #: The source kind the heads read: pooled (B, D) features, or ``tokens`` (attentive).
+    head_kind = "pooled"
+
+    def build_heads(self, dims: dict[tuple[int, str], int], num_classes: int) -> nn.Module:
+        """The grid's heads: one ``nn.Linear`` per head (:class:`LinearHeads`)."""
+        return LinearHeads(self.specs, dims, num_classes)
 
     def train(self, mode: bool = True) -> LinearEval:
         """Set train/eval mode; a frozen backbone always stays in eval mode (fixed BN stats)."""
@@ -288,8 +300,8 @@ class LinearEval(SeededSteps):
             spec = self.specs[0]
             groups = [{**g, "lr": spec.lr * lr_scale}
                       for g in split_decay_groups([self.backbone], spec.weight_decay)] + groups
-        optimizer = build_optimizer("sgd", groups, lr=scale_lr(hp.lr, global_batch,
-                                                               hp.lr_scaling),
+        optimizer = build_optimizer(hp.optimizer, groups,
+                                    lr=scale_lr(hp.lr, global_batch, hp.lr_scaling),
                                     momentum=hp.momentum)
         scheduler = run_schedule(self.trainer, optimizer, hp.warmup_epochs,
                                  global_batch_size=global_batch)
