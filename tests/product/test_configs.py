@@ -96,6 +96,18 @@ def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> l
     return ["--model.checkpoint", path]
 
 
+def _vit_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    """A real (1-step) SimCLR checkpoint of a tiny 4-block ViT (the probe grids' last 4 blocks)."""
+    from evaluation_helpers import simclr_checkpoint
+
+    from ssl_lightning.backbones import ViT
+
+    path = str(tmp_path / "pretrain_vit.ckpt")
+    simclr_checkpoint(ViT(image_size=32, patch_size=8, embed_dim=16, depth=4, num_heads=2), path,
+                      view_size=32, steps=1)
+    return ["--model.checkpoint", path]
+
+
 def _distillation_teacher(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     """A 1-step SimCLR checkpoint of a tiny ViT as the teacher (its student, backbone.)."""
     from evaluation_helpers import simclr_checkpoint
@@ -147,6 +159,8 @@ PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
     "linear.yaml": _pretraining_checkpoint,
     "knn.yaml": _pretraining_checkpoint,
     "fewshot.yaml": _pretraining_checkpoint,
+    "linear_grid.yaml": _vit_checkpoint,
+    "attentive.yaml": _vit_checkpoint,
     "distillation.yaml": _distillation_teacher,
     "distillation_timm.yaml": _timm_teacher_file,
 }
