@@ -19,8 +19,8 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from ssl_lightning.callbacks.knn import gather_variable, padding_mask, val_sampler
-from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
 from ssl_lightning.callbacks.probe_grid import LinearHeads, format_grid, probe_grid
+from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
 
 
 class OnlineProbe(pl.Callback):

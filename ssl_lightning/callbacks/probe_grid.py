@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -141,7 +141,8 @@ def block_tokens(backbone: nn.Module, images: Tensor, n: int) -> tuple[Tensor, l
         raise ValueError(f"{type(backbone).__name__} has no token blocks.")
     with _block_outputs(model, n) as outputs:
         pooled = backbone(images)
-    return pooled, [model.norm(t) for t in outputs]
+    norm = cast(nn.Module, model.norm)
+    return pooled, [norm(t) for t in outputs]
 
 
 def source_features(backbone: nn.Module, images: Tensor, sources: Sequence[Source]
@@ -153,18 +154,24 @@ def source_features(backbone: nn.Module, images: Tensor, sources: Sequence[Sourc
         pooled = backbone(images)
         return {source: pooled for source in sources}
     pooled, tokens = block_tokens(backbone, images, depth)
-    prefix = token_model(backbone).num_prefix_tokens  # type: ignore[union-attr]
-    out: dict[Source, Tensor] = {}
-    for n, pooling in sources:
-        last = tokens[len(tokens) - n:]
-        cls = [t[:, 0] for t in last]
-        means = [t[:, prefix:].mean(dim=1) for t in last]
-        out[(n, pooling)] = {"pooled": lambda: pooled, "cls": lambda: torch.cat(cls, dim=1),
-                             "mean": lambda: torch.cat(means, dim=1),
-                             "cls+mean": lambda: torch.cat([*cls, means[-1]], dim=1),
-                             "tokens": lambda: torch.cat([t[:, prefix:] for t in last], dim=2),
-                             }[pooling]()
-    return out
+    prefix = int(cast(nn.Module, token_model(backbone)).num_prefix_tokens)  # type: ignore[arg-type]
+    return {(n, pooling): _pool(pooled, tokens[len(tokens) - n:], prefix, pooling)
+            for n, pooling in sources}
+
+
+def _pool(pooled: Tensor, last: list[Tensor], prefix: int, pooling: str) -> Tensor:
+    """One source's features from the backbone output and its last blocks' tokens."""
+    if pooling == "pooled":
+        return pooled
+    if pooling == "tokens":
+        return torch.cat([t[:, prefix:] for t in last], dim=2)
+    cls = [t[:, 0] for t in last]
+    means = [t[:, prefix:].mean(dim=1) for t in last]
+    if pooling == "cls":
+        return torch.cat(cls, dim=1)
+    if pooling == "mean":
+        return torch.cat(means, dim=1)
+    return torch.cat([*cls, means[-1]], dim=1)  # cls+mean
 
 
 def source_dims(backbone: nn.Module, sources: Sequence[Source], image_size: int = 32
@@ -177,10 +184,11 @@ def source_dims(backbone: nn.Module, sources: Sequence[Source], image_size: int 
         if pooling == "pooled":
             dims[(n, pooling)] = feature_dim(backbone, image_size)
             continue
-        model = token_model(backbone)
+        model = cast(nn.Module, token_model(backbone))
         width = getattr(model, "embed_dim", None)
-        width = width if isinstance(width, int) else getattr(model, "num_features")
-        dims[(n, pooling)] = (n + (pooling == "cls+mean")) * int(width)
+        if not isinstance(width, int):
+            width = int(model.num_features)  # type: ignore[arg-type]
+        dims[(n, pooling)] = (n + (pooling == "cls+mean")) * width
     return dims
 
 
@@ -212,8 +220,9 @@ class LinearHeads(nn.Module):
         super().__init__()
         self.specs = list(specs)
         self.num_classes = num_classes
-        self.heads = nn.ModuleList(nn.Linear(dims[s.source], num_classes) for s in self.specs)
-        for head in self.heads:
+        linears = [nn.Linear(dims[s.source], num_classes) for s in self.specs]
+        self.heads = nn.ModuleList(linears)
+        for head in linears:
             if init_std > 0:
                 nn.init.normal_(head.weight, std=init_std)
             else:
@@ -231,8 +240,9 @@ class LinearHeads(nn.Module):
         out: list[Tensor | None] = [None] * len(self.heads)
         c = self.num_classes
         for source, members in self.members.items():
-            weight = torch.cat([self.heads[i].weight for i in members])
-            bias = torch.cat([self.heads[i].bias for i in members])
+            linears = [cast(nn.Linear, self.heads[i]) for i in members]
+            weight = torch.cat([head.weight for head in linears])
+            bias = torch.cat([head.bias for head in linears])
             logits = nn.functional.linear(features[source], weight, bias)
             for j, i in enumerate(members):
                 out[i] = logits[:, j * c:(j + 1) * c]

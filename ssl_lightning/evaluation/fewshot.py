@@ -16,6 +16,7 @@ dataset order, so every rank (and a single process) draws the same images.
 from __future__ import annotations
 
 import math
+
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -136,6 +137,9 @@ class FewShotEval(pl.LightningModule):
             raise ValueError("FewShotEval with checkpoint: random needs a backbone "
                              "(--model.backbone).")
         self.backbone = backbone.requires_grad_(False).eval()
+        self.draws, self.seed, self.temperature = draws, seed, temperature
+        self.chunk_size = chunk_size
+        self.logreg_c, self.logreg_max_iter = logreg_c, logreg_max_iter
         self.results: dict[str, tuple[float, float]] = {}
         self._rows: dict[int, list[Tensor]] = {0: [], 1: []}
 
@@ -168,8 +172,8 @@ class FewShotEval(pl.LightningModule):
         positions = dataset_positions(len(rows), sampler).to(rows)
         rows = gather_variable(torch.cat([positions[:, None], rows], dim=1))
         rows = rows[rows[:, 0].argsort()]
-        size = len(sampler.dataset) if isinstance(sampler, DistributedSampler) else len(rows)
-        rows = rows[:size]  # type: ignore[arg-type]
+        if isinstance(sampler, DistributedSampler):
+            rows = rows[:len(sampler.dataset)]  # type: ignore[arg-type]  # padding removed
         return rows[:, 1:-1], rows[:, -1].long()
 
     def on_validation_epoch_end(self) -> None:
@@ -191,20 +195,19 @@ class FewShotEval(pl.LightningModule):
     def score(self, bank: Tensor, bank_targets: Tensor, queries: Tensor, query_targets: Tensor,
               num_classes: int) -> dict[str, tuple[float, float]]:
         """``{"{n}shot_knn_k{k}" | "{n}shot_logreg": (mean top-1, std)}`` over the draws."""
-        hp = self.hparams
         runs: dict[str, list[float]] = {}
         for n in self.shots:
-            for draw in range(hp.draws):
-                picked = draw_few_shot(bank_targets, n, hp.seed + draw).to(bank.device)
+            for draw in range(self.draws):
+                picked = draw_few_shot(bank_targets, n, self.seed + draw).to(bank.device)
                 train, train_targets = bank[picked], bank_targets[picked]
                 grid = knn_predict_grid(train, train_targets, queries, num_classes, self.ks,
-                                        [hp.temperature], hp.chunk_size)
+                                        [self.temperature], self.chunk_size)
                 for (k, _), scores in grid.items():
                     top1 = 100 * float((scores.argmax(1) == query_targets).double().mean())
                     runs.setdefault(f"{n}shot_knn_k{k}", []).append(top1)
                 runs.setdefault(f"{n}shot_logreg", []).append(logistic_regression_top1(
-                    train, train_targets, queries, query_targets, hp.logreg_c,
-                    hp.logreg_max_iter))
+                    train, train_targets, queries, query_targets, self.logreg_c,
+                    self.logreg_max_iter))
         return {name: mean_std(values) for name, values in runs.items()}
 
     def on_validation_end(self) -> None:
@@ -213,5 +216,5 @@ class FewShotEval(pl.LightningModule):
             width = max(len(name) for name in self.results)
             rows = [f"  {name:<{width}}  {mean:6.2f} ± {std:5.2f}"
                     for name, (mean, std) in self.results.items()]
-            print(f"Few-shot top-1 (%), {self.hparams.draws} draws:\n" + "\n".join(rows),
+            print(f"Few-shot top-1 (%), {self.draws} draws:\n" + "\n".join(rows),
                   flush=True)

@@ -15,14 +15,13 @@ the head with the best val top-1 is the one ``val/top1`` reports.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.callbacks.knn import padding_mask, val_sampler
-from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
 from ssl_lightning.callbacks.probe_grid import (
     LinearHeads,
     format_grid,
@@ -31,6 +30,7 @@ from ssl_lightning.callbacks.probe_grid import (
     source_dims,
     source_features,
 )
+from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
 from ssl_lightning.evaluation.checkpoint import (
     DEFAULT_PREFIX,
     backbone_from_checkpoint,
@@ -157,10 +157,13 @@ class LinearEval(SeededSteps):
                 "LinearEval with checkpoint: random needs a backbone (--model.backbone).")
         self.backbone = backbone
         self.backbone.requires_grad_(finetune)
-        sources = list(dict.fromkeys(spec.source for spec in self.specs))
-        self.classifier = self.build_heads(source_dims(backbone, sources, image_size),
+        #: The feature sources the heads read, in order of first use.
+        self.sources = list(dict.fromkeys(spec.source for spec in self.specs))
+        self.num_classes = num_classes
+        self.classifier = self.build_heads(source_dims(backbone, self.sources, image_size),
                                            num_classes)
         #: The head ``val/top1`` reports (the best at the last validation); a buffer: resumed.
+        self.best_head: Tensor
         self.register_buffer("best_head", torch.zeros((), dtype=torch.long))
         self._grid_top1: list[float] | None = None
         self.finetune = finetune
@@ -186,7 +189,7 @@ class LinearEval(SeededSteps):
         """Refuse, before training, a classifier whose class count is not the data's."""
         datamodule = getattr(self.trainer, "datamodule", None)
         classes = getattr(datamodule, "num_classes", None)
-        wanted = self.classifier.num_classes
+        wanted = self.num_classes
         if isinstance(classes, int) and classes != wanted:
             raise ValueError(
                 f"LinearEval has num_classes={wanted}, but the data ({type(datamodule).__name__})"
@@ -197,9 +200,9 @@ class LinearEval(SeededSteps):
         """Every feature source of the grid from one backbone forward, without autograd when
         the backbone is frozen."""
         if self.finetune:
-            return source_features(self.backbone, images, self.classifier.sources)
+            return source_features(self.backbone, images, self.sources)
         with torch.no_grad():
-            out = source_features(self.backbone, images, self.classifier.sources)
+            out = source_features(self.backbone, images, self.sources)
         return {source: f.detach() for source, f in out.items()}
 
     def grid_logits(self, images: Tensor) -> Tensor:
@@ -243,7 +246,7 @@ class LinearEval(SeededSteps):
     ) -> dict[str, Tensor]:
         images, targets = batch
         sources = source_features(self.backbone, first_view(images),
-                                  list(dict.fromkeys([(1, "pooled"), *self.classifier.sources])))
+                                  list(dict.fromkeys([(1, "pooled"), *self.sources])))
         if dataloader_idx == len(self.trainer.num_val_batches) - 1:
             logits = at_least_fp32(self.classifier(sources))  # (heads, B, classes)
             hits = logits.topk(self.top5, dim=2).indices == targets[None, :, None]
@@ -295,7 +298,8 @@ class LinearEval(SeededSteps):
             self.trainer.fit_loop.setup_data()
         global_batch = global_batch_size(self.trainer, hp.lr_scaling)
         lr_scale = scale_lr(1.0, global_batch, hp.lr_scaling)
-        groups = head_param_groups(self.specs, self.classifier.heads, lr_scale)
+        heads = cast(nn.ModuleList, self.classifier.heads)
+        groups = head_param_groups(self.specs, list(heads), lr_scale)
         if self.finetune:  # one head (checked in __init__): the backbone at its lr and decay
             spec = self.specs[0]
             groups = [{**g, "lr": spec.lr * lr_scale}

@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ssl_lightning.evaluation.linear as linear_module
 from ssl_lightning.backbones import SmallConvNet, ViT
-from ssl_lightning.evaluation import LinearEval
 from ssl_lightning.callbacks.probe_grid import head_param_groups, probe_grid, source_features
+from ssl_lightning.evaluation import LinearEval
 from ssl_lightning.optim import build_optimizer, run_schedule, split_decay_groups
 
 CLASSES = 3
