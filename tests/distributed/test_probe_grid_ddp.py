@@ -1,5 +1,6 @@
 """Probe grids on 2 processes = 1 process holding the global batch: LinearEval's heads on a
-ViT's token sources (float64, 1e-9) and the online probe's heads (its features are fp32)."""
+ViT's token sources (float64, 1e-9) and the online probe's heads (its features are fp32); the
+kNN grid and few-shot metrics of ``validate`` on an odd split (padded by DistributedSampler)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch.utils.data import Subset, TensorDataset
 
 from ssl_lightning.backbones import ViT
 from ssl_lightning.callbacks import OnlineProbe
-from ssl_lightning.evaluation import LinearEval
+from ssl_lightning.evaluation import FewShotEval, KNNEval, LinearEval
 
 pytestmark = pytest.mark.slow
 
@@ -71,15 +72,40 @@ def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, di
     return out
 
 
-def _worker(rank: int, world: int) -> dict[str, dict]:
+def _validate(devices: int) -> dict[str, float]:
+    """kNN grid and few-shot metrics on an 11-image val split (padded to 12 on 2 ranks)."""
+    g = torch.Generator().manual_seed(1)
+    bank = TensorDataset(torch.randn(15, 3, 8, 8, generator=g), torch.arange(15) % CLASSES)
+    val = TensorDataset(torch.randn(11, 3, 8, 8, generator=g), torch.arange(11) % CLASSES)
+    metrics: dict[str, float] = {}
+    for model in (KNNEval(nn.Flatten(), checkpoint="random", k=3, ks=[1, 5],
+                          temperatures=[0.1]),
+                  FewShotEval(nn.Flatten(), checkpoint="random", shots=[1, 3], draws=3,
+                              ks=[1, 2])):
+        with tempfile.TemporaryDirectory() as root:
+            trainer = pl.Trainer(
+                accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+                logger=False, enable_progress_bar=False, enable_model_summary=False,
+                default_root_dir=root)
+            trainer.validate(model, datamodule=TensorDataModule(bank, 4, [bank, val], 2),
+                             verbose=False)
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+    return metrics
+
+
+def _worker(rank: int, world: int) -> tuple[dict[str, dict], dict[str, float]]:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
-    return _fit(world, _data(), BATCH)
+    return _fit(world, _data(), BATCH), _validate(world)
 
 
 def test_probe_grids_on_two_processes_equal_one_process() -> None:
     ranks = run_in_processes(_worker, WORLD)
     single = _fit(1, Subset(_data(), ddp_global_order(SAMPLES, WORLD, BATCH)), BATCH * WORLD)
-    for rank in ranks:
+    metrics = _validate(1)
+    assert len(metrics) == 2 * 6 + 2 + 2 * 2 * 3  # kNN pairs, knn_top1/5, few-shot means/stds
+    for rank, rank_metrics in ranks:
+        assert rank_metrics == pytest.approx(metrics, abs=1e-9)
+    for rank, _ in ranks:
         for key, value in single["linear"].items():
             torch.testing.assert_close(rank["linear"][key], value, rtol=0, atol=1e-9, msg=key)
         for key, value in single["online"].items():
