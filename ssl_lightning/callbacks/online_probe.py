@@ -136,7 +136,10 @@ class OnlineProbe(pl.Callback):
         if self.linear.heads[0].weight.device != pl_module.device:
             self.linear.to(pl_module.device)
         if self._pending_state is not None:
-            self.linear.load_state_dict(self._pending_state["linear"])
+            linear = self._pending_state["linear"]
+            if "weight" in linear:  # a checkpoint from before the grid: its one nn.Linear
+                linear = {f"heads.0.{key}": value for key, value in linear.items()}
+            self.linear.load_state_dict(linear)
             self.optimizer.load_state_dict(self._pending_state["optimizer"])
             self.best_head = int(self._pending_state.get("best_head", 0))
             self._pending_state = None

@@ -238,6 +238,14 @@ class LinearEval(SeededSteps):
         check_finite_weights(self, reduce=False)
         super().on_save_checkpoint(checkpoint)
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read a checkpoint from before the grid: its ``classifier`` was one ``nn.Linear``."""
+        state = checkpoint["state_dict"]
+        for name in ("weight", "bias"):
+            if f"classifier.{name}" in state:
+                state[f"classifier.heads.0.{name}"] = state.pop(f"classifier.{name}")
+        state.setdefault("best_head", torch.zeros((), dtype=torch.long))
+
     def on_validation_epoch_start(self) -> None:
         self._val_rows.clear()
 

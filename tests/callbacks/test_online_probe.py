@@ -152,3 +152,15 @@ def test_every_head_of_a_grid_equals_that_probe_alone(probe_class: type, equal: 
             assert top1[spec.name] == float(alone_trainer.callback_metrics["val/probe_top1"])
     assert float(trainer.callback_metrics["val/probe_top1"]) == max(top1.values())
     assert "OnlineProbe grid (4 heads" in capsys.readouterr().out
+
+
+def test_probe_state_from_before_the_grid_loads() -> None:
+    """Its state held one nn.Linear's weight and bias."""
+    probe = OnlineProbe(num_classes=CLASSES)
+    probe.setup(None, _FeatureModule(), "fit")  # type: ignore[arg-type]
+    weight, bias = torch.randn(CLASSES, DIM), torch.randn(CLASSES)
+    probe.load_state_dict({"linear": {"weight": weight, "bias": bias},
+                           "optimizer": probe.optimizer.state_dict()})
+    probe._ready(_FeatureModule())
+    assert torch.equal(probe.linear.heads[0].weight, weight)
+    assert torch.equal(probe.linear.heads[0].bias, bias)

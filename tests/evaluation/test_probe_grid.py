@@ -209,3 +209,24 @@ def test_grid_order_and_names() -> None:
     assert [s.name for s in specs][:3] == ["blocks1_cls_lr0.1_wd0", "blocks1_cls_lr0.01_wd0",
                                            "blocks1_cls+mean_lr0.1_wd0"]
     assert len(specs) == 8
+
+
+def test_a_checkpoint_from_before_the_grid_resumes(tmp_path) -> None:
+    """Its classifier was one nn.Linear (classifier.weight / .bias, no best_head)."""
+    model = LinearEval(SmallConvNet((8, 16), norm="group"), CLASSES, checkpoint="random",
+                       lr_scaling="none")
+    trainer = tiny_trainer(max_epochs=1)
+    trainer.fit(model, DataLoader(_data(16, 0), batch_size=8))
+    path = str(tmp_path / "old.ckpt")
+    trainer.save_checkpoint(path)
+    old = torch.load(path, weights_only=True)
+    state = old["state_dict"]
+    for name in ("weight", "bias"):
+        state[f"classifier.{name}"] = state.pop(f"classifier.heads.0.{name}")
+    del state["best_head"]
+    torch.save(old, path)
+    resumed = LinearEval(SmallConvNet((8, 16), norm="group"), CLASSES, checkpoint="random",
+                         lr_scaling="none")
+    trainer = tiny_trainer(max_epochs=2)
+    trainer.fit(resumed, DataLoader(_data(16, 0), batch_size=8), ckpt_path=path)
+    assert trainer.global_step == 4
