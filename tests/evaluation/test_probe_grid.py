@@ -230,3 +230,23 @@ def test_a_checkpoint_from_before_the_grid_resumes(tmp_path) -> None:
     trainer = tiny_trainer(max_epochs=2)
     trainer.fit(resumed, DataLoader(_data(16, 0), batch_size=8), ckpt_path=path)
     assert trainer.global_step == 4
+
+
+def test_token_sources_of_a_timm_vit() -> None:
+    pytest.importorskip("timm")
+    from ssl_lightning.backbones import TimmBackbone
+
+    torch.manual_seed(0)
+    backbone = TimmBackbone("vit_tiny_patch16_224", model_kwargs={
+        "img_size": 32, "depth": 2, "embed_dim": 16, "num_heads": 2, "reg_tokens": 1}).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = source_features(backbone, x, [(2, "cls+mean"), (1, "tokens")])
+        tokens = backbone.net.forward_features(x)  # final-norm tokens: [CLS], register, patches
+        inner = backbone.net.get_intermediate_layers(x, n=2, return_prefix_tokens=True, norm=True)
+    torch.testing.assert_close(out[(1, "tokens")], tokens[:, 2:])
+    torch.testing.assert_close(out[(2, "cls+mean")], torch.cat(
+        [inner[0][1][:, 0], tokens[:, 0], tokens[:, 2:].mean(1)], dim=1))
+    model = LinearEval(backbone, CLASSES, checkpoint="random", last_blocks=[2],
+                       poolings=["cls+mean"])
+    assert model.classifier.heads[0].in_features == 48
