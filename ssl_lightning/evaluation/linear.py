@@ -298,7 +298,8 @@ class LinearEval(SeededSteps):
         if self._grid_top1 is None or len(self.specs) < 2 or not self.trainer.is_global_zero:
             return
         table = format_grid([s.name for s in self.specs], self._grid_top1, int(self.best_head))
-        print(f"LinearEval grid ({len(self.specs)} heads; * = val/top1):\n{table}", flush=True)
+        print(f"{type(self).__name__} grid ({len(self.specs)} heads; * = val/top1):\n{table}",
+              flush=True)
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams
