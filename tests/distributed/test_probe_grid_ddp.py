@@ -55,7 +55,9 @@ class _Features(pl.LightningModule):
 
 
 def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, dict]:
-    out = {}
+    """Weights after STEPS steps, and LinearEval's val metrics on an odd split."""
+    val = TensorDataset(*(t[:13] for t in _data().tensors))  # padded to 14 on 2 ranks
+    out: dict[str, dict] = {}
     for name, model, callbacks in (
             ("linear", _linear_eval(), []),
             ("online", _Features(), [OnlineProbe(CLASSES, 6, lrs=[0.5, 0.05],
@@ -66,7 +68,10 @@ def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, di
                 max_steps=STEPS, precision="64-true", logger=False, enable_checkpointing=False,
                 enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                 default_root_dir=root, callbacks=callbacks)
-            trainer.fit(model, datamodule=TensorDataModule(data, batch))
+            trainer.fit(model, datamodule=TensorDataModule(data, batch, [val, val], 5))
+        if name == "linear":
+            out["linear_metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()
+                                     if k.startswith("val/")}
         state = model.state_dict() if name == "linear" else callbacks[0].linear.state_dict()
         out[name] = {k: v.detach().clone() for k, v in state.items()}
     return out
@@ -105,7 +110,9 @@ def test_probe_grids_on_two_processes_equal_one_process() -> None:
     assert len(metrics) == 2 * 6 + 2 + 2 * 2 * 3  # kNN pairs, knn_top1/5, few-shot means/stds
     for rank, rank_metrics in ranks:
         assert rank_metrics == pytest.approx(metrics, abs=1e-9)
+    assert len(single["linear_metrics"]) == 16 + 3  # every head's top-1; the best's 3 metrics
     for rank, _ in ranks:
+        assert rank["linear_metrics"] == pytest.approx(single["linear_metrics"], abs=1e-9)
         for key, value in single["linear"].items():
             torch.testing.assert_close(rank["linear"][key], value, rtol=0, atol=1e-9, msg=key)
         for key, value in single["online"].items():
