@@ -54,6 +54,8 @@ EXTRA_ARGS: dict[str, list[str]] = {
                     "--model.init_args.gram_refresh_every", "2",
                     "--model.init_args.gram_weight_ramp_steps", "1"],
     "deepcluster_v2.yaml": ["--model.init_args.num_prototypes", "[4, 3]"],  # of 24 images
+    "fewshot.yaml": ["--model.init_args.shots", "[1, 2]", "--model.init_args.draws", "2"],
+    "linear_grid.yaml": ["--model.init_args.last_blocks", "[1]"],  # of the 1-block ViT
     "smog.yaml": ["--model.init_args.num_groups", "4", "--model.init_args.queue_size", "16",
                   "--model.init_args.reset_every", "2"],  # a reset inside the 4 steps
     # a small random timm DINOv2-style ViT teacher (the shipped one reads a weights file)
@@ -74,9 +76,12 @@ STREAMING_CONFIG = "simclr.yaml"
 STREAMING_RUN = "simclr.yaml+shards"
 STREAMING_PIECE = "shared/streaming.yaml"
 #: The LightningCLI subcommand of a config when it is not ``fit`` (no resume leg then).
-SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate"}
+SUBCOMMANDS: dict[str, str] = {"knn.yaml": "validate", "fewshot.yaml": "validate"}
 #: Evaluation configs: the pre-training config whose ``last.ckpt`` they are given.
 CHECKPOINT_FROM: dict[str, str] = {"linear.yaml": "simclr.yaml", "knn.yaml": "simclr.yaml",
+                                   "fewshot.yaml": "simclr.yaml",
+                                   "linear_grid.yaml": "moco_v3_vit.yaml",
+                                   "attentive.yaml": "moco_v3_vit.yaml",
                                    "distillation.yaml": "dino.yaml"}
 #: The model argument that receives the ``CHECKPOINT_FROM`` checkpoint (default ``checkpoint``).
 CHECKPOINT_ARGUMENTS: dict[str, str] = {"distillation.yaml": "teacher_checkpoint"}

@@ -4,6 +4,8 @@ Wu, Xiong, Yu & Lin, "Unsupervised Feature Learning via Non-Parametric Instance 
 CVPR 2018, §3.4: a query is classified by its k most cosine-similar training features, each
 voting for its class with weight ``exp(s / T)``; the class with the largest summed weight wins.
 k = 200 and T = 0.07 are the defaults used across the SSL literature (InstDisc, MoCo, solo-learn).
+Several k and temperatures (DINOv2's ``eval/knn.py`` reports k = 10, 20, 100, 200) come from one
+pass: :func:`knn_predict_grid` computes each similarity block and its top-max(k) once.
 
 :func:`knn_predict` is a pure function (usable for offline evaluation); :class:`KNNCallback`
 collects features during validation, gathers them across ranks and logs ``val/knn_top1`` and
@@ -12,6 +14,7 @@ collects features during validation, gathers them across ranks and logs ``val/kn
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytorch_lightning as pl
@@ -36,6 +39,15 @@ def _check_knn_args(k: int, temperature: float, chunk_size: int) -> None:
         raise ValueError(f"kNN temperature must be > 0, got {temperature}.")
     if chunk_size < 1:
         raise ValueError(f"kNN chunk_size must be >= 1, got {chunk_size}.")
+
+
+def _check_knn_grid(ks: Sequence[int], temperatures: Sequence[float], chunk_size: int) -> None:
+    if not ks or not temperatures:
+        raise ValueError(f"kNN needs at least one k and one temperature, got ks={list(ks)}, "
+                         f"temperatures={list(temperatures)}.")
+    for k in ks:
+        for temperature in temperatures:
+            _check_knn_args(k, temperature, chunk_size)
 
 
 @torch.no_grad()
@@ -67,7 +79,29 @@ def knn_predict(
         Scores (Q, C) in fp32 (float64 for float64 features): per class, the summed weights of
         the neighbours of that class.
     """
-    _check_knn_args(k, temperature, chunk_size)
+    return knn_predict_grid(bank_features, bank_targets, query_features, num_classes, [k],
+                            [temperature], chunk_size)[(k, temperature)]
+
+
+@torch.no_grad()
+def knn_predict_grid(
+    bank_features: Tensor,
+    bank_targets: Tensor,
+    query_features: Tensor,
+    num_classes: int,
+    ks: Sequence[int] = (200,),
+    temperatures: Sequence[float] = (0.07,),
+    chunk_size: int = 512,
+) -> dict[tuple[int, float], Tensor]:
+    """:func:`knn_predict`'s scores for every (k, temperature) pair, from one pass.
+
+    Each chunk's similarity matrix and its top-``max(ks)`` neighbours (sorted) are computed
+    once; each k takes the first k of them and each temperature weighs them.
+
+    Returns:
+        ``{(k, temperature): scores (Q, C)}`` (k as given, clamped to N inside).
+    """
+    _check_knn_grid(ks, temperatures, chunk_size)
     if bank_features.dim() != 2 or query_features.dim() != 2:
         raise ValueError(
             f"kNN expects (N, D) bank and (Q, D) query features, got "
@@ -90,21 +124,22 @@ def knn_predict(
             f"bank_targets must lie in [0, {num_classes}), got values in "
             f"[{int(bank_targets.min())}, {int(bank_targets.max())}]."
         )
-    k = min(k, bank_features.shape[0])
     bank = F.normalize(at_least_fp32(bank_features), dim=1)
     bank_targets = bank_targets.long()
-    scores = []
+    pairs = [(k, t) for k in ks for t in temperatures]
+    scores: dict[tuple[int, float], list[Tensor]] = {pair: [] for pair in pairs}
     for queries in query_features.split(chunk_size):
         similarity = F.normalize(at_least_fp32(queries).to(bank.dtype), dim=1) @ bank.T
-        top_sim, top_idx = similarity.topk(k, dim=1)
-        weights = (top_sim / temperature).exp()
-        chunk_scores = torch.zeros(queries.shape[0], num_classes, device=bank.device,
-                                   dtype=bank.dtype)
-        chunk_scores.scatter_add_(1, bank_targets[top_idx], weights)
-        scores.append(chunk_scores)
-    if not scores:
-        return torch.zeros(0, num_classes, device=bank.device, dtype=bank.dtype)
-    return torch.cat(scores)
+        top_sim, top_idx = similarity.topk(min(max(ks), bank.shape[0]), dim=1)
+        top_labels = bank_targets[top_idx]
+        for k, temperature in pairs:
+            weights = (top_sim[:, :k] / temperature).exp()
+            chunk_scores = torch.zeros(queries.shape[0], num_classes, device=bank.device,
+                                       dtype=bank.dtype)
+            chunk_scores.scatter_add_(1, top_labels[:, :k], weights)
+            scores[(k, temperature)].append(chunk_scores)
+    empty = torch.zeros(0, num_classes, device=bank.device, dtype=bank.dtype)
+    return {pair: torch.cat(parts) if parts else empty for pair, parts in scores.items()}
 
 
 def topk_correct(scores: Tensor, targets: Tensor, ks: tuple[int, ...] = (1, 5)) -> list[Tensor]:
@@ -153,11 +188,17 @@ class KNNCallback(pl.Callback):
     ``DistributedSampler`` adds to even out the ranks are dropped (see :func:`padding_mask`),
     so the result equals a single-process evaluation.
 
+    With ``ks`` and/or ``temperatures``, every (k, T) pair is scored from the same similarity
+    matrix (:func:`knn_predict_grid`) and logged as ``val/knn_k{k}_t{T}_top1`` / ``_top5``;
+    ``val/knn_top1`` stays the pair (``k``, ``temperature``).
+
     Args:
-        k: Number of neighbours.
-        temperature: Vote temperature.
+        k: Number of neighbours (of ``val/knn_top1``).
+        temperature: Vote temperature (of ``val/knn_top1``).
         chunk_size: Queries scored at once (bounds memory).
         num_classes: Number of classes; inferred as ``max(bank target) + 1`` when None.
+        ks: More numbers of neighbours, e.g. DINOv2's ``[10, 20, 100, 200]``.
+        temperatures: More vote temperatures.
     """
 
     def __init__(
@@ -166,9 +207,13 @@ class KNNCallback(pl.Callback):
         temperature: float = 0.07,
         chunk_size: int = 512,
         num_classes: int | None = None,
+        ks: list[int] | None = None,
+        temperatures: list[float] | None = None,
     ) -> None:
         super().__init__()
-        _check_knn_args(k, temperature, chunk_size)
+        self.ks = list(dict.fromkeys([k, *(ks or [])]))
+        self.temperatures = list(dict.fromkeys([temperature, *(temperatures or [])]))
+        _check_knn_grid(self.ks, self.temperatures, chunk_size)
         if num_classes is not None and num_classes < 2:
             raise ValueError(f"KNNCallback num_classes must be >= 2, got {num_classes}.")
         self.k, self.temperature, self.chunk_size = k, temperature, chunk_size
@@ -209,15 +254,22 @@ class KNNCallback(pl.Callback):
         num_classes = self.num_classes or int(bank_targets.max()) + 1
         labeled = query_targets >= 0
         queries, query_targets = queries[labeled], query_targets[labeled]
-        scores = knn_predict(bank, bank_targets, queries, num_classes, self.k, self.temperature,
-                             self.chunk_size)
-        top1, top5 = topk_correct(scores, query_targets.to(scores.device))
-        counts = torch.stack([top1, top5, torch.tensor(len(query_targets), device=top1.device)])
-        counts = all_reduce_mean_no_grad(counts.double()) * world_size()
-        if counts[2] == 0:
+        grid = knn_predict_grid(bank, bank_targets, queries, num_classes, self.ks,
+                                self.temperatures, self.chunk_size)
+        hits = [c for scores in grid.values()
+                for c in topk_correct(scores, query_targets.to(scores.device))]
+        counts = torch.stack([*hits, torch.tensor(len(query_targets), device=hits[0].device)])
+        counts = all_reduce_mean_no_grad(counts.double()) * world_size()  # one collective
+        if counts[-1] == 0:
             return
-        pl_module.log("val/knn_top1", float(100 * counts[0] / counts[2]), sync_dist=True)
-        pl_module.log("val/knn_top5", float(100 * counts[1] / counts[2]), sync_dist=True)
+        for i, (k, temperature) in enumerate(grid):
+            top1, top5 = (float(100 * c / counts[-1]) for c in counts[2 * i:2 * i + 2])
+            if (k, temperature) == (self.k, self.temperature):
+                pl_module.log("val/knn_top1", top1, sync_dist=True)
+                pl_module.log("val/knn_top5", top5, sync_dist=True)
+            if len(grid) > 1:
+                pl_module.log(f"val/knn_k{k}_t{temperature:g}_top1", top1, sync_dist=True)
+                pl_module.log(f"val/knn_k{k}_t{temperature:g}_top5", top5, sync_dist=True)
 
     def _collect(self, trainer: pl.Trainer, dataloader_idx: int) -> tuple[Tensor, Tensor]:
         features = torch.cat(self._features[dataloader_idx])

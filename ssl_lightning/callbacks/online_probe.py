@@ -3,7 +3,9 @@
 The standard SSL monitor (e.g. solo-learn's online classifier, the BYOL/SimCLR "online linear
 evaluation"; Chen et al., ICML 2020, §B.9 use a probe on stop-gradient features): it costs one
 ``Linear`` forward/backward per step, never changes the backbone, and tracks how linearly
-separable the representation is while pre-training runs.
+separable the representation is while pre-training runs. A grid of learning rates × weight
+decays (``lrs``, ``weight_decays``) trains one head per pair on the same features, each exactly
+as if alone (DINOv2's ``eval/linear.py`` grid; see :mod:`ssl_lightning.callbacks.probe_grid`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.utilities import rank_zero_warn
-from torch import Tensor, nn
+from torch import Tensor
 
 from ssl_lightning.callbacks.knn import gather_variable, padding_mask, val_sampler
+from ssl_lightning.callbacks.probe_grid import LinearHeads, format_grid, probe_grid
 from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
 
 
@@ -34,6 +37,12 @@ class OnlineProbe(pl.Callback):
     ``DistributedSampler`` padding duplicates dropped. The probe weights and its optimiser
     state are saved in the checkpoint (``state_dict``) and restored on resume.
 
+    With several ``lrs`` / ``weight_decays``, one zero-initialised head per pair trains on the
+    same gathered features with its own SGD parameter group (so exactly as if it were alone);
+    ``train/probe_loss`` is the mean of their losses; each validation logs every head's top-1
+    as ``val/probe_grid_top1/<head name>`` and ``val/probe_top1`` is the best head's (the first
+    on ties), as is ``train/probe_acc``; the end of fit prints the table of all heads.
+
     Args:
         num_classes: Number of classes; read from ``trainer.datamodule.num_classes`` when None
             (the probe disables itself with a warning when neither knows it: unlabeled data).
@@ -42,6 +51,8 @@ class OnlineProbe(pl.Callback):
         momentum: SGD momentum.
         weight_decay: SGD weight decay.
         val_dataloader_idx: Validation dataloader whose accuracy is logged as ``val/probe_top1``.
+        lrs: Learning rates of a grid of heads (``[lr]`` when None).
+        weight_decays: Weight decays of the grid (``[weight_decay]`` when None).
     """
 
     def __init__(
@@ -52,6 +63,8 @@ class OnlineProbe(pl.Callback):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         val_dataloader_idx: int = 1,
+        lrs: list[float] | None = None,
+        weight_decays: list[float] | None = None,
     ) -> None:
         super().__init__()
         if num_classes is not None and num_classes < 2:
@@ -67,7 +80,10 @@ class OnlineProbe(pl.Callback):
         self.num_classes, self.feature_dim = num_classes, feature_dim
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.val_dataloader_idx = val_dataloader_idx
-        self.linear: nn.Linear | None = None
+        self.specs = probe_grid(lrs or [lr], weight_decays or [weight_decay])
+        self.best_head = 0
+        self._grid_top1: list[float] | None = None
+        self.linear: LinearHeads | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._pending_state: dict[str, Any] | None = None
         self._val_hits: list[Tensor] = []
@@ -90,14 +106,15 @@ class OnlineProbe(pl.Callback):
                 "it (unlabeled data without a labeled val split)."
             )
             return
-        self.linear = nn.Linear(feature_dim, num_classes)
         # Zero init: deterministic and identical on every rank without a broadcast (the problem
         # is convex, so nothing is lost against a random init).
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-        self.optimizer = torch.optim.SGD(
-            self.linear.parameters(), lr=self.lr, momentum=self.momentum,
-            weight_decay=self.weight_decay,
+        self.linear = LinearHeads(self.specs, {(1, "pooled"): feature_dim}, num_classes,
+                                  init_std=0.0)
+        self.optimizer = torch.optim.SGD(  # weight decay on the bias too, as before the grid
+            [{"params": list(head.parameters()), "lr": spec.lr,
+              "weight_decay": spec.weight_decay}
+             for spec, head in zip(self.specs, self.linear.heads, strict=True)],
+            lr=self.lr, momentum=self.momentum,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -105,21 +122,26 @@ class OnlineProbe(pl.Callback):
             return {}
         if self._pending_state is not None:  # restored but not used yet
             return self._pending_state
-        return {"linear": self.linear.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"linear": self.linear.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "best_head": self.best_head}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Applied once the probe sits on the module's device, so that the optimiser state is
         # cast to that device (Lightning restores callbacks before moving the model).
         self._pending_state = state_dict or None
 
-    def _ready(self, pl_module: pl.LightningModule) -> nn.Linear:
+    def _ready(self, pl_module: pl.LightningModule) -> LinearHeads:
         if self.linear is None or self.optimizer is None:
             raise RuntimeError("OnlineProbe used before setup().")
-        if self.linear.weight.device != pl_module.device:
+        if self.linear.heads[0].weight.device != pl_module.device:
             self.linear.to(pl_module.device)
         if self._pending_state is not None:
-            self.linear.load_state_dict(self._pending_state["linear"])
+            linear = self._pending_state["linear"]
+            if "weight" in linear:  # a checkpoint from before the grid: its one nn.Linear
+                linear = {f"heads.0.{key}": value for key, value in linear.items()}
+            self.linear.load_state_dict(linear)
             self.optimizer.load_state_dict(self._pending_state["optimizer"])
+            self.best_head = int(self._pending_state.get("best_head", 0))
             self._pending_state = None
         return self.linear
 
@@ -141,15 +163,17 @@ class OnlineProbe(pl.Callback):
             return
         features, targets = features[labeled], targets[labeled]
         with torch.enable_grad(), torch.autocast(features.device.type, enabled=False):
-            logits = linear(features)
-            loss = F.cross_entropy(logits, targets)
+            logits = linear({(1, "pooled"): features})  # (heads, B, classes)
+            # The sum: each head gets the gradient of its own loss (as if trained alone).
+            losses = torch.stack([F.cross_entropy(head, targets) for head in logits])
             self.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
-            loss.backward()
+            losses.sum().backward()
             self.optimizer.step()  # type: ignore[union-attr]
-        accuracy = (logits.detach().argmax(dim=1) == targets).float().mean()
+        accuracy = (logits[self.best_head].detach().argmax(dim=1) == targets).float().mean()
         pl_module.log("train/probe_acc", accuracy, on_step=True, on_epoch=True, sync_dist=True,
                       batch_size=len(targets))
-        pl_module.log("train/probe_loss", loss.detach(), on_step=True, on_epoch=True,
+        loss = losses.detach().sum() / len(losses)
+        pl_module.log("train/probe_loss", loss, on_step=True, on_epoch=True,
                       sync_dist=True, batch_size=len(targets))
 
     # ----------------------------------------------------------------------------- validation
@@ -164,10 +188,10 @@ class OnlineProbe(pl.Callback):
             return
         linear = self._ready(pl_module)
         with torch.no_grad(), torch.autocast(pl_module.device.type, enabled=False):
-            predictions = linear(outputs["features"].detach().float()).argmax(dim=1)
+            predictions = linear({(1, "pooled"): outputs["features"].detach().float()}).argmax(2)
         targets = outputs["targets"].to(predictions.device)
-        # -1: correct/incorrect flag; unlabeled samples are marked -1 and skipped at epoch end.
-        self._val_hits.append(torch.where(targets >= 0, (predictions == targets).long(), -1))
+        # Per sample and head: correct/incorrect; unlabeled samples are -1, skipped at epoch end.
+        self._val_hits.append(torch.where(targets >= 0, (predictions == targets).long(), -1).T)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._val_hits:
@@ -176,7 +200,22 @@ class OnlineProbe(pl.Callback):
         self._val_hits.clear()
         hits = hits[padding_mask(len(hits), val_sampler(trainer, self.val_dataloader_idx),
                                  hits.device)]
-        counts = torch.stack([(hits == 1).sum(), (hits >= 0).sum()]).double()
+        counts = torch.cat([(hits == 1).sum(dim=0), (hits[:, 0] >= 0).sum()[None]]).double()
         counts = all_reduce_mean_no_grad(counts) * world_size()
-        if counts[1] > 0:
-            pl_module.log("val/probe_top1", float(100 * counts[0] / counts[1]), sync_dist=True)
+        if counts[-1] == 0:
+            return
+        top1 = [float(100 * hit / counts[-1]) for hit in counts[:-1]]
+        self.best_head = max(range(len(top1)), key=lambda i: (top1[i], -i))
+        self._grid_top1 = top1
+        if len(top1) > 1:
+            for spec, value in zip(self.specs, top1, strict=True):
+                pl_module.log(f"val/probe_grid_top1/{spec.name}", value, sync_dist=True)
+        pl_module.log("val/probe_top1", top1[self.best_head], sync_dist=True)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Print every head's last val top-1 and the chosen one (a grid of several heads)."""
+        if self._grid_top1 is None or len(self.specs) < 2 or not trainer.is_global_zero:
+            return
+        table = format_grid([s.name for s in self.specs], self._grid_top1, self.best_head)
+        print(f"OnlineProbe grid ({len(self.specs)} heads; * = val/probe_top1):\n{table}",
+              flush=True)

@@ -41,6 +41,9 @@ class KNNEval(pl.LightningModule):
         chunk_size: Queries scored at once: the similarity block is ``chunk_size × N_bank``
             (512 × 50,000 fp32 = 100 MB).
         num_classes: Number of classes; inferred from the bank labels when ``None``.
+        ks: More numbers of neighbours scored in the same pass (e.g. DINOv2's
+            ``[10, 20, 100, 200]``), logged as ``val/knn_k{k}_t{T}_top1``.
+        temperatures: More vote temperatures scored in the same pass.
     """
 
     def __init__(
@@ -52,9 +55,12 @@ class KNNEval(pl.LightningModule):
         temperature: float = 0.07,
         chunk_size: int = 512,
         num_classes: int | None = None,
+        ks: list[int] | None = None,
+        temperatures: list[float] | None = None,
     ) -> None:
         super().__init__()
-        self.knn = KNNCallback(k, temperature, chunk_size, num_classes)  # validates the values
+        self.knn = KNNCallback(k, temperature, chunk_size, num_classes, ks,  # validates them
+                               temperatures)
         self.save_hyperparameters(ignore=["backbone"])
         path = resolve_checkpoint(checkpoint, "KNNEval")
         if path is not None:

@@ -5,25 +5,38 @@ The standard protocol of SimCLR (Chen et al., ICML 2020, §B.5/B.6) and MoCo (He
 statistics stay as pre-trained) and a linear classifier is trained on its features with random
 crop + flip, SGD with momentum and a cosine schedule; top-1/top-5 accuracy on the val split.
 ``finetune=True`` trains the whole network instead.
+
+A grid of heads (``lrs`` × ``weight_decays`` × ``last_blocks`` × ``poolings``, DINOv2's
+``eval/linear.py`` protocol: 13 learning rates × {1, 4} last blocks × {[CLS], [CLS] + mean
+patch}) trains on one frozen forward per batch (:mod:`ssl_lightning.callbacks.probe_grid`);
+the head with the best val top-1 is the one ``val/top1`` reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.backbones import feature_dim
 from ssl_lightning.callbacks.knn import padding_mask, val_sampler
+from ssl_lightning.callbacks.probe_grid import (
+    LinearHeads,
+    format_grid,
+    head_param_groups,
+    probe_grid,
+    source_dims,
+    source_features,
+)
 from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
 from ssl_lightning.evaluation.checkpoint import (
     DEFAULT_PREFIX,
     backbone_from_checkpoint,
     resolve_checkpoint,
 )
+from ssl_lightning.losses.numerics import at_least_fp32
 from ssl_lightning.optim import (
     build_optimizer,
     global_batch_size,
@@ -49,6 +62,14 @@ class LinearEval(SeededSteps):
     val]``), accuracy is measured on the last one only. Logs ``train/loss``, ``train/top1``,
     ``val/loss``, ``val/top1`` and ``val/top5`` (accuracies in percent, like ``val/knn_top1``).
 
+    With a grid of several heads, every head trains on the same frozen features with its own
+    learning rate and weight decay (its own optimiser parameter groups: exactly as if trained
+    alone); ``train/loss`` is the mean of the heads' losses; each validation logs every head's
+    top-1 as ``val/grid_top1/<head name>`` and picks the head with the best top-1 (the first on
+    ties), whose loss and accuracies are ``val/loss``, ``val/top1`` and ``val/top5`` and whose
+    logits ``forward`` returns; the end of fit prints the table of all heads. The default grid
+    is one head: today's single-probe numbers exactly.
+
     Under DDP the metrics are those of one process over the whole data: ``train/top1`` is
     reduced by Lightning with the other epoch metrics (one sample-weighted mean over ranks);
     the val metrics sum per-sample hits over ranks without the duplicates that
@@ -67,13 +88,21 @@ class LinearEval(SeededSteps):
         checkpoint_prefix: State-dict prefix of the backbone in the checkpoint
             (e.g. ``"teacher_backbone."`` to evaluate an EMA teacher, if the method has one).
         finetune: Train the backbone too (in train mode) instead of freezing it.
-        lr: Base learning rate of SGD (before ``lr_scaling``).
+        lr: Base learning rate of SGD (before ``lr_scaling``); the grid's when ``lrs`` is None.
         lr_scaling: ``"linear"``: lr × global_batch / 256; ``"none"``: lr as given.
         momentum: SGD momentum.
-        weight_decay: Weight decay on weights; biases and norm parameters get none.
+        weight_decay: Weight decay on weights; biases and norm parameters get none. The grid's
+            when ``weight_decays`` is None.
         warmup_epochs: Linear warm-up epochs before the cosine decay.
         image_size: Image side used to infer the feature size when the backbone has no
             ``num_features``.
+        optimizer: ``"sgd"`` (with ``momentum``) or ``"adamw"``.
+        lrs: Base learning rates of the grid (e.g. DINOv2's 13: 1e-5, 2e-5, 5e-5, ..., 0.1).
+        weight_decays: Weight decays of the grid.
+        last_blocks: Numbers of last blocks whose tokens are concatenated (token backbones).
+        poolings: Feature poolings of the grid: ``pooled`` (the backbone's output, any
+            backbone), ``cls``, ``mean``, ``cls+mean`` (ViTs; see
+            :func:`~ssl_lightning.callbacks.probe_grid.source_features`).
         rng_seed: Seed of the per-batch reseeding of stochastic depth / dropout when
             fine-tuning (see :class:`~ssl_lightning.training.step_rng.SeededSteps`); ``None``:
             the run's seed.
@@ -93,6 +122,11 @@ class LinearEval(SeededSteps):
         warmup_epochs: float = 0.0,
         image_size: int = 32,
         rng_seed: int | None = None,
+        lrs: list[float] | None = None,
+        weight_decays: list[float] | None = None,
+        last_blocks: list[int] | None = None,
+        poolings: list[str] | None = None,
+        optimizer: Literal["sgd", "adamw"] = "sgd",
     ) -> None:
         super().__init__()
         if num_classes is None:
@@ -105,6 +139,15 @@ class LinearEval(SeededSteps):
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
         if warmup_epochs < 0:
             raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}.")
+        self.specs = probe_grid(lrs or [lr], weight_decays or [weight_decay], last_blocks or [1],
+                                poolings or ["pooled"])
+        if any(spec.pooling == "tokens" for spec in self.specs) != (self.head_kind == "tokens"):
+            raise ValueError(f"{type(self).__name__} takes the poolings pooled / cls / mean / "
+                             "cls+mean; the tokens source is AttentiveEval's.")
+        if finetune and len(self.specs) > 1:
+            raise ValueError(f"LinearEval finetune=True trains the backbone, so it takes one head;"
+                             f" the grid has {len(self.specs)}: give one lr, weight decay, "
+                             "last_blocks and pooling.")
         self.save_hyperparameters(ignore=["backbone"])
         path = resolve_checkpoint(checkpoint, "LinearEval")
         if path is not None:
@@ -114,13 +157,26 @@ class LinearEval(SeededSteps):
                 "LinearEval with checkpoint: random needs a backbone (--model.backbone).")
         self.backbone = backbone
         self.backbone.requires_grad_(finetune)
-        self.classifier = nn.Linear(feature_dim(backbone, image_size), num_classes)
-        nn.init.normal_(self.classifier.weight, std=0.01)
-        nn.init.zeros_(self.classifier.bias)
+        #: The feature sources the heads read, in order of first use.
+        self.sources = list(dict.fromkeys(spec.source for spec in self.specs))
+        self.num_classes = num_classes
+        self.classifier = self.build_heads(source_dims(backbone, self.sources, image_size),
+                                           num_classes)
+        #: The head ``val/top1`` reports (the best at the last validation); a buffer: resumed.
+        self.best_head: Tensor
+        self.register_buffer("best_head", torch.zeros((), dtype=torch.long))
+        self._grid_top1: list[float] | None = None
         self.finetune = finetune
         self.top5 = min(5, num_classes)
         self._val_rows: list[Tensor] = []  # per val sample: loss, top-1 hit, top-5 hit
         self.train()
+
+    #: The source kind the heads read: pooled (B, D) features, or ``tokens`` (attentive).
+    head_kind = "pooled"
+
+    def build_heads(self, dims: dict[tuple[int, str], int], num_classes: int) -> nn.Module:
+        """The grid's heads: one ``nn.Linear`` per head (:class:`LinearHeads`)."""
+        return LinearHeads(self.specs, dims, num_classes)
 
     def train(self, mode: bool = True) -> LinearEval:
         """Set train/eval mode; a frozen backbone always stays in eval mode (fixed BN stats)."""
@@ -133,33 +189,42 @@ class LinearEval(SeededSteps):
         """Refuse, before training, a classifier whose class count is not the data's."""
         datamodule = getattr(self.trainer, "datamodule", None)
         classes = getattr(datamodule, "num_classes", None)
-        wanted = self.classifier.out_features
+        wanted = self.num_classes
         if isinstance(classes, int) and classes != wanted:
             raise ValueError(
                 f"LinearEval has num_classes={wanted}, but the data ({type(datamodule).__name__})"
                 f" has {classes} classes: pass --model.num_classes {classes} "
                 f"(num_classes={classes} in Python).")
 
-    def features(self, images: Tensor) -> Tensor:
-        """Backbone features, without autograd when the backbone is frozen."""
+    def features(self, images: Tensor) -> dict[tuple[int, str], Tensor]:
+        """Every feature source of the grid from one backbone forward, without autograd when
+        the backbone is frozen."""
         if self.finetune:
-            return self.backbone(images)
+            return source_features(self.backbone, images, self.sources)
         with torch.no_grad():
-            return self.backbone(images).detach()
+            out = source_features(self.backbone, images, self.sources)
+        return {source: f.detach() for source, f in out.items()}
+
+    def grid_logits(self, images: Tensor) -> Tensor:
+        """Class logits of every head, (heads, B, classes)."""
+        return self.classifier(self.features(images))
 
     def forward(self, images: Tensor) -> Tensor:
-        """Class logits."""
-        return self.classifier(self.features(images))
+        """Class logits of the best head (the one ``val/top1`` reports)."""
+        return self.grid_logits(images)[int(self.best_head)]
 
     def training_step(self, batch: tuple, batch_idx: int) -> Tensor:
         images, targets, *seeds = batch  # the data modules' batches carry the sample seeds
         with keyed_forward(self.sample_keys(seeds[0], batch_idx) if seeds else None):
-            logits = self(first_view(images))  # fine-tuning's drop path drawn per sample
-        loss = F.cross_entropy(logits.float(), targets)
+            logits = self.grid_logits(first_view(images))  # fine-tuning's drop path per sample
+        # The sum: each head gets the gradient of its own loss (as if trained alone).
+        losses = torch.stack([F.cross_entropy(at_least_fp32(head), targets) for head in logits])
+        loss = losses.sum()
         check_finite_loss(self, loss, batch_idx)  # every rank stops here together on NaN/inf
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
-                 batch_size=len(targets))
-        top1 = 100 * (logits.detach().argmax(dim=1) == targets).float().mean()
+        self.log("train/loss", loss.detach() / len(losses), prog_bar=True, on_step=True,
+                 on_epoch=True, sync_dist=True, batch_size=len(targets))
+        best = logits[int(self.best_head)].detach()
+        top1 = 100 * (best.argmax(dim=1) == targets).float().mean()
         self.log("train/top1", top1, on_step=False, on_epoch=True, sync_dist=True,
                  batch_size=len(targets))
         return loss
@@ -173,6 +238,14 @@ class LinearEval(SeededSteps):
         check_finite_weights(self, reduce=False)
         super().on_save_checkpoint(checkpoint)
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read a checkpoint from before the grid: its ``classifier`` was one ``nn.Linear``."""
+        state = checkpoint["state_dict"]
+        for name in ("weight", "bias"):
+            if f"classifier.{name}" in state:
+                state[f"classifier.heads.0.{name}"] = state.pop(f"classifier.{name}")
+        state.setdefault("best_head", torch.zeros((), dtype=torch.long))
+
     def on_validation_epoch_start(self) -> None:
         self._val_rows.clear()
 
@@ -180,14 +253,18 @@ class LinearEval(SeededSteps):
         self, batch: tuple, batch_idx: int, dataloader_idx: int = 0
     ) -> dict[str, Tensor]:
         images, targets = batch
-        features = self.backbone(first_view(images))
+        sources = source_features(self.backbone, first_view(images),
+                                  list(dict.fromkeys([(1, "pooled"), *self.sources])))
         if dataloader_idx == len(self.trainer.num_val_batches) - 1:
-            logits = self.classifier(features).float()
-            hits = logits.topk(self.top5, dim=1).indices == targets[:, None]
-            loss = F.cross_entropy(logits, targets, reduction="none")
-            self._val_rows.append(torch.stack([loss, hits[:, 0].float(),
-                                               hits.any(dim=1).float()], dim=1).detach())
-        return {"features": features, "targets": targets}
+            logits = at_least_fp32(self.classifier(sources))  # (heads, B, classes)
+            hits = logits.topk(self.top5, dim=2).indices == targets[None, :, None]
+            loss = torch.stack([F.cross_entropy(head, targets, reduction="none")
+                                for head in logits])
+            # per val sample and head: loss, top-1 hit, top-5 hit
+            self._val_rows.append(torch.stack([loss, hits[..., 0].float(),
+                                               hits.any(dim=2).float()], dim=2)
+                                  .transpose(0, 1).detach())
+        return {"features": sources[(1, "pooled")], "targets": targets}
 
     def on_validation_epoch_end(self) -> None:
         if not self._val_rows:  # the same on every rank (equal batch counts per rank)
@@ -195,26 +272,50 @@ class LinearEval(SeededSteps):
         rows = torch.cat(self._val_rows)
         self._val_rows.clear()
         sampler = val_sampler(self.trainer, len(self.trainer.num_val_batches) - 1)
-        rows = rows[padding_mask(len(rows), sampler, rows.device)]
-        totals = torch.cat([rows.double().sum(dim=0), rows.new_tensor([len(rows)]).double()])
-        loss, top1, top5, count = (all_reduce_mean_no_grad(totals) * world_size()).tolist()
+        rows = rows[padding_mask(len(rows), sampler, rows.device)]  # (N, heads, 3)
+        totals = torch.cat([rows.double().sum(dim=0).flatten(),
+                            rows.new_tensor([len(rows)]).double()])
+        totals = all_reduce_mean_no_grad(totals) * world_size()
+        count = float(totals[-1])
         if count == 0:
             return
+        sums = totals[:-1].view(-1, 3).tolist()  # summed loss, top-1 and top-5 hits per head
+        top1 = [100 * row[1] / count for row in sums]
+        best = max(range(len(top1)), key=lambda i: (top1[i], -i))
+        self.best_head.fill_(best)
+        self._grid_top1 = top1
         # Already global values; sync_dist keeps Lightning's epoch reduction the same on all ranks.
+        if len(top1) > 1:
+            for spec, value in zip(self.specs, top1, strict=True):
+                self.log(f"val/grid_top1/{spec.name}", value, sync_dist=True)
+        loss, _, top5 = sums[best]
         self.log("val/loss", loss / count, sync_dist=True)
-        self.log("val/top1", 100 * top1 / count, prog_bar=True, sync_dist=True)
+        self.log("val/top1", top1[best], prog_bar=True, sync_dist=True)
         self.log("val/top5", 100 * top5 / count, sync_dist=True)
+
+    def on_fit_end(self) -> None:
+        """Print every head's last val top-1 and the chosen one (a grid of several heads)."""
+        if self._grid_top1 is None or len(self.specs) < 2 or not self.trainer.is_global_zero:
+            return
+        table = format_grid([s.name for s in self.specs], self._grid_top1, int(self.best_head))
+        print(f"{type(self).__name__} grid ({len(self.specs)} heads; * = val/top1):\n{table}",
+              flush=True)
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams
-        modules = [self.backbone, self.classifier] if self.finetune else [self.classifier]
         if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
             self.trainer.fit_loop.setup_data()
         global_batch = global_batch_size(self.trainer, hp.lr_scaling)
-        lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
-        optimizer = build_optimizer(
-            "sgd", split_decay_groups(modules, hp.weight_decay), lr=lr, momentum=hp.momentum
-        )
+        lr_scale = scale_lr(1.0, global_batch, hp.lr_scaling)
+        heads = cast(nn.ModuleList, self.classifier.heads)
+        groups = head_param_groups(self.specs, list(heads), lr_scale)
+        if self.finetune:  # one head (checked in __init__): the backbone at its lr and decay
+            spec = self.specs[0]
+            groups = [{**g, "lr": spec.lr * lr_scale}
+                      for g in split_decay_groups([self.backbone], spec.weight_decay)] + groups
+        optimizer = build_optimizer(hp.optimizer, groups,
+                                    lr=scale_lr(hp.lr, global_batch, hp.lr_scaling),
+                                    momentum=hp.momentum)
         scheduler = run_schedule(self.trainer, optimizer, hp.warmup_epochs,
                                  global_batch_size=global_batch)
         return {"optimizer": optimizer,

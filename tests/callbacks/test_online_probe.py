@@ -58,7 +58,7 @@ def test_probe_learns_separable_problem_and_logs_val_top1() -> None:
     trainer.fit(_FeatureModule(), train_dataloaders=train, val_dataloaders=val)
     assert trainer.callback_metrics["val/probe_top1"].item() == 100.0
     assert trainer.callback_metrics["train/probe_acc_epoch"].item() == 1.0
-    assert probe.linear is not None and probe.linear.weight.grad is not None
+    assert probe.linear is not None and probe.linear.heads[0].weight.grad is not None
 
 
 def test_probe_update_equals_hand_run_sgd_and_skips_unlabeled() -> None:
@@ -77,8 +77,8 @@ def test_probe_update_equals_hand_run_sgd_and_skips_unlabeled() -> None:
         optimizer.zero_grad()
         nn.functional.cross_entropy(reference(xb[keep]), yb[keep]).backward()
         optimizer.step()
-    torch.testing.assert_close(probe.linear.weight, reference.weight, rtol=0, atol=1e-7)
-    torch.testing.assert_close(probe.linear.bias, reference.bias, rtol=0, atol=1e-7)
+    torch.testing.assert_close(probe.linear.heads[0].weight, reference.weight, rtol=0, atol=1e-7)
+    torch.testing.assert_close(probe.linear.heads[0].bias, reference.bias, rtol=0, atol=1e-7)
 
 
 def test_probe_state_round_trips_including_optimizer_momentum() -> None:
@@ -116,3 +116,51 @@ def test_probe_rejects_bad_arguments_and_missing_sizes() -> None:
         trainer.fit(_FeatureModule(), train_dataloaders=loader)
     assert probe.linear is None and "train/probe_acc_step" not in trainer.callback_metrics
     assert trainer.global_step == 8
+
+
+class _SharedDecayProbe(OnlineProbe):
+    """Known-bad: one SGD for the whole grid, so every head gets the first weight decay."""
+
+    def setup(self, trainer, pl_module, stage) -> None:  # type: ignore[no-untyped-def]
+        super().setup(trainer, pl_module, stage)
+        self.optimizer = torch.optim.SGD(
+            [{"params": list(h.parameters()), "lr": s.lr} for s, h in
+             zip(self.specs, self.linear.heads, strict=True)],
+            lr=self.lr, momentum=self.momentum, weight_decay=self.specs[0].weight_decay)
+
+
+@pytest.mark.parametrize("probe_class, equal", [(OnlineProbe, True), (_SharedDecayProbe, False)])
+def test_every_head_of_a_grid_equals_that_probe_alone(probe_class: type, equal: bool,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    x, y = _separable(48, 4)
+    xv, yv = _separable(30, 5)
+    train = DataLoader(TensorDataset(x, y), batch_size=8)
+    val = [DataLoader(TensorDataset(xv, yv), batch_size=8)] * 2
+    grid = probe_class(num_classes=CLASSES, lrs=[0.5, 0.01], weight_decays=[0.1, 0.0])
+    trainer = _trainer(grid, epochs=2)
+    trainer.fit(_FeatureModule(), train_dataloaders=train, val_dataloaders=val)
+    top1 = {}
+    for i, spec in enumerate(grid.specs):
+        alone = OnlineProbe(num_classes=CLASSES, lr=spec.lr, weight_decay=spec.weight_decay)
+        alone_trainer = _trainer(alone, epochs=2)
+        alone_trainer.fit(_FeatureModule(), train_dataloaders=train, val_dataloaders=val)
+        close = torch.allclose(grid.linear.heads[i].weight, alone.linear.heads[0].weight,
+                               rtol=0, atol=1e-6)
+        assert close == (equal or spec.weight_decay == grid.specs[0].weight_decay), spec.name
+        top1[spec.name] = float(trainer.callback_metrics[f"val/probe_grid_top1/{spec.name}"])
+        if equal:
+            assert top1[spec.name] == float(alone_trainer.callback_metrics["val/probe_top1"])
+    assert float(trainer.callback_metrics["val/probe_top1"]) == max(top1.values())
+    assert "OnlineProbe grid (4 heads" in capsys.readouterr().out
+
+
+def test_probe_state_from_before_the_grid_loads() -> None:
+    """Its state held one nn.Linear's weight and bias."""
+    probe = OnlineProbe(num_classes=CLASSES)
+    probe.setup(None, _FeatureModule(), "fit")  # type: ignore[arg-type]
+    weight, bias = torch.randn(CLASSES, DIM), torch.randn(CLASSES)
+    probe.load_state_dict({"linear": {"weight": weight, "bias": bias},
+                           "optimizer": probe.optimizer.state_dict()})
+    probe._ready(_FeatureModule())
+    assert torch.equal(probe.linear.heads[0].weight, weight)
+    assert torch.equal(probe.linear.heads[0].bias, bias)

@@ -60,22 +60,22 @@ def make_model(**kwargs: object) -> LinearEval:
 def test_frozen_linear_eval_separates_and_keeps_backbone_and_bn_stats():
     model = make_model(weight_decay=1e-4)
     before = copy.deepcopy(model.backbone.state_dict())
-    classifier_before = model.classifier.weight.detach().clone()
+    classifier_before = model.classifier.heads[0].weight.detach().clone()
     trainer = fit_linear(model)
     assert trainer.callback_metrics["val/top1"] == pytest.approx(100.0)
     assert trainer.callback_metrics["val/top5"] == pytest.approx(100.0)
     for key, value in model.backbone.state_dict().items():  # weights, running stats, counters
         assert torch.equal(value, before[key]), key
     assert not model.backbone.training and model.training
-    assert not torch.equal(model.classifier.weight, classifier_before)
+    assert not torch.equal(model.classifier.heads[0].weight, classifier_before)
     # the recipe: SGD + momentum, classifier only, weight decay on the weight but not the bias,
     # cosine to 0 at the last step
     (optimizer,) = trainer.optimizers
     assert isinstance(optimizer, torch.optim.SGD)
     groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-    assert set(groups) == {id(model.classifier.weight), id(model.classifier.bias)}
-    assert groups[id(model.classifier.weight)]["weight_decay"] == 1e-4
-    assert groups[id(model.classifier.bias)]["weight_decay"] == 0.0
+    assert set(groups) == {id(model.classifier.heads[0].weight), id(model.classifier.heads[0].bias)}
+    assert groups[id(model.classifier.heads[0].weight)]["weight_decay"] == 1e-4
+    assert groups[id(model.classifier.heads[0].bias)]["weight_decay"] == 0.0
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
 
 
@@ -92,7 +92,7 @@ def test_finetune_trains_backbone_and_updates_bn_stats():
 def test_logged_accuracy_matches_manual_top1_top5():
     """Untrained 8-class classifier on 4-class data: top-1 and top-5 are both non-trivial."""
     model = LinearEval(bn_backbone(), 8, checkpoint="random")
-    nn.init.normal_(model.classifier.weight, std=1.0)
+    nn.init.normal_(model.classifier.heads[0].weight, std=1.0)
     images, targets = separable_data(32, 1).tensors
     # val loaders [train_eval, val] as the data modules give them: only the last one is scored
     bank = DataLoader(TensorDataset(images, (targets + 1) % NUM_CLASSES), batch_size=8)
@@ -111,7 +111,7 @@ def test_view_list_batches_give_the_same_result_as_image_batches():
     a, b = make_model(), make_model()
     fit_linear(a, epochs=1)
     fit_linear(b, epochs=1, views=True)
-    assert torch.equal(a.classifier.weight, b.classifier.weight)
+    assert torch.equal(a.classifier.heads[0].weight, b.classifier.heads[0].weight)
 
 
 def test_loads_backbone_of_a_method_checkpoint(tmp_path):

@@ -69,6 +69,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "smog.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
                   "--model.init_args.num_groups", "4", "--model.init_args.queue_size", "16",
                   "--model.init_args.reset_every", "2"],
+    "fewshot.yaml": ["--model.init_args.shots", "[1, 2]", "--model.init_args.draws", "2"],
     # the ResNet-18 student runs in distillation.yaml's test; here the timm teacher file matters
     "distillation_timm.yaml": ["--model.init_args.backbone", '{"class_path": '
                                '"ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'],
@@ -92,6 +93,18 @@ def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> l
 
     path = str(tmp_path / "pretrain.ckpt")
     simclr_checkpoint(ResNet(18, cifar_stem=True), path, steps=1)
+    return ["--model.checkpoint", path]
+
+
+def _vit_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    """A real (1-step) SimCLR checkpoint of a tiny 4-block ViT (the probe grids' last 4 blocks)."""
+    from evaluation_helpers import simclr_checkpoint
+
+    from ssl_lightning.backbones import ViT
+
+    path = str(tmp_path / "pretrain_vit.ckpt")
+    simclr_checkpoint(ViT(image_size=32, patch_size=8, embed_dim=16, depth=4, num_heads=2), path,
+                      view_size=32, steps=1)
     return ["--model.checkpoint", path]
 
 
@@ -122,6 +135,7 @@ def _timm_teacher_file(tmp_path: Path, request: pytest.FixtureRequest) -> list[s
 
 SUBCOMMANDS: dict[str, str] = {
     "knn.yaml": "validate",
+    "fewshot.yaml": "validate",
 }
 
 def _released_backbone(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
@@ -144,6 +158,9 @@ PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
     "dinov3_continue.yaml": _released_backbone,
     "linear.yaml": _pretraining_checkpoint,
     "knn.yaml": _pretraining_checkpoint,
+    "fewshot.yaml": _pretraining_checkpoint,
+    "linear_grid.yaml": _vit_checkpoint,
+    "attentive.yaml": _vit_checkpoint,
     "distillation.yaml": _distillation_teacher,
     "distillation_timm.yaml": _timm_teacher_file,
 }

@@ -1,0 +1,106 @@
+"""Run a chosen set of evaluation protocols on one checkpoint and a labelled image folder, and
+print one table of their numbers (the rows the papers report).
+
+    python benchmarks/eval_protocols.py --checkpoint runs/dinov2/version_0/checkpoints/last.ckpt \
+        --train-dir /data/pets/train --val-dir /data/pets/val --num-classes 37 \
+        --protocols knn fewshot linear_grid attentive --preset imagenet
+
+Each protocol is its shipped config run through the real CLI (``configs/knn.yaml`` with DINOv2's
+k = 10, 20, 100, 200; ``configs/fewshot.yaml``; ``configs/linear_grid.yaml``;
+``configs/attentive.yaml``) on ``ImageFolderDataModule`` (``<dir>/<class>/*``). ``--cnn`` runs
+the linear grid on the pooled feature (a CNN has no [CLS] or blocks) and skips the attentive
+probe. ``--epochs`` shortens the trained probes; ``--set`` passes more CLI arguments to every
+protocol (e.g. ``--set=--trainer.devices=2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ssl_lightning.cli import main
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+#: protocol -> (config, subcommand, trains a classifier: takes num_classes and epochs)
+PROTOCOLS: dict[str, tuple[str, str, bool]] = {
+    "knn": ("knn.yaml", "validate", False),
+    "fewshot": ("fewshot.yaml", "validate", False),
+    "linear_grid": ("linear_grid.yaml", "fit", True),
+    "attentive": ("attentive.yaml", "fit", True),
+}
+
+
+def protocol_args(name: str, args: argparse.Namespace) -> list[str]:
+    """The CLI arguments of protocol ``name``."""
+    config, subcommand, trains = PROTOCOLS[name]
+    cli = [subcommand, "--config", str(CONFIGS / config), "--model.checkpoint", args.checkpoint,
+           "--data", "ImageFolderDataModule", "--data.train_dir", args.train_dir,
+           "--data.val_dir", args.val_dir, "--data.preset", args.preset,
+           "--data.num_workers", str(args.num_workers), "--data.batch_size", str(args.batch_size),
+           "--trainer.logger", "false"]
+    if name == "knn":
+        cli += ["--model.ks", "[10, 20, 100, 200]", "--model.num_classes", str(args.num_classes)]
+    if trains:
+        cli += ["--model.num_classes", str(args.num_classes),
+                "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]"]
+        if args.epochs is not None:
+            cli += ["--trainer.max_epochs", str(args.epochs)]
+    if name == "fewshot" and args.shots:
+        cli += ["--model.shots", str(args.shots)]
+    if name == "linear_grid" and args.cnn:
+        cli += ["--model.poolings", "[pooled]", "--model.last_blocks", "[1]"]
+    return cli + list(args.set)
+
+
+def rows(name: str, metrics: dict[str, float], model: Any) -> list[tuple[str, str, float]]:
+    """Table rows ``(protocol, metric, top-1 %)`` of one protocol's final metrics."""
+    if name == "knn":
+        return [(name, key.removeprefix("val/knn_").removesuffix("_top1"), value)
+                for key, value in metrics.items() if key.startswith("val/knn_k")
+                and key.endswith("_top1")]
+    if name == "fewshot":
+        return [(name, f"{key.removeprefix('val/fewshot_').removesuffix('_top1')} "
+                 f"(± {metrics[key + '_std']:.2f})", value)
+                for key, value in metrics.items() if key.endswith("_top1")]
+    best = model.specs[int(model.best_head)].name
+    return [(name, f"best head {best} ({len(model.specs)} heads)", metrics["val/top1"])]
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--train-dir", required=True)
+    parser.add_argument("--val-dir", required=True)
+    parser.add_argument("--num-classes", type=int, required=True)
+    parser.add_argument("--protocols", nargs="+", choices=list(PROTOCOLS), default=list(PROTOCOLS))
+    parser.add_argument("--preset", default="imagenet", help="the data module's transform preset")
+    parser.add_argument("--epochs", type=int, default=None, help="of the trained probes")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--num-workers", type=int, default=8)
+    parser.add_argument("--shots", type=int, nargs="+", default=None,
+                        help="few-shot images per class (the config's 1 2 5 10 by default)")
+    parser.add_argument("--cnn", action="store_true", help="a CNN backbone (no tokens)")
+    parser.add_argument("--set", action="append", default=[], help="more CLI arguments")
+    return parser.parse_args()
+
+
+def run() -> None:
+    args = parse()
+    sys.argv = sys.argv[:1]  # the CLI reads only the arguments it is given
+    table: list[tuple[str, str, float]] = []
+    for name in args.protocols:
+        if name == "attentive" and args.cnn:
+            continue
+        cli = main(protocol_args(name, args))
+        metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+        table += rows(name, metrics, cli.model)
+    width = max(len(metric) for _, metric, _ in table)
+    print(f"\n{'protocol':<12} {'metric':<{width}}  top-1 (%)")
+    for name, metric, value in table:
+        print(f"{name:<12} {metric:<{width}}  {value:6.2f}")
+
+
+if __name__ == "__main__":
+    run()

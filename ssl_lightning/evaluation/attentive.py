@@ -1,0 +1,126 @@
+"""Attentive probing: a cross-attention pooling head over frozen patch tokens + a linear
+classifier, trained with the grid of :class:`~ssl_lightning.evaluation.LinearEval`.
+
+The headline protocol of the masked-image methods: AIM (El-Nouby et al., ICML 2024, §4.1:
+an attentive probe, one learned query), V-JEPA (Bardes et al., 2024, §4: a cross-attention
+block with one learned query over the frozen tokens) and CAPI (Darcet et al., 2025: attentive
+probes with a learning rate × weight decay grid). Learned queries attend, with multi-head
+attention, over the LayerNorm-ed patch tokens of the last block(s); the query outputs are
+averaged and classified by a linear layer. The head has no position information, so it is
+invariant to the order of the tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.callbacks.probe_grid import HeadSpec, Source
+from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX
+from ssl_lightning.evaluation.linear import LinearEval
+
+
+class AttentivePooling(nn.Module):
+    """Learned queries cross-attending over tokens: (B, N, D) -> (B, D).
+
+    ``LayerNorm(tokens)`` gives keys and values (``k_proj``, ``v_proj``); the queries
+    (``num_queries`` × D, ``q_proj``) attend with ``num_heads`` heads of ``D / num_heads``
+    channels, scaled by ``1 / sqrt(D / num_heads)``; the heads' outputs are joined, projected
+    (``out_proj``) and averaged over the queries.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 1, num_queries: int = 1) -> None:
+        super().__init__()
+        if num_heads < 1 or dim % num_heads:
+            raise ValueError(f"The attentive probe's num_heads ({num_heads}) must divide the "
+                             f"token width {dim}.")
+        if num_queries < 1:
+            raise ValueError(f"num_queries must be >= 1, got {num_queries}.")
+        self.num_heads = num_heads
+        self.queries = nn.Parameter(torch.randn(num_queries, dim) * 0.02)
+        self.norm = nn.LayerNorm(dim)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim)
+                                                                for _ in range(4))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        b, n, d = tokens.shape
+        h, dh = self.num_heads, d // self.num_heads
+        x = self.norm(tokens)
+        q = self.q_proj(self.queries).view(-1, h, dh).transpose(0, 1)  # (h, Q, dh)
+        k = self.k_proj(x).view(b, n, h, dh).transpose(1, 2)  # (B, h, N, dh)
+        v = self.v_proj(x).view(b, n, h, dh).transpose(1, 2)
+        attention = (q @ k.transpose(-1, -2) / math.sqrt(dh)).softmax(dim=-1)  # (B, h, Q, N)
+        out = (attention @ v).transpose(1, 2).reshape(b, -1, d)  # (B, Q, D)
+        return self.out_proj(out).mean(dim=1)
+
+
+class AttentiveHeads(nn.Module):
+    """One :class:`AttentivePooling` + ``nn.Linear`` per head of the grid; ``forward`` takes
+    :func:`~ssl_lightning.callbacks.probe_grid.source_features`' dict (``tokens`` sources) and
+    returns logits (heads, B, classes)."""
+
+    def __init__(self, specs: Sequence[HeadSpec], dims: dict[Source, int], num_classes: int,
+                 num_heads: int, num_queries: int) -> None:
+        super().__init__()
+        self.specs = list(specs)
+        self.num_classes = num_classes
+        self.heads = nn.ModuleList(
+            nn.Sequential(AttentivePooling(dims[s.source], num_heads, num_queries),
+                          nn.Linear(dims[s.source], num_classes)) for s in self.specs)
+        self.sources = list(dict.fromkeys(s.source for s in self.specs))
+
+    def forward(self, features: dict[Source, Tensor]) -> Tensor:
+        return torch.stack([head(features[spec.source])
+                            for spec, head in zip(self.specs, self.heads, strict=True)])
+
+
+class AttentiveEval(LinearEval):
+    """An attentive probe grid on a frozen token backbone (ours or a timm ViT).
+
+    Like :class:`LinearEval` (one frozen forward per batch, every head with its own learning
+    rate and weight decay, the best head on val top-1 is ``val/top1``), with the heads of
+    :class:`AttentiveHeads` reading the patch tokens of the last ``last_blocks`` blocks.
+    AdamW by default, as V-JEPA and CAPI train their attentive probes.
+
+    Args:
+        backbone, num_classes, checkpoint, checkpoint_prefix, lr, lr_scaling, momentum,
+            weight_decay, warmup_epochs, image_size, lrs, weight_decays, last_blocks,
+            optimizer: As :class:`LinearEval` (no fine-tuning, no poolings).
+        num_heads: Attention heads of the pooling.
+        num_queries: Learned queries (averaged after attending).
+    """
+
+    head_kind = "tokens"
+
+    def __init__(
+        self,
+        backbone: nn.Module | None = None,
+        num_classes: int | None = None,
+        checkpoint: str | None = None,
+        checkpoint_prefix: str = DEFAULT_PREFIX,
+        lr: float = 1e-3,
+        lr_scaling: Literal["none", "linear"] = "linear",
+        momentum: float = 0.9,
+        weight_decay: float = 0.05,
+        warmup_epochs: float = 0.0,
+        image_size: int = 32,
+        lrs: list[float] | None = None,
+        weight_decays: list[float] | None = None,
+        last_blocks: list[int] | None = None,
+        optimizer: Literal["sgd", "adamw"] = "adamw",
+        num_heads: int = 1,
+        num_queries: int = 1,
+    ) -> None:
+        self._attentive = (num_heads, num_queries)
+        super().__init__(backbone, num_classes, checkpoint, checkpoint_prefix, finetune=False,
+                         lr=lr, lr_scaling=lr_scaling, momentum=momentum,
+                         weight_decay=weight_decay, warmup_epochs=warmup_epochs,
+                         image_size=image_size, lrs=lrs, weight_decays=weight_decays,
+                         last_blocks=last_blocks, poolings=["tokens"], optimizer=optimizer)
+
+    def build_heads(self, dims: dict[Source, int], num_classes: int) -> nn.Module:
+        return AttentiveHeads(self.specs, dims, num_classes, *self._attentive)
