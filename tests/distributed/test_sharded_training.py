@@ -15,6 +15,8 @@ import ssl_lightning.methods
 from ssl_lightning.methods import SSLMethod
 from ssl_lightning.sharding import load_sharded_checkpoint
 
+pytestmark = pytest.mark.slow
+
 #: float64: the three runs differ by rounding only (measured max |diff| <= 2e-15).
 ATOL = 1e-9
 

@@ -21,6 +21,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.methods import NNCLR, SimCLR, SupCon
 
+pytestmark = pytest.mark.slow
+
 
 class _StopAfterEpoch(pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
