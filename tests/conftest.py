@@ -28,8 +28,9 @@ from PIL import Image
 ImageFolderMaker = Callable[..., Path]
 
 # The suite's image indexes (ssl_lightning/data/indexing.py) are cached in a temporary folder of
-# its own (inherited by the CLI subprocesses), not in ~/.cache.
-os.environ.setdefault("SSL_LIGHTNING_CACHE_DIR", tempfile.mkdtemp(prefix="ssl_lightning_cache_"))
+# its own (inherited by the CLI subprocesses), not in ~/.cache; under pytest-xdist, one per worker.
+if os.environ.get("PYTEST_XDIST_WORKER") or "SSL_LIGHTNING_CACHE_DIR" not in os.environ:
+    os.environ["SSL_LIGHTNING_CACHE_DIR"] = tempfile.mkdtemp(prefix="ssl_lightning_cache_")
 
 #: The slow tier is marked on the tests themselves: ``pytestmark = pytest.mark.slow`` in the file
 #: or ``@pytest.mark.slow`` on the test (``-m "not slow"`` is the fast inner loop, under 3 minutes
