@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from distributed_utils import run_in_processes
-from test_contrastive_family_losses import _supcon_reference
+from test_contrastive_losses import _supcon_reference
 from torch import Tensor
 
 from ssl_lightning.distributed import all_gather_with_grad
