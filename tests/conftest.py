@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
-import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,113 +22,17 @@ import pytest
 import yaml
 from PIL import Image
 
+# The slow tier: marked on the tests; one started process fails an unmarked test (slow_tier.py).
+from slow_tier import pytest_collection_modifyitems, pytest_runtest_call, pytest_runtest_setup
+
+__all__ = ["pytest_collection_modifyitems", "pytest_runtest_call", "pytest_runtest_setup"]
+
 ImageFolderMaker = Callable[..., Path]
 
 # The suite's image indexes (ssl_lightning/data/indexing.py) are cached in a temporary folder of
 # its own (inherited by the CLI subprocesses), not in ~/.cache; under pytest-xdist, one per worker.
 if os.environ.get("PYTEST_XDIST_WORKER") or "SSL_LIGHTNING_CACHE_DIR" not in os.environ:
     os.environ["SSL_LIGHTNING_CACHE_DIR"] = tempfile.mkdtemp(prefix="ssl_lightning_cache_")
-
-#: The slow tier is marked on the tests themselves: ``pytestmark = pytest.mark.slow`` in the file
-#: or ``@pytest.mark.slow`` on the test (``-m "not slow"`` is the fast inner loop, under 3 minutes
-#: on 2 cores). A test not marked slow fails if it starts a process: a Python subprocess (a CLI
-#: run, a script, torchrun), a spawned ``multiprocessing`` process (the process pool, DDP spawns,
-#: a multi-process Trainer), or a job on the session's process pool. Forked processes (DataLoader
-#: workers) and other programs (``mount``) cost milliseconds and are allowed.
-SLOW_MARK_NEEDED = "starts processes but is not marked slow (add @pytest.mark.slow or pytestmark)"
-
-#: Modules whose own one-off probes are no test's process: typeshed_client asks the interpreter
-#: for its ``sys.path`` once per session, for whichever test first builds a CLI parser.
-LIBRARY_PROBES = ("typeshed_client",)
-
-#: Tests in files that another branch rewrites (issue 36's method registry: the grad-cache table
-#: and the variant-method DDP table), marked here until it merges; then the marks move into the
-#: files and this goes.
-MARKED_UNTIL_THE_REGISTRY_MERGE = (
-    "tests/distributed/test_variant_methods_ddp.py::",
-    "tests/training/test_grad_cache.py::test_ddp_two_processes_with_micro_batches_equal_one_process",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.nodeid.startswith(MARKED_UNTIL_THE_REGISTRY_MERGE):
-            item.add_marker(pytest.mark.slow)
-
-
-def _runs_python(args: object, executable: object) -> bool:
-    program = executable or (args if isinstance(args, (str, bytes, os.PathLike))
-                             else next(iter(args), ""))  # type: ignore[call-overload]
-    name = os.path.basename(os.fsdecode(program).split()[0] if program else "")
-    return name.startswith("python") or os.fsdecode(program) == sys.executable
-
-
-def _from_library_probe() -> bool:
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith(LIBRARY_PROBES):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
-@contextmanager
-def _recording_process_starts(starts: list[str]) -> Iterator[None]:
-    """Record in ``starts`` each process start (or pool job) inside the block that counts."""
-    import multiprocessing.process
-
-    import process_pool
-
-    popen_init = subprocess.Popen.__init__
-    process_start = multiprocessing.process.BaseProcess.start
-    pool_run = process_pool.ProcessPool.run
-
-    def record_popen(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
-        if _runs_python(args, kwargs.get("executable")) and not _from_library_probe():
-            starts.append(f"subprocess {args!r}"[:200])
-        popen_init(self, args, *rest, **kwargs)
-
-    def record_process(self):  # type: ignore[no-untyped-def]
-        process_start(self)
-        if getattr(self._popen, "method", "fork") != "fork":
-            starts.append(f"{self._popen.method} process {self.name} "
-                          f"({getattr(self, '_target', None)!r})"[:200])
-
-    def record_job(self, fn, args):  # type: ignore[no-untyped-def]
-        starts.append(f"process pool job {fn.__qualname__}")
-        return pool_run(self, fn, args)
-
-    subprocess.Popen.__init__ = record_popen  # type: ignore[method-assign]
-    multiprocessing.process.BaseProcess.start = record_process  # type: ignore[method-assign]
-    process_pool.ProcessPool.run = record_job  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign]
-        multiprocessing.process.BaseProcess.start = process_start  # type: ignore[method-assign]
-        process_pool.ProcessPool.run = pool_run  # type: ignore[method-assign]
-
-
-def _guarded(item: pytest.Item) -> Iterator[None]:
-    """Run a test phase; fail the test when it started a process without the ``slow`` mark."""
-    if item.get_closest_marker("slow") is not None:
-        return (yield)
-    starts: list[str] = []
-    with _recording_process_starts(starts):
-        result = yield
-    if starts:
-        pytest.fail(f"{item.nodeid} {SLOW_MARK_NEEDED}: {starts[0]}", pytrace=False)
-    return result
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    return (yield from _guarded(item))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    return (yield from _guarded(item))
 
 
 def _write_images(root: Path, classes: int, per_class: int, size: int, seed: int) -> Path:

@@ -1,5 +1,6 @@
 """The slow tier is marked on the tests themselves, and a test that starts a process cannot sit
-in the fast tier: tests/conftest.py fails it unless it is marked ``slow``."""
+in the fast tier: tests/slow_tier.py (hooks of tests/conftest.py) fails it unless it is
+marked ``slow``."""
 
 from __future__ import annotations
 
