@@ -22,32 +22,17 @@ import pytest
 import yaml
 from PIL import Image
 
+# The slow tier: marked on the tests; one started process fails an unmarked test (slow_tier.py).
+from slow_tier import pytest_runtest_call, pytest_runtest_setup
+
+__all__ = ["pytest_runtest_call", "pytest_runtest_setup"]
+
 ImageFolderMaker = Callable[..., Path]
 
 # The suite's image indexes (ssl_lightning/data/indexing.py) are cached in a temporary folder of
-# its own (inherited by the CLI subprocesses), not in ~/.cache.
-os.environ.setdefault("SSL_LIGHTNING_CACHE_DIR", tempfile.mkdtemp(prefix="ssl_lightning_cache_"))
-
-#: The slow tier (``-m slow``; ``-m "not slow"`` is the fast inner loop, under 3 minutes on 2
-#: cores): folders and files whose tests start processes (DDP, signals, subprocess CLIs) or train
-#: many steps through the Trainer; together about three quarters of the suite's time
-#: (``python -m pytest tests --durations=0``).
-SLOW_FOLDERS = ("distributed", "resume")
-SLOW_FILES = (
-    "product/test_product_matrix.py", "product/test_configs.py",
-    "product/test_writing_a_method_page.py", "callbacks/test_preemption.py",
-    "callbacks/test_callbacks_ddp.py", "evaluation/test_embedding_plot.py",
-    "evaluation/test_trackers.py", "cli/test_list_command.py",
-    "backbones/test_timm_pretrained.py", "data/test_worker_signals.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests = Path(__file__).parent
-    for item in items:
-        relative = item.path.relative_to(tests).as_posix()
-        if relative.split("/")[0] in SLOW_FOLDERS or relative in SLOW_FILES:
-            item.add_marker(pytest.mark.slow)
+# its own (inherited by the CLI subprocesses), not in ~/.cache; under pytest-xdist, one per worker.
+if os.environ.get("PYTEST_XDIST_WORKER") or "SSL_LIGHTNING_CACHE_DIR" not in os.environ:
+    os.environ["SSL_LIGHTNING_CACHE_DIR"] = tempfile.mkdtemp(prefix="ssl_lightning_cache_")
 
 
 def _write_images(root: Path, classes: int, per_class: int, size: int, seed: int) -> Path:

@@ -40,6 +40,8 @@ JOB_TIMEOUT_S = 1800
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: the rendezvous port of the pool and of every test that
+    starts a process group or a multi-node run of its own."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -30,7 +30,6 @@ to gathered full copies.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning_ddp_utils import KeyedViews, TensorDataModule, ddp_global_order
+from process_pool import free_port
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DistributedSampler, Subset
 
@@ -286,7 +286,7 @@ def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
     finally:
         dist.destroy_process_group()
     if rank == 0:  # 1 process: the end of epoch 0 (step 3) reshards; inside it is refused
-        _join(0, _free_port(), world=1)
+        _join(0, free_port(), world=1)
         try:
             result["one_process"] = image_fit(root, ShardedStrategy(), 4, devices=1,
                                               resume=str(root / "ckpt" / "step=3.ckpt"))
@@ -301,15 +301,9 @@ def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(worker: Callable[..., None], image_root: Path) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(worker, args=(_free_port(), out, str(image_root)), nprocs=WORLD)
+        mp.spawn(worker, args=(free_port(), out, str(image_root)), nprocs=WORLD)
         return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=True)
                 for r in range(WORLD)]
 

@@ -24,7 +24,7 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
     "directclr", title="DirectCLR", configs=("directclr.yaml",),
     paper=Paper("Understanding Dimensional Collapse in Contrastive Self-supervised Learning",
                 2022, "2110.09348"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_more_methods_losses.py",
+    family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_directclr_loss.py",
     small=lambda backbone, **kw: DirectCLR(backbone, loss_dim=8, **kw),
 )
 class DirectCLR(SSLMethod):

@@ -22,7 +22,7 @@ from ssl_lightning.methods.simsiam import SimSiam
 @register_method(
     "fastsiam", title="FastSiam", configs=("fastsiam.yaml",),
     paper=Paper("FastSiam: Resource-Efficient Self-supervised Learning on a Single GPU", 2022),
-    family="non-contrastive", views=(8, 8, 8), tests="tests/losses/test_more_methods_losses.py",
+    family="non-contrastive", views=(8, 8, 8), tests="tests/losses/test_fastsiam_loss.py",
     small=lambda backbone, **kw: FastSiam(backbone, num_views=3, projection_hidden_dim=16,
                                           projection_dim=16, predictor_hidden_dim=8,
                                           head_batch_norm=False, **kw),

@@ -23,7 +23,7 @@ from ssl_lightning.training.ema import Schedule
 @register_method(
     "moco_v2_plus", title="MoCo v2+", configs=("moco_v2_plus.yaml",),
     paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_more_methods_losses.py",
+    family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_moco_v2_plus_loss.py",
     small=lambda backbone, **kw: MoCoV2Plus(backbone, projection_hidden_dim=16, projection_dim=8,
                                             queue_size=16, **kw),
 )

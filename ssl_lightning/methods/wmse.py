@@ -22,7 +22,7 @@ WHITENING_STREAM = 2
 @register_method(
     "wmse", title="W-MSE", configs=("wmse.yaml",),
     paper=Paper("Whitening for Self-Supervised Representation Learning", 2021, "2007.06346"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_more_methods.py",
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_bad_settings.py",
     small=lambda backbone, **kw: WMSE(backbone, projection_hidden_dim=16, projection_dim=3,
                                       head_batch_norm=False, whitening_size=4, **kw),
 )

@@ -12,6 +12,8 @@ from torch import nn
 
 from ssl_lightning.backbones import ResNet, SmallConvNet, TimmBackbone, TorchvisionBackbone, ViT
 
+pytestmark = pytest.mark.slow
+
 timm = pytest.importorskip("timm")
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,6 +30,8 @@ from ssl_lightning.evaluation import EmbeddingPlot, LinearEval
 from ssl_lightning.methods import SimCLR
 from ssl_lightning.training.divergence import TrainingDivergedError
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("matplotlib")
 
 METRICS = ("train/loss_epoch", "train/top1", "val/loss", "val/top1", "val/top5",

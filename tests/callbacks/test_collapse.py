@@ -105,6 +105,7 @@ def _collect_on_rank(rank: int, world: int, features: torch.Tensor) -> tuple:
     return gathered, rankme(gathered).item(), embedding_std(gathered).item()
 
 
+@pytest.mark.slow
 def test_gathers_features_of_all_ranks():
     features = torch.randn(13, 8, generator=torch.Generator().manual_seed(2))
     results = run_in_processes(_collect_on_rank, 2, features)

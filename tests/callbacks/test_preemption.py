@@ -31,6 +31,8 @@ import torch
 from preemption_probe import child_pids
 from product_matrix import shrink_args
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "simclr.yaml"
 TIMEOUT_S = 300  # a whole run on the loaded 2-core machine takes ~1 minute

@@ -126,6 +126,7 @@ def test_bad_value_is_reported_by_the_parser(tiny_config: Path, capsys) -> None:
     assert "adam" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_dash_m_entry_point() -> None:
     result = subprocess.run([sys.executable, "-m", "ssl_lightning", "fit", "--help"],
                             capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -14,6 +14,8 @@ import ssl_lightning.methods
 from ssl_lightning.cli import main
 from ssl_lightning.methods import SSLMethod
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -5,11 +5,14 @@ BatchNorm-free backbone and heads, float64, deterministic views; rank r gets sam
 
 from __future__ import annotations
 
+import pytest
 import torch
 from distributed_utils import average_gradients_like_ddp, run_in_processes
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.methods import BYOL
+
+pytestmark = pytest.mark.slow
 
 
 def _byol_grads(rank: int, world: int) -> dict:

@@ -17,6 +17,8 @@ from torch import Tensor
 from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.methods import Distillation
 
+pytestmark = pytest.mark.slow
+
 WORLD, GLOBAL_BATCH, STEPS, QUEUE, SIZE = 2, 4, 3, 8, 16
 
 

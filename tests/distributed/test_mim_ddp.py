@@ -4,9 +4,12 @@ share the RNG stream and take their rows of the global batch's masks, so the mas
 
 from __future__ import annotations
 
+import pytest
 import torch
 from distributed_utils import average_gradients_like_ddp, run_in_processes
 from mim_utils import SIZE, tiny_ijepa, tiny_mae
+
+pytestmark = pytest.mark.slow
 
 FACTORIES = {"mae": tiny_mae, "ijepa": tiny_ijepa}
 

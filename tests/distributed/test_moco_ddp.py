@@ -15,6 +15,8 @@ from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.methods import MoCoV2, MoCoV3
 from ssl_lightning.training.ema import ema_update_
 
+pytestmark = pytest.mark.slow
+
 WORLD, GLOBAL_BATCH, STEPS, QUEUE = 2, 4, 3, 8
 
 

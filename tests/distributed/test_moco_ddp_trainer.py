@@ -2,6 +2,7 @@
 encoder, queue and pointer as one process trained on the concatenated rank batches: checks the
 Lightning gather path, shuffle-BN and the method's own EMA callback under DDP."""
 
+import pytest
 import pytorch_lightning as pl
 from lightning_ddp_utils import (
     PrecomputedViews,
@@ -14,6 +15,8 @@ from torch.utils.data import Subset
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.methods import MoCoV2
+
+pytestmark = pytest.mark.slow
 
 BATCH, STEPS, SAMPLES = 4, 3, 24
 

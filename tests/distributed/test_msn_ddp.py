@@ -33,6 +33,8 @@ from ssl_lightning.backbones import ViT
 from ssl_lightning.losses import MSNLoss
 from ssl_lightning.methods import MSN, PMSN
 
+pytestmark = pytest.mark.slow
+
 STEPS, BATCH, WORLD = 3, 4, 2
 SAMPLES = STEPS * BATCH * WORLD
 ARGS = dict(projection_hidden_dim=16, projection_dim=8, num_prototypes=10,

@@ -21,6 +21,8 @@ from ssl_lightning.losses import sinkhorn_knopp
 from ssl_lightning.methods import DINO, SwAV
 from ssl_lightning.training.ema import ema_update_
 
+pytestmark = pytest.mark.slow
+
 STEPS, GLOBAL_BATCH = 3, 8
 
 

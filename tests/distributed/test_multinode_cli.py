@@ -13,23 +13,20 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+from process_pool import free_port
+
+pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).resolve().parents[1]
 STEPS, PER_DEVICE = 3, 4
 BACKBONE = ('{"class_path": "ssl_lightning.SmallConvNet", '
             '"init_args": {"widths": [8, 16], "norm": "group"}}')
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli_args(data: Path, out: Path, batch: int, num_nodes: int) -> list[str]:
@@ -65,7 +62,7 @@ def _read(out: Path, rank: int) -> tuple[dict, dict]:
 
 
 def test_two_simulated_nodes_equal_one_process(tmp_path: Path, tiny_image_folder: Path) -> None:
-    port, nodes_out = _free_port(), tmp_path / "nodes"
+    port, nodes_out = free_port(), tmp_path / "nodes"
     launches = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",

@@ -32,6 +32,8 @@ import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import DINO, IBOT, DINOv2, DINOv3
 
+pytestmark = pytest.mark.slow
+
 STEPS, BATCH, WORLD = 3, 4, 2
 SAMPLES = STEPS * BATCH * WORLD
 HEADS = dict(head_out_dim=16, head_hidden_dim=16, head_bottleneck_dim=8, optimizer="sgd", lr=0.5,

@@ -14,6 +14,8 @@ from sharding_harness import BATCHNORM, METHODS, WORLD, make_method, run_all, ru
 from ssl_lightning.methods.registry import method_entries
 from ssl_lightning.sharding import load_sharded_checkpoint
 
+pytestmark = pytest.mark.slow
+
 #: float64: the three runs differ by rounding only (measured max |diff| <= 2e-15).
 ATOL = 1e-9
 

@@ -20,6 +20,8 @@ from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import NTXentLoss
 from ssl_lightning.methods import SimCLR
 
+pytestmark = pytest.mark.slow
+
 WORLD, BATCH, IN_DIM = 2, 4, 6
 
 

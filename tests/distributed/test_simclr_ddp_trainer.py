@@ -7,6 +7,7 @@ probe accuracies on validation sets of odd size (so DistributedSampler pads them
 duplicates) equal the single-process values.
 """
 
+import pytest
 import pytorch_lightning as pl
 import torch
 from lightning_ddp_utils import (
@@ -21,6 +22,8 @@ from torch.utils.data import Subset, TensorDataset
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.callbacks import KNNCallback, OnlineProbe
 from ssl_lightning.methods import SimCLR
+
+pytestmark = pytest.mark.slow
 
 BATCH, STEPS, SAMPLES = 4, 3, 24
 

@@ -26,6 +26,8 @@ from torch.utils.data import DistributedSampler, Subset
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import AIM, SimMIM
 
+pytestmark = pytest.mark.slow
+
 STEPS, BATCH, WORLD = 3, 4, 2
 SAMPLES = STEPS * BATCH * WORLD
 OPTIM = dict(optimizer="adamw", lr=1e-2, lr_scaling="none", warmup_epochs=0, image_size=16,

@@ -1,9 +1,12 @@
 """The process-spawning helper itself: ranks, world size and a gradient-carrying gather."""
 
+import pytest
 import torch
 from distributed_utils import run_in_processes
 
 from ssl_lightning.distributed import all_gather_with_grad
+
+pytestmark = pytest.mark.slow
 
 
 def _gather_rank(rank: int, world_size: int) -> torch.Tensor:

@@ -45,6 +45,8 @@ from ssl_lightning.methods import (
     SSLMethod,
 )
 
+pytestmark = pytest.mark.slow
+
 BATCH, STEPS, SAMPLES = 4, 3, 24
 OPTIM = dict(optimizer="sgd", lr=0.5, lr_scaling="none", warmup_epochs=0)
 HEADS = dict(projection_hidden_dim=16, projection_dim=8)

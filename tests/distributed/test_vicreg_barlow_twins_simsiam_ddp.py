@@ -24,6 +24,8 @@ from ssl_lightning.distributed import (
 from ssl_lightning.losses import BarlowTwinsLoss, VICRegLoss
 from ssl_lightning.methods import BarlowTwins, SimSiam, VICReg
 
+pytestmark = pytest.mark.slow
+
 GLOBAL_BATCH, IN_DIM, EMBED_DIM = 8, 6, 5
 
 

@@ -70,6 +70,7 @@ def test_embed_writes_every_readable_image_in_order(embedded, tmp_path, suffix, 
     assert "Skipped 1 unreadable" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_embed_on_two_processes_keeps_order_without_duplicates(embedded, tmp_path):
     ckpt, folder, good, reference = embedded
     out = tmp_path / "emb.npy"

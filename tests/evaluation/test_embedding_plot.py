@@ -15,6 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ssl_lightning.evaluation import EmbeddingPlot, pca_2d, project_2d
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("matplotlib")
 
 

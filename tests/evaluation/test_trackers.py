@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 SIMCLR = ROOT / "configs" / "simclr.yaml"
 STEPS = ["--trainer.fast_dev_run", "false", "--trainer.max_steps", "2",

@@ -152,6 +152,7 @@ def _ddp_both_variants(rank: int, world_size: int) -> dict:
     return {variant: _ddp_rank(rank, world_size, variant) for variant in ("good", "bad")}
 
 
+@pytest.mark.slow
 def test_chunked_nt_xent_two_process_ddp_equals_single_process():
     x1, x2, model = _data_and_model()
     loss = NTXentLoss(0.5, chunk_size=None)(model(x1), model(x2))  # dense, global batch

@@ -1,5 +1,6 @@
 """iBOT patch loss, Sinkhorn centring and KoLeo against float64 loop references written from the
-papers' formulas; only masked positions enter the patch loss; the block-mask generator."""
+papers' formulas; only masked positions enter the patch loss; the block-mask generator; iBOT++'s
+visible-patch term (the known-bad variant that normalises it by all patches is caught)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from loss_references import randn
 
 from ssl_lightning.losses import DINOLoss, IBOTPatchLoss, KoLeoLoss
 from ssl_lightning.masking import BlockMasking
@@ -181,3 +183,44 @@ def test_block_mask_bad_arguments(kwargs):
 def test_loss_bad_arguments(make):
     with pytest.raises(ValueError):
         make()
+
+
+def ibot_plus_plus_reference(student, teacher, masks, tau_s, tau_t, w, visible_over_all=False):
+    """TIPSv2 iBOT++: per crop image, mean CE over masked patches + w · mean CE over visible
+    patches (an empty set contributes 0); then the mean over images and crops (centre 0)."""
+    b, v, n, _ = student.shape
+    total = 0.0
+    for i in range(b):
+        for c in range(v):
+            ce = [-(softmax(teacher[i, c, p] / tau_t)
+                    * (student[i, c, p] / tau_s
+                       - math.log(np.exp(student[i, c, p] / tau_s).sum()))).sum()
+                  for p in range(n)]
+            masked = [ce[p] for p in range(n) if masks[i, c, p]]
+            visible = [ce[p] for p in range(n) if not masks[i, c, p]]
+            total += sum(masked) / len(masked) if masked else 0.0
+            count = n if visible_over_all else len(visible)
+            total += w * (sum(visible) / count if visible else 0.0)
+    return total / (b * v)
+
+
+def test_ibot_plus_plus_patch_loss_equals_the_loop() -> None:
+    g = torch.Generator().manual_seed(4)
+    student, teacher = randn(g, 3, 2, 6, 7), randn(g, 3, 2, 6, 7)
+    masks = torch.rand(3, 2, 6, generator=g) < 0.4
+    masks[0, 0] = True  # an all-masked crop: no visible term
+    masks[1, 1] = False  # an unmasked crop: only the visible term
+    args = (student.numpy(), teacher.numpy(), masks.numpy(), 0.1, 0.05)
+    loss = IBOTPatchLoss(7, visible_weight=0.5).eval()(student, teacher, masks, 0.05)
+    assert float(loss) == pytest.approx(ibot_plus_plus_reference(*args, 0.5), rel=1e-12)
+    ibot = IBOTPatchLoss(7).eval()(student, teacher, masks, 0.05)
+    assert float(ibot) == pytest.approx(ibot_plus_plus_reference(*args, 0.0), rel=1e-12)
+    diluted = ibot_plus_plus_reference(*args, 0.5, visible_over_all=True)
+    assert abs(diluted - float(loss)) > 1e-3  # the visible mean is over visible patches only
+
+
+@pytest.mark.parametrize("kwargs", [dict(visible_weight=-1.0),
+                                    dict(visible_weight=1.0, centering="sinkhorn")])
+def test_ibot_plus_plus_refuses_bad_settings(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match="visible_weight"):
+        IBOTPatchLoss(7, **kwargs)

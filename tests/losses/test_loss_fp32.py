@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from distributed_utils import run_in_processes
-from test_contrastive_family_losses import _supcon_reference
+from test_contrastive_losses import _supcon_reference
 from torch import Tensor
 
 from ssl_lightning.distributed import all_gather_with_grad
@@ -189,6 +189,7 @@ def two_ranks() -> list[dict[str, Any]]:
     return run_in_processes(_ranks_worker, 2)
 
 
+@pytest.mark.slow
 def test_gathered_tensors_without_rank_offset_are_refused(two_ranks) -> None:
     for rank, result in enumerate(two_ranks):
         assert set(result["errors"]) == {"nt_xent", "dcl", "supcon", "nnclr", "moco_v3"}
@@ -197,11 +198,13 @@ def test_gathered_tensors_without_rank_offset_are_refused(two_ranks) -> None:
             assert "gather=True" in message
 
 
+@pytest.mark.slow
 def test_gather_true_equals_the_explicit_gathered_call(two_ranks) -> None:
     for result in two_ranks:
         assert max(result["gather_gap"].values()) < 1e-12, result["gather_gap"]
 
 
+@pytest.mark.slow
 def test_sinkhorn_shift_is_shared_by_the_ranks(two_ranks) -> None:
     for result in two_ranks:
         codes64, codes32 = result["codes"][torch.float64], result["codes"][torch.float32]

@@ -150,6 +150,7 @@ def _bn_free_model() -> VICReg:
                   weight_decay=1e-4, warmup_epochs=0)
 
 
+@pytest.mark.slow
 def test_lightning_ddp_fit_equals_single_process_with_the_global_batch():
     """End to end through Lightning's all_gather (ddp_spawn, 2 CPU processes, 3 steps)."""
     data = PrecomputedViews(24)

@@ -23,6 +23,8 @@ import torch
 import yaml
 from conftest import read_config
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,17 +25,14 @@ from typing import Any
 
 import pytest
 import torch
+from process_pool import free_port
 from product_matrix import COMPOSED, CONFIGS, ROOT, STREAMING_RUN, SUBCOMMANDS, shrink_args
+
+pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 900  # whole matrix; a hang in one config fails it with the config named
 DIVERGE = ["--model.init_args.lr", "1e6", "--model.init_args.warmup_epochs", "0",
            "--trainer.max_epochs", "6"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -70,7 +66,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) ->
     shards = _shards(tiny_image_folder, tmp / "shards")
     procs: list[tuple[int, int, subprocess.Popen, Path]] = []
     logs = []
-    port = _free_port()
+    port = free_port()
     for world in (1, 2):
         spec = {"configs": [str(c) for c in CONFIGS], "workdir": str(tmp / f"w{world}"),
                 "data_root": str(tiny_image_folder), "timeout_s": 300,

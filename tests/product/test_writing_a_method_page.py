@@ -15,6 +15,8 @@ from distributed_utils import backward_like_ddp, run_in_processes
 
 from ssl_lightning.backbones import SmallConvNet
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "writing_a_method.md").read_text()
 PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", PAGE, re.DOTALL)

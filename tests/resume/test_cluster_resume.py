@@ -17,6 +17,8 @@ import pytest
 import torch
 from test_resume_exact import RESUME_POINTS, _assert_identical, straight_and_resumed
 
+pytestmark = pytest.mark.slow
+
 METHODS = ["deepcluster_v2", "deepcluster_v2_unsaved", "smog", "smog_unsaved"]
 
 

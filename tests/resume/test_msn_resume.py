@@ -19,6 +19,8 @@ from test_resume_exact import RESUME_POINTS, _assert_identical, straight_and_res
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import MSN
 
+pytestmark = pytest.mark.slow
+
 METHODS = ["msn", "pmsn"]
 
 

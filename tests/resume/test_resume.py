@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import pytorch_lightning as pl
 import torch
 from lightning_ddp_utils import (
@@ -20,6 +21,8 @@ from torch.utils.data import TensorDataset
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.callbacks import KNNCallback, OnlineProbe
 from ssl_lightning.methods import SimCLR
+
+pytestmark = pytest.mark.slow
 
 
 class _StopAfterEpoch(pl.Callback):

@@ -16,6 +16,8 @@ from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
 from ssl_lightning.methods import SimCLR
 
+pytestmark = pytest.mark.slow
+
 
 def _model() -> SimCLR:
     torch.manual_seed(0)

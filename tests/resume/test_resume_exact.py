@@ -39,6 +39,8 @@ import pytest
 import torch
 from lightning_ddp_utils import assert_states_close
 
+pytestmark = pytest.mark.slow
+
 try:
     import litdata  # noqa: F401
 

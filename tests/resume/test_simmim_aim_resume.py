@@ -16,6 +16,8 @@ import torch
 from lightning_ddp_utils import assert_states_close
 from test_resume_exact import RESUME_POINTS, straight_and_resumed
 
+pytestmark = pytest.mark.slow
+
 METHODS = ["simmim", "aim", "aim_init_stream"]
 
 

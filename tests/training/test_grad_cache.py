@@ -132,6 +132,7 @@ def test_drop_path_is_replayed_exactly() -> None:
     assert max(changes) > 1e-3
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_with_micro_batches_equal_one_process() -> None:
     """2 ranks x 4 samples (micro-batches of 2, through Lightning's DDP reducer) = 1 x 8."""
     data = PrecomputedViews(24)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from distributed_utils import backward_like_ddp, run_in_processes
@@ -20,6 +21,8 @@ from torch import Tensor
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.methods import DCL, NNCLR, SimCLR, SupCon
+
+pytestmark = pytest.mark.slow
 
 GLOBAL_BATCH, STEPS, LR = 8, 2, 0.5
 

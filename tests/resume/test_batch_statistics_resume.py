@@ -18,6 +18,8 @@ from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.losses import TiCoLoss
 from ssl_lightning.methods import MMCR, WMSE, LeJEPA, TiCo, VIbCReg
 
+pytestmark = pytest.mark.slow
+
 
 class _UnsavedCovarianceTiCo(TiCo):
     """Known-bad: the running covariance is not in the checkpoint."""

@@ -38,6 +38,8 @@ from ssl_lightning.losses.sigreg import sigreg_directions
 from ssl_lightning.methods import MMCR, WMSE, LeJEPA, SSLMethod, TiCo, VIbCReg
 from ssl_lightning.methods.wmse import WHITENING_STREAM
 
+pytestmark = pytest.mark.slow
+
 BATCH, STEPS, SAMPLES, TOLERANCE = 4, 3, 24, 1e-9
 OPTIM = dict(optimizer="sgd", lr=0.5, lr_scaling="none", warmup_epochs=0, weight_decay=1e-4)
 
