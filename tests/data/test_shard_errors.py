@@ -209,7 +209,7 @@ def test_a_file_another_process_is_downloading_is_waited_for(shards: Path,
     remote = RemoteShards(f"local:{shards}", tmp_path / "cache")
     local = remote.cache / "shard-00000" / "chunk-0-0.bin"
     local.parent.mkdir(parents=True)
-    lock = FileLock(f"{local}.lock")
+    lock = FileLock(f"{local}.lock", thread_local=False)  # released by the timer thread
     lock.acquire()
 
     def finish() -> None:
