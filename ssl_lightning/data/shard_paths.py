@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+
 class ShardError(ValueError):
     """A shard folder that does not match its manifest, or holds what it must not (the message
     names the shard)."""

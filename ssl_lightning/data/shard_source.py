@@ -6,8 +6,9 @@ A remote shard folder is read through litdata's own downloaders (the schemes lit
 first opens the shard. Every file is downloaded under a name of its own, checked and renamed
 into place (a lock per file keeps the processes of a node from downloading it twice), so a
 reader never sees a partial file; a chunk is checked against the manifest's SHA-256 when it is
-downloaded and, cached, when a process first opens its shard. The cache is one folder per URL (``<cache_dir>/<hash of the URL>``), reused
-by every later run on that URL; the manifest is fetched again at each setup and must equal the
+downloaded and, cached, when a process first opens its shard; every path is checked to stay
+inside the cache. The cache is one folder per URL (``<cache_dir>/<hash of the URL>``), reused by
+every later run on that URL; the manifest is fetched again at each setup and must equal the
 cached one, so a cache never mixes two versions of a shard folder (see ``docs/streaming.md``).
 """
 
