@@ -20,7 +20,6 @@ from typing import Any
 from ssl_lightning.data.shard_paths import ShardError, index_problem, name_problem
 from ssl_lightning.data.shard_source import RemoteShards
 
-
 MANIFEST = "manifest.json"
 FORMAT = "ssl_lightning.shards"
 VERSION = 1
