@@ -47,7 +47,12 @@ class ShardDataset(ReplacingDataset):
     ``unreadable`` (:class:`~ssl_lightning.data.datasets.UnreadableImages`), as in an image
     folder; the sample is named ``<folder>/<shard>#<position> (<source path>)``. A folder at a
     URL (:mod:`~ssl_lightning.data.shard_source`) is checked against the manifest and the
-    shards' litdata indexes, fetched into its cache; litdata downloads the chunks when read.
+    shards' litdata indexes, fetched into its cache; a shard's chunks are fetched (and checked
+    against the manifest's SHA-256) when a process first opens the shard, before litdata reads
+    them from the cache. A shard whose index names a serializer that could run code, or a
+    chunk outside its folder, is refused when opened
+    (:mod:`~ssl_lightning.data.shard_paths`); a chunk litdata cannot read is a
+    :class:`ShardError` naming the shard, the chunk and the fix.
 
     Args:
         root: The shard folder (holding ``manifest.json``): a path or a URL litdata reads.
