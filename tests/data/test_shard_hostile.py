@@ -135,3 +135,19 @@ def test_a_chunk_named_out_of_its_shard_by_the_index_alone_is_refused(shards: Pa
     with pytest.raises(ShardError, match=r"its chunk file '../../../CHUNK_ESCAPED.bin' is not a "
                                          "plain file name"):
         _module(f"local:{shards}", tmp_path).setup("fit")
+
+
+def test_an_index_changed_after_setup_is_refused_when_a_process_opens_the_shard(
+        shards: Path, tmp_path: Path) -> None:
+    from ssl_lightning.data.streaming import ShardDataset
+
+    marker = tmp_path / "PAYLOAD_RAN"
+    dataset = ShardDataset(shards)  # checked here: fine
+    good = (shards / "shard-00001" / "index.json").read_text()
+    _pickling_shard(shards, marker)  # then replaced, as a loader worker starts
+    with pytest.raises(ShardError, match=r"shard-00000: its litdata index.json gives field 2 "
+                                         r"the serializer 'pickle'"):
+        dataset[0]
+    assert not marker.exists()
+    assert (shards / "shard-00001" / "index.json").read_text() == good
+    dataset[12]  # the other shard reads
