@@ -5,8 +5,9 @@ each a complete litdata dataset (its chunk file ``chunk-0-0.bin`` and ``index.js
 manifest records the source folder, the classes, the shard size and, per shard, its image
 count, its labels and the size and SHA-256 of each of its files. :func:`verify_shards` checks a
 folder against its manifest before training: a missing shard, a truncated (or grown) file, a
-shard whose litdata index disagrees with the manifest, and (optionally) a changed checksum each
-stop with a :class:`ShardError` naming the shard.
+shard whose litdata index disagrees with the manifest or names a serializer that could run code
+(:mod:`~ssl_lightning.data.shard_paths`), a name that is not a plain file name, and
+(optionally) a changed checksum each stop with a :class:`ShardError` naming the shard.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ssl_lightning.data.shard_paths import ShardError, index_problem, name_problem
 from ssl_lightning.data.shard_source import RemoteShards
 
 MANIFEST = "manifest.json"
@@ -23,10 +25,6 @@ FORMAT = "ssl_lightning.shards"
 VERSION = 1
 #: litdata's index file in each shard folder.
 LITDATA_INDEX = "index.json"
-
-
-class ShardError(ValueError):
-    """A shard folder that does not match its manifest (the message names the shard)."""
 
 
 def shard_name(number: int) -> str:
@@ -85,7 +83,26 @@ def read_manifest(root: str | Path | RemoteShards) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
             or manifest.get("version") != VERSION:
         raise ShardError(f"{shown} is not a version-{VERSION} {FORMAT} manifest.")
+    problem = _names_problem(manifest)
+    if problem is not None:
+        raise ShardError(f"The shard manifest {shown} is refused: {problem}.")
     return manifest
+
+
+def _names_problem(manifest: dict[str, Any]) -> str | None:
+    """The first shard or file name of ``manifest`` that is not a plain name (None: none)."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        return "it lists no shards"
+    for entry in shards:
+        if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
+            return f"a shard entry is not a shard description ({str(entry)[:80]})"
+        problem = name_problem(entry.get("name"), "shard")
+        for name in entry["files"]:
+            problem = problem or name_problem(name, f"file of shard {entry['name']!r}")
+        if problem is not None:
+            return problem
+    return None
 
 
 def _size_problem(shard: str, name: str, size: int, expected: int) -> str | None:
@@ -104,6 +121,9 @@ def _index_problem(shard: str, entry: dict[str, Any], index_path: Path) -> str |
                   for chunk in index["chunks"]]
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"shard {shard} has no readable litdata {LITDATA_INDEX} ({err})"
+    unsafe = index_problem(index)
+    if unsafe is not None:
+        return f"shard {shard}: {unsafe}"
     count = sum(size for _, _, size in chunks)
     if count != entry["count"] or len(entry["labels"]) != entry["count"]:
         return (f"shard {shard} holds {count} samples, the manifest says "
@@ -143,6 +163,9 @@ def verify_remote_shard(remote: RemoteShards, entry: dict[str, Any],
         index = remote.fetch(f"{entry['name']}/{LITDATA_INDEX}")
     except FileNotFoundError as err:
         return f"shard {shard} is missing ({err})"
+    problem = _index_problem(shard, entry, index)  # before any chunk is fetched
+    if problem is not None:
+        return problem
     for name, expected in entry["files"].items():
         relative = f"{entry['name']}/{name}"
         if checksums:
@@ -158,7 +181,7 @@ def verify_remote_shard(remote: RemoteShards, entry: dict[str, Any],
             return f"{problem} (the copy {path})"
         if checksums and file_sha256(path) != expected["sha256"]:
             return f"shard {shard}: the SHA-256 of {name} differs from the manifest's"
-    return _index_problem(shard, entry, index)
+    return None
 
 
 def verify_shards(root: str | Path | RemoteShards, checksums: bool = False) -> dict[str, Any]:

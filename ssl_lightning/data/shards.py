@@ -4,10 +4,12 @@ path), read back by :class:`~ssl_lightning.data.StreamingDataModule`.
 
 Each shard of ``--shard-size`` images is a litdata dataset folder of its own
 (:mod:`ssl_lightning.data.shard_manifest`), written under a temporary name in the output
-folder and renamed when complete; the manifest is rewritten (atomically) after every shard. An
-interrupted run resumes: shards listed in the manifest are verified (sizes and SHA-256) and
-kept, a shard that fails is rewritten, and the run continues after the last one. Labels are the
-sorted class folders when ``--images`` holds only class folders (at least 2), as
+folder and renamed when complete; the manifest is written (atomically) before the first shard
+and rewritten after every shard, so the folder always has one. An interrupted run (killed at
+any point; out of disk space, the partial shard is removed and named) resumes: shards listed
+in the manifest are verified (sizes and SHA-256) and kept, a shard that fails is rewritten, and
+the run continues after the last one. An output URL is refused (write locally, then upload).
+Labels are the sorted class folders when ``--images`` holds only class folders (at least 2), as
 :class:`~ssl_lightning.data.ImageFolderDataModule` reads them; otherwise -1.
 """
 
@@ -17,6 +19,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -33,10 +36,13 @@ from ssl_lightning.data.shard_manifest import (
     shard_name,
     verify_shard,
 )
+from ssl_lightning.data.shard_source import is_url
 from ssl_lightning.io.atomic import atomic_open
 
 #: Prefix and suffix of a shard being written (``.shard-00003.<random>.tmp``).
 _TEMP_PREFIX, _TEMP_SUFFIX = ".shard-", ".tmp"
+#: A URL's scheme (``s3://``, ``hf://``, ``local:``...): not a local output folder.
+_SCHEME = re.compile(r"[A-Za-z][\w+.-]+:(//|(?=/))")
 
 
 def list_source(images: Path) -> tuple[list[str], list[tuple[str, int]]]:
@@ -58,6 +64,13 @@ def _digest(samples: list[tuple[str, int]]) -> str:
     return hashlib.sha256(json.dumps(samples).encode()).hexdigest()
 
 
+def _is_temporary(path: Path) -> bool:
+    """A half-written shard or manifest of an interrupted run (a temporary name of ours)."""
+    name = path.name
+    return name.endswith(_TEMP_SUFFIX) and (
+        name.startswith(_TEMP_PREFIX) or name.startswith(f".{MANIFEST}."))
+
+
 def _write_manifest(output: Path, manifest: dict[str, Any]) -> None:
     with atomic_open(output / MANIFEST, "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=1)
@@ -69,13 +82,19 @@ def _write_shard(images: Path, output: Path, number: int,
     from litdata.streaming.writer import BinaryWriter
 
     temp = output / f"{_TEMP_PREFIX}{number:05d}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
-    writer = BinaryWriter(str(temp), chunk_size=len(samples))
-    for index, (relative, label) in enumerate(samples):
-        writer.add_item(index, ((images / relative).read_bytes(), label, relative))
-    writer.done()
-    writer.merge(1)
+    try:
+        writer = BinaryWriter(str(temp), chunk_size=len(samples))
+        for index, (relative, label) in enumerate(samples):
+            writer.add_item(index, ((images / relative).read_bytes(), label, relative))
+        writer.done()
+        writer.merge(1)
+    except OSError as err:  # a full disk, a read error: the partial shard is removed
+        shutil.rmtree(temp, ignore_errors=True)
+        raise OSError(f"Cannot write shard {number} to {temp}: {err.strerror or err}; the "
+                      "partial shard was removed. Free space (or fix the file) and rerun the "
+                      "same command to resume.") from err
     final = output / shard_name(number)
-    if final.exists():  # a shard of this folder that failed verification: replaced
+    if final.exists():  # failed verification, or renamed before the manifest listed it
         shutil.rmtree(final)
     os.rename(temp, final)
     return describe_shard(final, [label for _, label in samples])
@@ -90,11 +109,11 @@ def _start(images: Path, output: Path, shard_size: int, classes: list[str],
              "num_images": len(samples), "source_sha256": _digest(samples), "complete": False,
              "bytes": 0, "shards": []}
     if not (output / MANIFEST).exists():
-        if output.exists() and any(p for p in output.iterdir()
-                                   if not p.name.startswith(_TEMP_PREFIX)):
+        if output.exists() and any(not _is_temporary(p) for p in output.iterdir()):
             raise FileExistsError(f"--output {output} holds files and no {MANIFEST}: choose a "
                                   "new or empty folder (nothing there is overwritten).")
         output.mkdir(parents=True, exist_ok=True)
+        _write_manifest(output, fresh)  # before any shard: the folder is never manifest-less
         return fresh
     manifest = read_manifest(output)
     for key in ("images", "shard_size", "num_images", "source_sha256"):
@@ -119,11 +138,17 @@ def write_shards(images: str | Path, output: str | Path, shard_size: int = 1000,
 
     if shard_size < 1:
         raise ValueError(f"--shard-size must be >= 1, got {shard_size}.")
+    if is_url(str(output)) or _SCHEME.match(str(output)):
+        raise ValueError(
+            f"--output {output}: the shard command writes a local folder, not a URL. Write "
+            "it locally (--output FOLDER) and upload FOLDER as it is, e.g. `aws s3 cp "
+            f"--recursive FOLDER {output}` (or `gsutil -m cp -r`, `huggingface-cli upload`), "
+            "then train with train_shards: the URL.")
     images, output = check_directory(images), Path(output)
     classes, samples = list_source(images)
     manifest = _start(images, output, shard_size, classes, samples)
-    for stale in output.glob(f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}"):  # an interrupted shard
-        shutil.rmtree(stale)
+    for stale in filter(_is_temporary, output.iterdir()):  # of an interrupted run
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     parts = [samples[i:i + shard_size] for i in range(0, len(samples), shard_size)]
     done: list[dict[str, Any]] = manifest["shards"]
     bar = tqdm(total=len(samples), desc="shard", unit="img", disable=not progress)
@@ -144,7 +169,9 @@ def write_shards(images: str | Path, output: str | Path, shard_size: int = 1000,
 
 
 def main(args: list[str] | None = None) -> dict[str, Any]:
-    """The ``shard`` command."""
+    """The ``shard`` command; a mistake or a failed write is one ``error:`` line (exit 2)."""
+    from ssl_lightning.cli.errors import one_line
+
     parser = argparse.ArgumentParser(
         prog="python -m ssl_lightning shard",
         description="Write a folder of images (ImageFolder labels when it holds class folders) "
@@ -155,8 +182,11 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--shard-size", type=int, default=1000, help="images per shard")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     options = parser.parse_args(args)
-    manifest = write_shards(options.images, options.output, options.shard_size,
-                            progress=not options.no_progress)
+    try:
+        manifest = write_shards(options.images, options.output, options.shard_size,
+                                progress=not options.no_progress)
+    except (ValueError, OSError) as err:
+        parser.exit(2, f"error: {one_line(err)}\n")
     print(f"{manifest['num_images']} images, {len(manifest['classes'])} classes, "
           f"{len(manifest['shards'])} shards, {manifest['bytes']} bytes in {options.output}")
     return manifest

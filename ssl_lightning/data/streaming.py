@@ -27,7 +27,13 @@ from ssl_lightning.data.datasets import (
     UnreadableImages,
     load_image,
 )
-from ssl_lightning.data.shard_manifest import ShardError, read_manifest, verify_shards
+from ssl_lightning.data.shard_manifest import (
+    LITDATA_INDEX,
+    ShardError,
+    read_manifest,
+    verify_shards,
+)
+from ssl_lightning.data.shard_paths import index_file_problem
 from ssl_lightning.data.shard_source import RemoteShards, is_url
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName
 
@@ -41,7 +47,12 @@ class ShardDataset(ReplacingDataset):
     ``unreadable`` (:class:`~ssl_lightning.data.datasets.UnreadableImages`), as in an image
     folder; the sample is named ``<folder>/<shard>#<position> (<source path>)``. A folder at a
     URL (:mod:`~ssl_lightning.data.shard_source`) is checked against the manifest and the
-    shards' litdata indexes, fetched into its cache; litdata downloads the chunks when read.
+    shards' litdata indexes, fetched into its cache; a shard's chunks are fetched (and checked
+    against the manifest's SHA-256) when a process first opens the shard, before litdata reads
+    them from the cache. A shard whose index names a serializer that could run code, or a
+    chunk outside its folder, is refused when opened
+    (:mod:`~ssl_lightning.data.shard_paths`); a chunk litdata cannot read is a
+    :class:`ShardError` naming the shard, the chunk and the fix.
 
     Args:
         root: The shard folder (holding ``manifest.json``): a path or a URL litdata reads.
@@ -87,6 +98,9 @@ class ShardDataset(ReplacingDataset):
         self.loader = self._read
 
     def _shard(self, number: int) -> Any:
+        """The litdata dataset of shard ``number``, opened once per process: its ``index.json``
+        checked first (serializers, chunk names); at a URL, its chunks fetched into the cache
+        and checked against the manifest's SHA-256 before litdata reads them."""
         if number not in self._open:
             from litdata import StreamingDataset
 
@@ -95,41 +109,52 @@ class ShardDataset(ReplacingDataset):
             per_item = ({"batch_decode": 0} if "batch_decode" in
                         inspect.signature(StreamingDataset.__init__).parameters else {})
             name = self._names[number]
-            where = (self.remote.dataset_dir(name) if self.remote is not None
-                     else str(Path(self.root) / name))
+            entry = self.manifest["shards"][number]
+            folder = self.remote.cache / name if self.remote is not None else \
+                Path(self.root) / name
+            problem = index_file_problem(folder / LITDATA_INDEX)
+            if problem is not None:
+                raise ShardError(f"shard {self.root}/{name}: {problem}")
+            if self.remote is not None:
+                for file, expected in entry["files"].items():
+                    self.remote.fetch(f"{name}/{file}", expected)
+            where = self.remote.dataset_dir(name) if self.remote is not None else str(folder)
             self._open[number] = StreamingDataset(where, **per_item)
         return self._open[number]
 
     def _read(self, name: str) -> Image.Image:
         """Decode the sample named ``<root>/<shard>#<position>``."""
         shard, position = name.rsplit("/", 1)[1].split("#")
+        number = self._numbers[shard]
+        dataset = self._shard(number)
         try:
-            data, _, source = self._shard(self._numbers[shard])[int(position)]
-        except Exception:
-            self._check_download(shard)
-            raise
+            data, _, source = dataset[int(position)]
+        except Exception as err:
+            raise ShardError(self._damaged(number, err)) from err
         try:
             return load_image(io.BytesIO(bytes(data)))
         except CorruptImageError as err:
-            self._check_download(shard)
             cause = type(err.__cause__ or err).__name__
             raise CorruptImageError(
                 f"Cannot decode image {name} (from {source}: {cause}); fix or remove the "
                 "source image and rerun the shard command into a new folder.") from err
 
-    def _check_download(self, shard: str) -> None:
-        """Raise a :class:`ShardError` naming the URL if a downloaded chunk of ``shard`` has
-        another size than the manifest's (a remote file truncated after its index)."""
-        if self.remote is None:
-            return
-        entry = self.manifest["shards"][self._numbers[shard]]
-        for file, expected in entry["files"].items():
-            path = self.remote.cache / shard / file
-            if path.is_file() and path.stat().st_size != expected["bytes"]:
-                raise ShardError(
-                    f"shard {self.remote.url_of(shard)} is damaged: the downloaded {file} has "
-                    f"{path.stat().st_size} bytes, the manifest {expected['bytes']}. Upload the "
-                    f"shard again and delete {self.remote.cache / shard}.")
+    def _damaged(self, number: int, err: Exception) -> str:
+        """The message of a shard whose chunk litdata cannot read: the shard, its chunk and
+        the fix (the local cache folder to delete, or the shard command to rerun)."""
+        entry = self.manifest["shards"][number]
+        chunks = ", ".join(f for f in entry["files"] if f != LITDATA_INDEX)
+        if self.remote is not None:
+            where = self.remote.cache / entry["name"]
+            fix = (f"Delete the local cache folder {self.remote.cache} (it holds only "
+                   "downloaded copies) and rerun.")
+        else:
+            where = Path(self.root) / entry["name"]
+            fix = (f"Rerun `python -m ssl_lightning shard --images {self.manifest['images']} "
+                   f"--output {self.root}`, which rewrites the shards that do not match the "
+                   "manifest.")
+        return (f"shard {self.root}/{entry['name']} cannot be read: its chunk {chunks} in "
+                f"{where} is damaged ({type(err).__name__}: {err}). {fix}")
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.labeled else "unlabeled"

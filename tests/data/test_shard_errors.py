@@ -21,6 +21,7 @@ from ssl_lightning.data import (  # noqa: E402
     StreamingDataModule,
 )
 from ssl_lightning.data.shard_manifest import MANIFEST, ShardError  # noqa: E402
+from ssl_lightning.data.shard_source import url_cache  # noqa: E402
 from ssl_lightning.data.shards import write_shards  # noqa: E402
 
 
@@ -151,16 +152,51 @@ def test_a_remote_chunk_truncated_or_changed_after_its_index(shards: Path,
                                          "chunk-0-0.bin differs"):
         _remote(shards, tmp_path / "cache_sha", verify_checksums=True).setup("fit")
 
-    chunk.write_bytes(bytes(data[:-300]))
     module = _remote(shards, cache)
-    module.setup("fit")  # the index and the manifest agree: litdata downloads chunks on demand
+    module.setup("fit")  # the index and the manifest agree: chunks are fetched when opened
+    with pytest.raises(ShardError, match=rf"shard {url}/shard-00001 is damaged: the downloaded "
+                                         "chunk-0-0.bin has another SHA-256 than the "
+                                         r"manifest's\. Upload the shard again"):
+        list(module.train_dataloader())
+    chunk.write_bytes(bytes(data[:-300]))
     with pytest.raises(ShardError, match=rf"shard {url}/shard-00001 is damaged: the downloaded "
                                          r"chunk-0-0.bin has \d+ bytes, the manifest \d+"):
         list(module.train_dataloader())
-    with pytest.raises(ShardError, match=rf"shard {url}/shard-00001 is truncated: "
-                                         r"chunk-0-0.bin has \d+ bytes, the manifest \d+ "
-                                         r"\(the copy .*cache"):
-        _remote(shards, cache).setup("fit")  # the damaged copy is now in the cache
+    assert not (url_cache(url, cache) / "shard-00001" / "chunk-0-0.bin").exists()  # not kept
+
+
+def test_damaged_images_in_a_cached_chunk_are_refused_naming_the_cache_folder(
+        shards: Path, tmp_path: Path) -> None:
+    """A cached chunk changed after its download (31 of 32 damaged images decoded silently)."""
+    url, cache = f"local:{shards}", tmp_path / "cache"
+    module = _remote(shards, cache)
+    module.setup("fit")
+    list(module.train_dataloader())  # fills the cache
+    cached = url_cache(url, cache) / "shard-00002" / "chunk-0-0.bin"
+    data = bytearray(cached.read_bytes())
+    for offset in range(len(data) // 2, len(data) - 8, 97):  # inside the images' bytes
+        data[offset] ^= 0x55
+    cached.write_bytes(bytes(data))
+    again = _remote(shards, cache)
+    again.setup("fit")
+    with pytest.raises(ShardError, match=rf"shard {url}/shard-00002 is damaged: the cached copy "
+                                         rf".*chunk-0-0.bin has another SHA-256 than the "
+                                         rf"manifest's\. Delete the local cache folder "
+                                         rf"{url_cache(url, cache)} "):
+        list(again.train_dataloader())
+
+
+def test_a_damaged_chunk_litdata_cannot_read_is_one_line_naming_shard_and_chunk(
+        shards: Path) -> None:
+    chunk = shards / "shard-00003" / "chunk-0-0.bin"
+    data = bytearray(chunk.read_bytes())
+    data[:48] = b"\xff" * 48  # the chunk's table of item offsets
+    chunk.write_bytes(bytes(data))
+    module = _setup(shards)  # sizes agree: found when read
+    with pytest.raises(ShardError, match=r"shard .*shards/shard-00003 cannot be read: its chunk "
+                                         r"chunk-0-0.bin in .*shard-00003 is damaged \(\w+: "
+                                         r".*\)\. Rerun `python -m ssl_lightning shard --images "):
+        list(module.train_dataloader())
 
 
 def test_a_file_another_process_is_downloading_is_waited_for(shards: Path,
@@ -173,7 +209,7 @@ def test_a_file_another_process_is_downloading_is_waited_for(shards: Path,
     remote = RemoteShards(f"local:{shards}", tmp_path / "cache")
     local = remote.cache / "shard-00000" / "chunk-0-0.bin"
     local.parent.mkdir(parents=True)
-    lock = FileLock(f"{local}.lock")
+    lock = FileLock(f"{local}.lock", thread_local=False)  # released by the timer thread
     lock.acquire()
 
     def finish() -> None:

@@ -4,6 +4,7 @@ with counts, classes, bytes and checksums, and a resumed run that keeps the veri
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,83 @@ def test_refuses_a_folder_of_other_files_or_another_layout(tmp_path, tiny_image_
     write_shards(tiny_image_folder / "train", tmp_path / "out", shard_size=5, progress=False)
     with pytest.raises(ValueError, match="shard_size: 5 there, 7 now"):
         write_shards(tiny_image_folder / "train", tmp_path / "out", shard_size=7, progress=False)
+
+
+def test_killed_after_the_first_shard_is_renamed_the_same_command_resumes(
+        tmp_path, tiny_image_folder, monkeypatch):
+    """Killed while the first manifest listing a shard is written (the shard already renamed
+    into place): the folder is not refused as "holds files and no manifest.json"."""
+    import ssl_lightning.data.shards as shards
+
+    out, source = tmp_path / "out", tiny_image_folder / "train"
+    original = shards._write_manifest
+
+    def killed(output, manifest):  # type: ignore[no-untyped-def]
+        if manifest["shards"]:
+            raise KeyboardInterrupt
+        original(output, manifest)
+
+    monkeypatch.setattr(shards, "_write_manifest", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(source, out, shard_size=5, progress=False)
+    assert (out / "shard-00000").is_dir()
+    monkeypatch.setattr(shards, "_write_manifest", original)
+    resumed = write_shards(source, out, shard_size=5, progress=False)
+    fresh = write_shards(source, tmp_path / "fresh", shard_size=5, progress=False)
+    assert resumed["complete"] and _read_all(out, resumed) == _read_all(tmp_path / "fresh", fresh)
+
+
+def _run_shard(args: list[str], capsys) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as stop:
+        EXTRA_COMMANDS["shard"]([*args, "--no-progress"])
+    return stop.value.code, capsys.readouterr().err
+
+
+def test_a_full_disk_removes_the_partial_shard_and_names_it(tmp_path, tiny_image_folder,
+                                                            monkeypatch, capsys):
+    import errno
+
+    from litdata.streaming.writer import BinaryWriter
+
+    out, original = tmp_path / "out", BinaryWriter.add_item
+
+    def full(self, index, items):  # type: ignore[no-untyped-def]
+        if "shard-00001" in str(self._cache_dir) and index == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, index, items)
+
+    monkeypatch.setattr(BinaryWriter, "add_item", full)
+    code, err = _run_shard(["--images", str(tiny_image_folder / "train"), "--output", str(out),
+                            "--shard-size", "5"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert re.fullmatch(rf"error: OSError: Cannot write shard 1 to {re.escape(str(out))}/"
+                        r"\.shard-00001\.\w+\.tmp: No space left on device; the partial shard "
+                        r"was removed\. Free space .* rerun the same command to resume\.\n", err)
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "shard-00000"]  # nothing partial
+    monkeypatch.setattr(BinaryWriter, "add_item", original)
+    assert write_shards(tiny_image_folder / "train", out, shard_size=5, progress=False)["complete"]
+
+
+def test_every_mistake_is_one_error_line_with_exit_2(tmp_path, tiny_image_folder, capsys,
+                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    images = str(tiny_image_folder / "train")
+    cases = {
+        "missing": (["--images", "nowhere", "--output", "o1"], "Data directory nowhere does "
+                                                                "not exist"),
+        "empty": (["--images", "empty", "--output", "o2"], "No images found under empty"),
+        "taken": (["--images", images, "--output", "taken"], "holds files and no manifest"),
+        "size 0": (["--images", images, "--output", "o3", "--shard-size", "0"],
+                   "--shard-size must be >= 1, got 0"),
+        "url": (["--images", images, "--output", "s3://bucket/x"],
+                "--output s3://bucket/x: the shard command writes a local folder, not a URL. "
+                "Write it locally (--output FOLDER) and upload FOLDER"),
+    }
+    for name, (args, expected) in cases.items():
+        code, err = _run_shard(args, capsys)
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (name, err)
+        assert expected in err, (name, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "taken"]  # no ./s3:/bucket/x

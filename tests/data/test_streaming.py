@@ -105,3 +105,40 @@ def test_url_batches_equal_the_folder_ones_and_a_second_run_reuses_the_cache(
     _assert_same(_batches(_module(url, cache, num_workers=2)), direct)
     assert _cached(folder) == first  # no second download
     assert sorted(p.name for p in folder.iterdir())[0] == MANIFEST  # no temporary left
+
+
+
+class _EveryWorkerReadsEverything(torch.utils.data.IterableDataset):
+    """Each loader worker reads every sample of ``dataset``, in order: the first read of each
+    chunk happens in all workers at once."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        worker = torch.utils.data.get_worker_info()
+        for index in range(len(self.dataset)):  # type: ignore[arg-type]
+            image, target = self.dataset[index]
+            yield worker.id, index, image.tobytes(), target
+
+
+def test_many_workers_reading_a_fresh_cache_of_tiny_chunks(tiny_image_folder: Path,
+                                                           tmp_path: Path) -> None:
+    """The shard-cache race: a worker that found another one's download lock read the chunk
+    before it was in the cache (``FileNotFoundError: .../shard-00003/chunk-0-0.bin`` in
+    litdata's ``download_bytes``). 6 workers, 12 chunks of 2 images, 3 fresh caches."""
+    from torch.utils.data import DataLoader
+
+    from ssl_lightning.data.streaming import ShardDataset
+
+    workers, shards = 6, tmp_path / "shards"
+    write_shards(tiny_image_folder / "train", shards, shard_size=2, progress=False)
+    expected = [(image.tobytes(), target) for image, target in ShardDataset(shards)]
+    for repeat in range(3):
+        dataset = ShardDataset(f"local:{shards}", cache_dir=tmp_path / f"cache{repeat}")
+        loader = DataLoader(_EveryWorkerReadsEverything(dataset), batch_size=None,
+                            num_workers=workers)
+        seen: dict[int, list] = {w: [None] * len(expected) for w in range(workers)}
+        for worker, index, data, target in loader:
+            seen[worker][index] = (data, target)
+        assert all(reads == expected for reads in seen.values())
