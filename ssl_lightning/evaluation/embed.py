@@ -36,10 +36,10 @@ from ssl_lightning.backbones.dense import dense_features, has_dense_features
 from ssl_lightning.data.arrays import load_array
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.indexing import ARRAY_EXTENSIONS
-from ssl_lightning.data.multichannel_views import MultiChannelEval
-from ssl_lightning.data.transforms import EvalTransform, get_preset
+from ssl_lightning.data.preprocessing import eval_transform
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_from_checkpoint
 from ssl_lightning.evaluation.embed_writers import EmbeddingWriter, check_output_suffix
+from ssl_lightning.evaluation.preprocessing import checkpoint_preprocessing
 from ssl_lightning.io import atomic_open, same_file
 
 
@@ -124,12 +124,19 @@ def _shard_worker(rank: int, world: int, config: dict[str, Any]) -> None:
 
 def embed_folder(
     checkpoint: str, images: str, output: str, *, batch_size: int = 256, num_workers: int = 0,
-    devices: int = 1, preset: str = "cifar", crop_size: int | None = None,
+    devices: int = 1, preset: str | None = None, crop_size: int | None = None,
     prefix: str = DEFAULT_PREFIX, on_error: str = "skip", chunk_rows: int = 65536,
-    patch_features: bool = False, image_reader: str = "rgb", mean: list[float] | None = None,
-    std: list[float] | None = None,
+    patch_features: bool = False, image_reader: str | None = None,
+    mean: list[float] | None = None, std: list[float] | None = None,
+    resize_size: int | None = None,
 ) -> dict[str, Any]:
     """Embed every image under ``images`` into ``output``; see the module docstring.
+
+    The preprocessing is the checkpoint's record (:mod:`ssl_lightning.data.preprocessing`);
+    ``preset``, ``crop_size``, ``resize_size``, ``image_reader``, ``mean`` and ``std`` override
+    it (with a warning where the backbone was trained otherwise). A checkpoint without a record
+    is embedded with the ``"cifar"`` preset and RGB images unless they are given (a warning
+    says it is a guess).
 
     ``image_reader="array"`` reads images of any channel count in their units
     (:mod:`ssl_lightning.data.arrays`, ``.npy`` included), normalised by the per-channel
@@ -148,7 +155,11 @@ def embed_folder(
         raise ValueError(f"devices ({devices}) and batch_size ({batch_size}) must be >= 1.")
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}.")
-    transform = _transform(image_reader, preset, crop_size, mean, std)
+    settings = checkpoint_preprocessing(
+        checkpoint, "embed", preset=preset, crop_size=crop_size, resize_size=resize_size,
+        image_reader=image_reader, mean=mean, std=std)
+    transform = eval_transform(settings)
+    image_reader = settings["image_reader"]
     folder = _folder(images, image_reader)  # FileNotFoundError: a missing / image-less folder
     backbone = backbone_from_checkpoint(checkpoint, prefix=prefix)  # fail fast on a bad one
     if patch_features and not has_dense_features(backbone):
@@ -165,24 +176,6 @@ def embed_folder(
         else:
             torch.multiprocessing.spawn(_shard_worker, args=(devices, config), nprocs=devices)
         return _write_output(folder, Path(tmp), devices, output, chunk_rows)
-
-
-def _transform(image_reader: str, preset: str, crop_size: int | None,
-               mean: list[float] | None, std: list[float] | None) -> Any:
-    """The evaluation transform of ``image_reader`` (checked before anything is read)."""
-    if image_reader == "rgb":
-        if mean is not None or std is not None:
-            raise ValueError("--mean/--std normalise multi-channel arrays: add --image-reader "
-                             "array, or drop them (RGB images use the preset's statistics).")
-        return EvalTransform(preset, crop_size=crop_size,  # type: ignore[arg-type]
-                             resize_size=crop_size)
-    if image_reader != "array":
-        raise ValueError(f"image_reader must be 'rgb' or 'array', got {image_reader!r}.")
-    if mean is None or std is None:
-        raise ValueError("--image-reader array needs the pre-training data's per-channel --mean "
-                         "and --std (python -m ssl_lightning channel-stats --images DIR).")
-    crop = crop_size or get_preset(preset).crop_size
-    return MultiChannelEval(mean, std, crop_size=crop)
 
 
 def _folder(images: str, image_reader: str) -> ImageFolderDataset:
@@ -226,19 +219,24 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--num-workers", type=int, default=0, help="loader workers per device")
     parser.add_argument("--devices", type=int, default=1, help="processes (GPUs when present)")
-    parser.add_argument("--preset", choices=["cifar", "imagenet"], default="cifar",
-                        help="evaluation transform preset (cifar: 32 px, imagenet: 224 px)")
-    parser.add_argument("--crop-size", type=int, default=None, help="override the crop size")
+    parser.add_argument("--preset", choices=["cifar", "imagenet"], default=None,
+                        help="evaluation transform preset (cifar: 32 px, imagenet: 224 px); "
+                             "default: the checkpoint's preprocessing")
+    parser.add_argument("--crop-size", type=int, default=None,
+                        help="override the checkpoint's crop size")
+    parser.add_argument("--resize-size", type=int, default=None,
+                        help="override the checkpoint's resize size (shorter side)")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
     parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
                         help="unreadable images: skip and list them, or stop")
-    parser.add_argument("--image-reader", choices=["rgb", "array"], default="rgb",
-                        help="array: images of any channel count and bit depth (TIFF, .npy, "
-                             "16-bit PNG), normalised by --mean and --std")
+    parser.add_argument("--image-reader", choices=["rgb", "array"], default=None,
+                        help="rgb, or array: images of any channel count and bit depth (TIFF, "
+                             ".npy, 16-bit PNG), normalised by --mean and --std; default: the "
+                             "checkpoint's")
     parser.add_argument("--mean", type=float, nargs="+", default=None,
-                        help="per-channel mean of the pre-training data (--image-reader array)")
+                        help="per-channel mean (default: the checkpoint's)")
     parser.add_argument("--std", type=float, nargs="+", default=None,
-                        help="per-channel std of the pre-training data (--image-reader array)")
+                        help="per-channel std (default: the checkpoint's)")
     parser.add_argument("--patch-features", action="store_true",
                         help="write each image's (h, w, C) feature map instead of its pooled "
                              "feature")
@@ -247,9 +245,9 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
         result = embed_folder(
             ns.checkpoint, ns.images, ns.output, batch_size=ns.batch_size,
             num_workers=ns.num_workers, devices=ns.devices, preset=ns.preset,
-            crop_size=ns.crop_size, prefix=ns.prefix, on_error=ns.on_error,
-            patch_features=ns.patch_features, image_reader=ns.image_reader, mean=ns.mean,
-            std=ns.std)
+            crop_size=ns.crop_size, resize_size=ns.resize_size, prefix=ns.prefix,
+            on_error=ns.on_error, patch_features=ns.patch_features,
+            image_reader=ns.image_reader, mean=ns.mean, std=ns.std)
     except (ValueError, OSError, CorruptImageError, ImportError) as err:
         parser.exit(2, f"embed: error: {err}\n")
     size = "x".join(map(str, result["shape"]))

@@ -21,6 +21,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
+from ssl_lightning.data.preprocessing import PREPROCESSING_KEY, preprocessing_record
 from ssl_lightning.deprecation import rename_hyperparameters
 from ssl_lightning.distributed import (
     all_gather_no_grad,
@@ -455,11 +456,16 @@ class SSLMethod(SeededSteps):
         """Refuse to write non-finite weights over the last good checkpoint (DDP: every rank
         holds the same weights, so the local check raises on all ranks together), and record
         the backbone's class and arguments, so evaluation, ``embed`` and ``export`` rebuild it
-        from the checkpoint alone, and the :attr:`rng_seed`."""
+        from the checkpoint alone, how the backbone was fed (the data module's evaluation
+        transform, :mod:`ssl_lightning.data.preprocessing`), and the :attr:`rng_seed`."""
         check_finite_weights(self, reduce=False)
         spec = backbone_spec(self.backbone)
         if spec is not None:
             checkpoint["backbone_spec"] = spec
+        trainer = self._trainer
+        record = preprocessing_record(getattr(trainer, "datamodule", None))
+        if record is not None:
+            checkpoint[PREPROCESSING_KEY] = record
         super().on_save_checkpoint(checkpoint)  # the rng_seed
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
