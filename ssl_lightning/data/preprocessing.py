@@ -91,14 +91,14 @@ def resolve_preprocessing(record: Mapping[str, Any] | None, source: str,
         base = dict(record)
         for key, value in given.items():
             trained = record.get(key)
-            if _differs(value, trained):
+            if differs(value, trained):
                 warnings.warn(
                     f"{OVERRIDES[key]} {_show(value)} overrides the checkpoint's {key} "
                     f"{_show(trained)}: the backbone was not trained on this preprocessing "
                     f"({source}). Drop {OVERRIDES[key]} to use the checkpoint's.",
                     PreprocessingWarning, stacklevel=2)
     for key, dependent in _DEPENDENT.items():
-        if key in given and _differs(given[key], base.get(key)):
+        if key in given and differs(given[key], base.get(key)):
             base = {k: v for k, v in base.items() if k not in dependent}
     return build_settings({**base, **given})
 
@@ -109,7 +109,8 @@ _DEPENDENT = {"image_reader": ("preset", "crop_size", "resize_size", "mean", "st
               "crop_size": ("resize_size",)}
 
 
-def _differs(value: Any, trained: Any) -> bool:
+def differs(value: Any, trained: Any) -> bool:
+    """Whether a setting differs from the recorded one (lists of floats up to 1e-6)."""
     if isinstance(value, (list, tuple)) and isinstance(trained, (list, tuple)):
         return len(value) != len(trained) or any(
             abs(float(a) - float(b)) > 1e-6 * max(1.0, abs(float(b)))

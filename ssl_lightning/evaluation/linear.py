@@ -24,6 +24,10 @@ from ssl_lightning.evaluation.checkpoint import (
     backbone_from_checkpoint,
     resolve_checkpoint,
 )
+from ssl_lightning.evaluation.preprocessing import (
+    check_data_preprocessing,
+    recorded_preprocessing,
+)
 from ssl_lightning.optim import (
     build_optimizer,
     global_batch_size,
@@ -112,6 +116,8 @@ class LinearEval(SeededSteps):
         elif backbone is None:
             raise ValueError(
                 "LinearEval with checkpoint: random needs a backbone (--model.backbone).")
+        self._checkpoint = path
+        self._preprocessing = recorded_preprocessing(path) if path is not None else None
         self.backbone = backbone
         self.backbone.requires_grad_(finetune)
         self.classifier = nn.Linear(feature_dim(backbone, image_size), num_classes)
@@ -130,8 +136,12 @@ class LinearEval(SeededSteps):
         return self
 
     def setup(self, stage: str) -> None:
-        """Refuse, before training, a classifier whose class count is not the data's."""
+        """Refuse, before training, a classifier whose class count is not the data's; say which
+        preprocessing the data applies, warning when the checkpoint was fed otherwise."""
         datamodule = getattr(self.trainer, "datamodule", None)
+        if self._checkpoint is not None:
+            check_data_preprocessing("LinearEval", self._preprocessing, datamodule,
+                                     f"checkpoint {self._checkpoint!r}")
         classes = getattr(datamodule, "num_classes", None)
         wanted = self.classifier.out_features
         if isinstance(classes, int) and classes != wanted:

@@ -4,11 +4,19 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from ssl_lightning.backbones.checkpoint import load_checkpoint
-from ssl_lightning.data.preprocessing import PREPROCESSING_KEY, describe, resolve_preprocessing
+from ssl_lightning.data.preprocessing import (
+    PREPROCESSING_KEY,
+    PreprocessingWarning,
+    describe,
+    differs,
+    preprocessing_record,
+    resolve_preprocessing,
+)
 
 
 def recorded_preprocessing(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -29,3 +37,29 @@ def checkpoint_preprocessing(path: str | os.PathLike, owner: str,
               else "the checkpoint's, with overrides" if given else "the checkpoint's")
     print(f"{owner}: preprocessing {origin}: {describe(settings)}")
     return settings
+
+
+def check_data_preprocessing(owner: str, record: Mapping[str, Any] | None,
+                             datamodule: Any, source: str) -> None:
+    """For a module evaluating through a data module (``LinearEval``, ``KNNEval``): print the
+    preprocessing the data module's evaluation transform applies, and warn when it is not the
+    checkpoint's record (naming the recorded settings to configure), or when the checkpoint
+    has no record."""
+    data = preprocessing_record(datamodule)
+    if data is None:
+        return  # a transform of one's own: nothing known to compare
+    print(f"{owner}: preprocessing of the data module: {describe(data)}")
+    if record is None:
+        warnings.warn(
+            f"{source} does not record how its backbone was fed, so the data module's "
+            "evaluation transform is a guess; set --data.eval_transform to the pre-training "
+            "run's.", PreprocessingWarning, stacklevel=2)
+        return
+    changed = [key for key in ("image_reader", "crop_size", "resize_size", "channels", "mean",
+                               "std") if differs(data.get(key), record.get(key))]
+    if changed:
+        warnings.warn(
+            f"{owner}: the data module's evaluation transform differs from the checkpoint's "
+            f"record in {', '.join(changed)}: the backbone was trained on "
+            f"{describe(record)} ({source}). Set --data.eval_transform to match.",
+            PreprocessingWarning, stacklevel=2)

@@ -13,6 +13,7 @@ from PIL import Image
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.data import EvalTransform, ImageFolderDataModule, SimCLRViews
 from ssl_lightning.data.preprocessing import PreprocessingWarning
+from ssl_lightning.evaluation import KNNEval
 from ssl_lightning.evaluation.embed import embed_folder
 from ssl_lightning.methods import SimCLR
 
@@ -86,3 +87,15 @@ def test_a_checkpoint_without_a_record_warns_that_the_preprocessing_is_a_guess(
                                                   "image_reader rgb. Set it with --preset"):
         result = embed_folder(str(tmp_path / "old.ckpt"), str(folder), str(tmp_path / "e.npy"))
     assert result["rows"] == 8
+
+
+def test_knn_eval_warns_when_the_data_is_fed_otherwise_than_the_checkpoint(
+        trained_at_64, capsys):
+    ckpt, folder, _ = trained_at_64
+    data = ImageFolderDataModule(str(folder), val_dir=str(folder), preset="cifar", batch_size=4,
+                                 num_workers=0, persistent_workers=False, pin_memory=False)
+    with pytest.warns(PreprocessingWarning, match="differs from the checkpoint's record in "
+                                                  "crop_size, resize_size"):
+        tiny_trainer().validate(KNNEval(checkpoint=ckpt, k=2), datamodule=data)
+    assert "KNNEval: preprocessing of the data module: rgb images (3 channels, preset cifar), " \
+           "resize 32, centre crop 32" in capsys.readouterr().out
