@@ -8,8 +8,10 @@ from an ImageFolder layout (``DIR/<class>/<image>``), else -1. ``--devices N`` s
 file list into N contiguous shards (one process each: no sampler padding, order preserved); each
 shard streams its rows to a part file, and the parts are then written, in order, to the output
 format of the suffix (see :mod:`ssl_lightning.evaluation.embed_writers`). Unreadable images are
-skipped and listed in ``<output>.skipped.txt`` (``--on-error raise`` stops at the first one,
-naming it). ``--patch-features`` writes the backbone's feature map instead of its pooled
+skipped and listed, each with the reason, in ``<output>.skipped.txt`` (``--on-error raise``
+stops at the first one, naming it); none readable at all is an error that writes nothing.
+A folder whose class folders are splits (``train/``, ``test/``) gets a warning naming the
+labels it writes. ``--patch-features`` writes the backbone's feature map instead of its pooled
 feature (:mod:`ssl_lightning.backbones.dense`): one row per image holding its (h, w, C) map
 (the format of each suffix in :mod:`ssl_lightning.evaluation.embed_writers`).
 
@@ -24,6 +26,7 @@ import argparse
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +45,17 @@ from ssl_lightning.evaluation.embed_writers import EmbeddingWriter, check_output
 from ssl_lightning.evaluation.preprocessing import checkpoint_preprocessing
 from ssl_lightning.io import atomic_open, same_file
 
+#: Folder names that are splits of a dataset, not classes (``embed`` warns when they label).
+SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid", "validation"})
+
+
+class LabelWarning(UserWarning):
+    """The labels ``embed`` is about to write are probably not classes."""
+
 
 class _Readable(Dataset):
-    """Yields ``(image or None, index)``: None for an unreadable file instead of raising."""
+    """Yields ``(image, index, "")``, or ``(None, index, why)`` for an unreadable file instead
+    of raising."""
 
     def __init__(self, folder: ImageFolderDataset, transform: Any, strict: bool) -> None:
         self.folder, self.transform, self.strict = folder, transform, strict
@@ -52,20 +63,21 @@ class _Readable(Dataset):
     def __len__(self) -> int:
         return len(self.folder)
 
-    def __getitem__(self, index: int) -> tuple[Tensor | None, int]:
+    def __getitem__(self, index: int) -> tuple[Tensor | None, int, str]:
         try:
             image = self.folder.loader(self.folder.samples[index][0])
-        except CorruptImageError:
+        except CorruptImageError as err:
             if self.strict:
                 raise
-            return None, index
-        return self.transform(image), index
+            return None, index, " ".join(str(err).split())  # one line
+        return self.transform(image), index, ""
 
 
-def _collate(items: list[tuple[Tensor | None, int]]) -> tuple[Tensor | None, list[int], list[int]]:
-    good = [(x, i) for x, i in items if x is not None]
+def _collate(items: list[tuple[Tensor | None, int, str]]
+             ) -> tuple[Tensor | None, list[int], list[tuple[int, str]]]:
+    good = [(x, i) for x, i, _ in items if x is not None]
     images = torch.stack([x for x, _ in good]) if good else None
-    return images, [i for _, i in good], [i for x, i in items if x is None]
+    return images, [i for _, i in good], [(i, why) for x, i, why in items if x is None]
 
 
 def best_device(rank: int = 0) -> torch.device:
@@ -80,8 +92,9 @@ def embed_shard(
     progress: bool, patch_features: bool = False,
 ) -> tuple[int, ...]:
     """Embed ``folder[indices]`` into ``part.f32`` (raw float32 rows), ``part.tsv`` (index,
-    label) and ``part.skipped`` (indices of unreadable files). Returns the shape of a row:
-    ``(D,)``, or ``(h, w, C)`` with ``patch_features`` (the feature map, channels last)."""
+    label) and ``part.skipped`` (index and reason of each unreadable file). Returns the shape
+    of a row: ``(D,)``, or ``(h, w, C)`` with ``patch_features`` (the feature map, channels
+    last)."""
     from tqdm import tqdm
 
     backbone = backbone.to(device).eval()
@@ -92,7 +105,7 @@ def embed_shard(
             open(f"{part}.skipped", "w") as skipped:
         for images, good, bad in tqdm(loader, desc="embed", disable=not progress,
                                       unit="batch", file=sys.stderr):
-            skipped.writelines(f"{i}\n" for i in bad)
+            skipped.writelines(f"{i}\t{why}\n" for i, why in bad)
             if images is None:
                 continue
             if patch_features:
@@ -161,6 +174,7 @@ def embed_folder(
     transform = eval_transform(settings)
     image_reader = settings["image_reader"]
     folder = _folder(images, image_reader)  # FileNotFoundError: a missing / image-less folder
+    _warn_split_labels(folder, images)
     backbone = backbone_from_checkpoint(checkpoint, prefix=prefix)  # fail fast on a bad one
     if patch_features and not has_dense_features(backbone):
         raise ValueError(
@@ -178,6 +192,17 @@ def embed_folder(
         return _write_output(folder, Path(tmp), devices, output, chunk_rows)
 
 
+def _warn_split_labels(folder: ImageFolderDataset, images: str) -> None:
+    """Warn when the class folders of ``images`` are splits (``train/``, ``test/``)."""
+    if folder.classes and all(name.lower() in SPLIT_NAMES for name in folder.classes):
+        labels = ", ".join(f"{i} = {name}" for i, name in enumerate(folder.classes))
+        warnings.warn(
+            f"{images} holds the folders {', '.join(folder.classes)}, which look like splits of "
+            f"a dataset, not classes: the label column will be the split ({labels}). To label "
+            f"by class, embed each split on its own (--images "
+            f"{os.path.join(images, folder.classes[-1])}).", LabelWarning, stacklevel=3)
+
+
 def _folder(images: str, image_reader: str) -> ImageFolderDataset:
     if image_reader == "array":
         return ImageFolderDataset(images, loader=load_array, extensions=ARRAY_EXTENSIONS)
@@ -191,8 +216,10 @@ def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str
     dim = int(np.prod(shape))
     metas = [np.loadtxt(tmp / f"{r}.tsv", dtype=np.int64, ndmin=2).reshape(-1, 2)
              for r in range(parts)]
-    skipped = [folder.samples[int(i)][0] for r in range(parts)
-               for i in (tmp / f"{r}.skipped").read_text().split()]
+    skipped = [(folder.samples[int(line.split("\t", 1)[0])][0], line.split("\t", 1)[1])
+               for r in range(parts) for line in (tmp / f"{r}.skipped").read_text().splitlines()]
+    if skipped and not any(len(m) for m in metas):
+        raise ValueError(_none_readable(folder, skipped))
     with EmbeddingWriter(output, sum(len(m) for m in metas), dim, shape) as writer:
         for r, meta in enumerate(metas):
             rows = (np.memmap(tmp / f"{r}.f32", dtype=np.float32, mode="r", shape=(len(meta), dim))
@@ -203,9 +230,20 @@ def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str
                              np.asarray(rows[start:start + chunk_rows]))
     if skipped:
         with atomic_open(f"{output}.skipped.txt", "w", encoding="utf-8") as handle:
-            handle.writelines(f"{p}\n" for p in skipped)
-    return {"rows": writer.written, "dim": dim, "shape": shape, "skipped": skipped,
-            "output": output}
+            handle.writelines(f"{p}\t{why}\n" for p, why in skipped)
+    return {"rows": writer.written, "dim": dim, "shape": shape,
+            "skipped": [p for p, _ in skipped], "output": output}
+
+
+def _none_readable(folder: ImageFolderDataset, skipped: list[tuple[str, str]]) -> str:
+    """The message when no image of the folder could be read: the first reason, and the
+    array reader for files the RGB reader cannot decode."""
+    tiffs = any(Path(p).suffix.lower() in (".tif", ".tiff") for p, _ in skipped)
+    hint = (" If they are multi-channel images, add --image-reader array (with --mean/--std "
+            "unless the checkpoint records them)." if tiffs and folder.loader is not load_array
+            else " Replace or delete the unreadable files.")
+    return (f"none of the {len(skipped)} images under {folder.root} could be read, so nothing "
+            f"was written (the first: {skipped[0][1]}).{hint}")
 
 
 def main(args: list[str] | None = None) -> dict[str, Any]:
