@@ -42,7 +42,11 @@ from ssl_lightning.data.indexing import ARRAY_EXTENSIONS
 from ssl_lightning.data.preprocessing import eval_transform
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_from_checkpoint
 from ssl_lightning.evaluation.embed_writers import EmbeddingWriter, check_output_suffix
-from ssl_lightning.evaluation.preprocessing import checkpoint_preprocessing
+from ssl_lightning.evaluation.preprocessing import (
+    add_preprocessing_flags,
+    checkpoint_preprocessing,
+    preprocessing_overrides,
+)
 from ssl_lightning.io import atomic_open, same_file
 
 #: Folder names that are splits of a dataset, not classes (``embed`` warns when they label).
@@ -257,35 +261,20 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--num-workers", type=int, default=0, help="loader workers per device")
     parser.add_argument("--devices", type=int, default=1, help="processes (GPUs when present)")
-    parser.add_argument("--preset", choices=["cifar", "imagenet"], default=None,
-                        help="evaluation transform preset (cifar: 32 px, imagenet: 224 px); "
-                             "default: the checkpoint's preprocessing")
-    parser.add_argument("--crop-size", type=int, default=None,
-                        help="override the checkpoint's crop size")
-    parser.add_argument("--resize-size", type=int, default=None,
-                        help="override the checkpoint's resize size (shorter side)")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
     parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
                         help="unreadable images: skip and list them, or stop")
-    parser.add_argument("--image-reader", choices=["rgb", "array"], default=None,
-                        help="rgb, or array: images of any channel count and bit depth (TIFF, "
-                             ".npy, 16-bit PNG), normalised by --mean and --std; default: the "
-                             "checkpoint's")
-    parser.add_argument("--mean", type=float, nargs="+", default=None,
-                        help="per-channel mean (default: the checkpoint's)")
-    parser.add_argument("--std", type=float, nargs="+", default=None,
-                        help="per-channel std (default: the checkpoint's)")
     parser.add_argument("--patch-features", action="store_true",
                         help="write each image's (h, w, C) feature map instead of its pooled "
                              "feature")
+    add_preprocessing_flags(parser)
     ns = parser.parse_args(args)
     try:
         result = embed_folder(
             ns.checkpoint, ns.images, ns.output, batch_size=ns.batch_size,
-            num_workers=ns.num_workers, devices=ns.devices, preset=ns.preset,
-            crop_size=ns.crop_size, resize_size=ns.resize_size, prefix=ns.prefix,
+            num_workers=ns.num_workers, devices=ns.devices, prefix=ns.prefix,
             on_error=ns.on_error, patch_features=ns.patch_features,
-            image_reader=ns.image_reader, mean=ns.mean, std=ns.std)
+            **preprocessing_overrides(ns))
     except (ValueError, OSError, CorruptImageError, ImportError) as err:
         parser.exit(2, f"embed: error: {err}\n")
     size = "x".join(map(str, result["shape"]))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import warnings
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from typing import Any
 
 from ssl_lightning.backbones.checkpoint import load_checkpoint
 from ssl_lightning.data.preprocessing import (
+    OVERRIDES,
     PREPROCESSING_KEY,
     PreprocessingWarning,
     describe,
@@ -63,3 +65,27 @@ def check_data_preprocessing(owner: str, record: Mapping[str, Any] | None,
             f"record in {', '.join(changed)}: the backbone was trained on "
             f"{describe(record)} ({source}). Set --data.eval_transform to match.",
             PreprocessingWarning, stacklevel=2)
+
+
+def add_preprocessing_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that override a checkpoint's preprocessing (``embed``, ``export``)."""
+    parser.add_argument("--preset", choices=["cifar", "imagenet"], default=None,
+                        help="evaluation transform preset (cifar: 32 px, imagenet: 224 px); "
+                             "default: the checkpoint's preprocessing")
+    parser.add_argument("--crop-size", type=int, default=None,
+                        help="override the checkpoint's crop size")
+    parser.add_argument("--resize-size", type=int, default=None,
+                        help="override the checkpoint's resize size (shorter side)")
+    parser.add_argument("--image-reader", choices=["rgb", "array"], default=None,
+                        help="rgb, or array: images of any channel count and bit depth (TIFF, "
+                             ".npy, 16-bit PNG), normalised by --mean and --std; default: the "
+                             "checkpoint's")
+    parser.add_argument("--mean", type=float, nargs="+", default=None,
+                        help="per-channel mean (default: the checkpoint's)")
+    parser.add_argument("--std", type=float, nargs="+", default=None,
+                        help="per-channel std (default: the checkpoint's)")
+
+
+def preprocessing_overrides(ns: argparse.Namespace) -> dict[str, Any]:
+    """The values of :func:`add_preprocessing_flags`' flags, by setting name."""
+    return {key: getattr(ns, key) for key in OVERRIDES}
