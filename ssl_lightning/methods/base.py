@@ -30,6 +30,7 @@ from ssl_lightning.distributed import (
     rank,
 )
 from ssl_lightning.heads import build_mlp
+from ssl_lightning.methods.loading import recorded_backbone
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -192,6 +193,19 @@ class SSLMethod(SeededSteps):
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
         self._views_checked = False
+
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+        strict: bool | None = None, **kwargs: Any,
+    ) -> Any:
+        """Lightning's ``load_from_checkpoint``; without ``backbone=...`` the backbone is
+        rebuilt from the checkpoint's recorded spec (:mod:`ssl_lightning.methods.loading`), so
+        ``DINO.load_from_checkpoint("last.ckpt")`` works for every checkpoint a run writes."""
+        if "backbone" not in kwargs:
+            kwargs["backbone"] = recorded_backbone(checkpoint_path, cls.__name__)
+        return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
+                                            **kwargs)
 
     # ----------------------------------------------------------------- to implement / override
     def build_criterion(self) -> nn.Module:
