@@ -64,13 +64,13 @@ class KNNEval(pl.LightningModule):
             raise ValueError("KNNEval with checkpoint: random needs a backbone (--model.backbone).")
         self.backbone = backbone.requires_grad_(False).eval()
         self._checkpoint = path
-        self._preprocessing = recorded_preprocessing(path) if path is not None else None
+        self.checkpoint_preprocessing = recorded_preprocessing(path) if path is not None else None
 
     def setup(self, stage: str) -> None:
         """Say which preprocessing the data applies, warning when the checkpoint was fed
         otherwise."""
         if self._checkpoint is not None:
-            check_data_preprocessing("KNNEval", self._preprocessing,
+            check_data_preprocessing("KNNEval", self.checkpoint_preprocessing,
                                      getattr(self.trainer, "datamodule", None),
                                      f"checkpoint {self._checkpoint!r}")
 

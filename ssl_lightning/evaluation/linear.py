@@ -117,7 +117,7 @@ class LinearEval(SeededSteps):
             raise ValueError(
                 "LinearEval with checkpoint: random needs a backbone (--model.backbone).")
         self._checkpoint = path
-        self._preprocessing = recorded_preprocessing(path) if path is not None else None
+        self.checkpoint_preprocessing = recorded_preprocessing(path) if path is not None else None
         self.backbone = backbone
         self.backbone.requires_grad_(finetune)
         self.classifier = nn.Linear(feature_dim(backbone, image_size), num_classes)
@@ -140,7 +140,7 @@ class LinearEval(SeededSteps):
         preprocessing the data applies, warning when the checkpoint was fed otherwise."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if self._checkpoint is not None:
-            check_data_preprocessing("LinearEval", self._preprocessing, datamodule,
+            check_data_preprocessing("LinearEval", self.checkpoint_preprocessing, datamodule,
                                      f"checkpoint {self._checkpoint!r}")
         classes = getattr(datamodule, "num_classes", None)
         wanted = self.classifier.out_features

@@ -89,13 +89,27 @@ def test_a_checkpoint_without_a_record_warns_that_the_preprocessing_is_a_guess(
     assert result["rows"] == 8
 
 
-def test_knn_eval_warns_when_the_data_is_fed_otherwise_than_the_checkpoint(
-        trained_at_64, capsys):
+def _data(folder: Path, **kwargs) -> ImageFolderDataModule:
+    return ImageFolderDataModule(str(folder), val_dir=str(folder), preset="cifar", batch_size=4,
+                                 num_workers=0, persistent_workers=False, pin_memory=False,
+                                 **kwargs)
+
+
+def test_knn_eval_evaluates_with_the_checkpoints_preprocessing_by_default(trained_at_64,
+                                                                          capsys):
     ckpt, folder, _ = trained_at_64
-    data = ImageFolderDataModule(str(folder), val_dir=str(folder), preset="cifar", batch_size=4,
-                                 num_workers=0, persistent_workers=False, pin_memory=False)
+    data = _data(folder)  # no eval_transform: the preset's 32 px unless the checkpoint says
+    tiny_trainer().validate(KNNEval(checkpoint=ckpt, k=2), datamodule=data)
+    assert data.eval_transform.settings["crop_size"] == 64
+    assert data.eval_datasets[1][0][0].shape == (3, 64, 64)
+    assert "KNNEval: preprocessing of the data module: rgb images (3 channels, preset cifar), " \
+           "resize 64, centre crop 64" in capsys.readouterr().out
+
+
+def test_knn_eval_warns_when_the_data_is_fed_otherwise_than_the_checkpoint(trained_at_64):
+    ckpt, folder, _ = trained_at_64
+    data = _data(folder, eval_transform=EvalTransform("cifar"))  # given: kept, with a warning
     with pytest.warns(PreprocessingWarning, match="differs from the checkpoint's record in "
                                                   "crop_size, resize_size"):
         tiny_trainer().validate(KNNEval(checkpoint=ckpt, k=2), datamodule=data)
-    assert "KNNEval: preprocessing of the data module: rgb images (3 channels, preset cifar), " \
-           "resize 32, centre crop 32" in capsys.readouterr().out
+    assert data.eval_transform.settings["crop_size"] == 32
