@@ -30,7 +30,7 @@ from ssl_lightning.distributed import (
     rank,
 )
 from ssl_lightning.heads import build_mlp
-from ssl_lightning.methods.loading import recorded_backbone
+from ssl_lightning.methods.loading import checkpoint_source, recorded_backbone
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -201,11 +201,12 @@ class SSLMethod(SeededSteps):
     ) -> Any:
         """Lightning's ``load_from_checkpoint``; without ``backbone=...`` the backbone is
         rebuilt from the checkpoint's recorded spec (:mod:`ssl_lightning.methods.loading`), so
-        ``DINO.load_from_checkpoint("last.ckpt")`` works for every checkpoint a run writes."""
+        ``DINO.load_from_checkpoint("last.ckpt")`` works for every checkpoint a run writes (a
+        sharded checkpoint directory included)."""
         if "backbone" not in kwargs:
             kwargs["backbone"] = recorded_backbone(checkpoint_path, cls.__name__)
-        return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
-                                            **kwargs)
+        return super().load_from_checkpoint(checkpoint_source(checkpoint_path), map_location,
+                                            hparams_file, strict, **kwargs)
 
     # ----------------------------------------------------------------- to implement / override
     def build_criterion(self) -> nn.Module:
