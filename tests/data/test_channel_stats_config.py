@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from ssl_lightning.cli import main
+from ssl_lightning.data import MultiChannelEval
+from ssl_lightning.data.arrays import load_array
 from ssl_lightning.data.channel_stats import main as channel_stats_main
+from ssl_lightning.evaluation.embed import embed_folder
+from ssl_lightning.evaluation.embed_writers import read_sidecar
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +49,13 @@ def test_the_stats_piece_composes_with_a_method_config(tmp_path, monkeypatch, ca
     assert (record["image_reader"], record["channels"]) == ("array", 4)
     assert record["mean"] == pytest.approx(mean, rel=1e-12)
     assert record["std"] == pytest.approx(std, rel=1e-12)
+    # embed without a flag: the reader, crop and the 4 channel statistics from the checkpoint
+    embed_folder(path, "data/test", "emb.npy")
+    transform = MultiChannelEval(mean, std, crop_size=16)
+    with torch.no_grad():
+        by_hand = cli.model.backbone.eval()(torch.stack(
+            [transform(load_array(p)) for p in read_sidecar("emb.npy")[0]])).numpy()
+    np.testing.assert_allclose(np.load("emb.npy"), by_hand, rtol=0, atol=1e-5)
 
 
 def test_an_existing_output_is_not_overwritten(tmp_path, capsys):
