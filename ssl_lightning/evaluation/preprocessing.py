@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import warnings
 from collections.abc import Mapping
 from typing import Any
+
+from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 
 from ssl_lightning.backbones.checkpoint import load_checkpoint
 from ssl_lightning.data.preprocessing import (
@@ -46,25 +47,25 @@ def check_data_preprocessing(owner: str, record: Mapping[str, Any] | None,
     """For a module evaluating through a data module (``LinearEval``, ``KNNEval``): print the
     preprocessing the data module's evaluation transform applies, and warn when it is not the
     checkpoint's record (naming the recorded settings to configure), or when the checkpoint
-    has no record."""
+    has no record; on global rank 0 only."""
     data = preprocessing_record(datamodule)
     if data is None:
         return  # a transform of one's own: nothing known to compare
-    print(f"{owner}: preprocessing of the data module: {describe(data)}")
+    rank_zero_only(print)(f"{owner}: preprocessing of the data module: {describe(data)}")
     if record is None:
-        warnings.warn(
+        rank_zero_warn(
             f"{source} does not record how its backbone was fed, so the data module's "
             "evaluation transform is a guess; set --data.eval_transform to the pre-training "
-            "run's.", PreprocessingWarning, stacklevel=2)
+            "run's.", category=PreprocessingWarning)
         return
     changed = [key for key in ("image_reader", "crop_size", "resize_size", "channels", "mean",
                                "std") if differs(data.get(key), record.get(key))]
     if changed:
-        warnings.warn(
+        rank_zero_warn(
             f"{owner}: the data module's evaluation transform differs from the checkpoint's "
             f"record in {', '.join(changed)}: the backbone was trained on "
             f"{describe(record)} ({source}). Set --data.eval_transform to match.",
-            PreprocessingWarning, stacklevel=2)
+            category=PreprocessingWarning)
 
 
 def add_preprocessing_flags(parser: argparse.ArgumentParser) -> None:
