@@ -26,6 +26,7 @@ from ssl_lightning.evaluation.checkpoint import (
 )
 from ssl_lightning.evaluation.preprocessing import (
     check_data_preprocessing,
+    check_train_view_size,
     recorded_preprocessing,
 )
 from ssl_lightning.optim import (
@@ -142,6 +143,7 @@ class LinearEval(SeededSteps):
         if self._checkpoint is not None:
             check_data_preprocessing("LinearEval", self.checkpoint_preprocessing, datamodule,
                                      f"checkpoint {self._checkpoint!r}")
+            check_train_view_size("LinearEval", self.checkpoint_preprocessing, datamodule)
         classes = getattr(datamodule, "num_classes", None)
         wanted = self.classifier.out_features
         if isinstance(classes, int) and classes != wanted:

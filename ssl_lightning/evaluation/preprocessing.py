@@ -11,6 +11,7 @@ from typing import Any
 from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
 
 from ssl_lightning.backbones.checkpoint import load_checkpoint
+from ssl_lightning.data.checks import train_view_size
 from ssl_lightning.data.preprocessing import (
     OVERRIDES,
     PREPROCESSING_KEY,
@@ -90,3 +91,18 @@ def add_preprocessing_flags(parser: argparse.ArgumentParser) -> None:
 def preprocessing_overrides(ns: argparse.Namespace) -> dict[str, Any]:
     """The values of :func:`add_preprocessing_flags`' flags, by setting name."""
     return {key: getattr(ns, key) for key in OVERRIDES}
+
+
+def check_train_view_size(owner: str, record: Mapping[str, Any] | None, datamodule: Any) -> None:
+    """Warn (global rank 0) when the data module's training views (``LinearEval``'s
+    ``LinearEvalTransform``) are not of the checkpoint's recorded crop size."""
+    transform = getattr(datamodule, "train_transform", None)
+    if record is None or transform is None:
+        return
+    crop = int(record["crop_size"])
+    size = train_view_size(transform, getattr(datamodule.device_transform, "crop_size", None))
+    if tuple(size) != (crop, crop):
+        rank_zero_warn(
+            f"{owner} trains on {size[0]}x{size[1]} px views, but the checkpoint's backbone was "
+            f"fed {crop} px crops: set --data.train_transform.init_args.crop_size {crop}.",
+            category=PreprocessingWarning)

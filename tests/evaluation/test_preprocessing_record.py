@@ -11,9 +11,14 @@ from evaluation_helpers import tiny_trainer
 from PIL import Image
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.data import EvalTransform, ImageFolderDataModule, SimCLRViews
+from ssl_lightning.data import (
+    EvalTransform,
+    ImageFolderDataModule,
+    LinearEvalTransform,
+    SimCLRViews,
+)
 from ssl_lightning.data.preprocessing import PreprocessingWarning
-from ssl_lightning.evaluation import KNNEval
+from ssl_lightning.evaluation import KNNEval, LinearEval
 from ssl_lightning.evaluation.embed import embed_folder
 from ssl_lightning.methods import SimCLR
 
@@ -113,3 +118,12 @@ def test_knn_eval_warns_when_the_data_is_fed_otherwise_than_the_checkpoint(train
                                                   "crop_size, resize_size"):
         tiny_trainer().validate(KNNEval(checkpoint=ckpt, k=2), datamodule=data)
     assert data.eval_transform.settings["crop_size"] == 32
+
+
+def test_linear_eval_warns_when_its_training_views_are_not_the_checkpoints_size(
+        trained_at_64):
+    ckpt, folder, _ = trained_at_64
+    data = _data(folder, train_transform=LinearEvalTransform("cifar"))  # 32 px crops
+    with pytest.warns(PreprocessingWarning, match="trains on 32x32 px views, but the "
+                                                  "checkpoint's backbone was fed 64 px crops"):
+        tiny_trainer().validate(LinearEval(num_classes=2, checkpoint=ckpt), datamodule=data)
