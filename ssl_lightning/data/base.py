@@ -30,6 +30,7 @@ from ssl_lightning.data.datasets import SKIPPED_IMAGES, OnError, UnreadableImage
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.fingerprint import dataset_fingerprint
 from ssl_lightning.data.multichannel_device_views import ArrayImage
+from ssl_lightning.data.preprocessing import eval_transform as preprocessing_transform
 from ssl_lightning.data.seeding import EpochSampler, SeededDataset
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform, PresetName, SimCLRViews
 from ssl_lightning.data.worker_signals import ignore_stop_signals
@@ -140,6 +141,7 @@ class SSLDataModule(pl.LightningDataModule):
         self.train_transform = train_transform or (
             UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)
+        self._eval_transform_given = eval_transform is not None
         self.knn_train_subset = knn_train_subset
         self.seed = seed
         self.unreadable = UnreadableImages(on_error, max_corrupt_fraction)
@@ -167,6 +169,7 @@ class SSLDataModule(pl.LightningDataModule):
         if isinstance(self.trainer, pl.Trainer):  # every rank reads it (a collective under DDP)
             log_dir = self.trainer.log_dir or self.trainer.default_root_dir
             self.unreadable.record = Path(log_dir) / SKIPPED_IMAGES
+            self._adopt_checkpoint_preprocessing(self.trainer.lightning_module)
         new_train = stage in ("fit", None) and self.train_dataset is None
         if new_train:
             self.train_dataset = self.build_train(self.train_transform)
@@ -182,6 +185,15 @@ class SSLDataModule(pl.LightningDataModule):
         if new_train and self.eval_datasets is not None:
             crop = getattr(self.device_transform, "crop_size", None)
             check_view_sizes(self.train_transform, self.eval_transform, crop)
+
+    def _adopt_checkpoint_preprocessing(self, module: Any) -> None:
+        """Evaluate with the preprocessing the module's checkpoint records (its
+        ``checkpoint_preprocessing``: ``LinearEval``, ``KNNEval``) when no ``eval_transform`` was
+        given and the record is of RGB images (:mod:`ssl_lightning.data.preprocessing`)."""
+        record = getattr(module, "checkpoint_preprocessing", None)
+        if (record is not None and not self._eval_transform_given and self.eval_datasets is None
+                and record.get("image_reader") == "rgb"):
+            self.eval_transform = preprocessing_transform(record)
 
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:

@@ -1,12 +1,15 @@
 """Per-channel mean and standard deviation of a folder of images, for their normalisation:
 ``python -m ssl_lightning channel-stats --images DIR`` prints them as the ``mean:`` / ``std:``
-lines of ``MultiChannelViews`` and ``MultiChannelEval`` in a config. Every user error (a missing
-or empty folder, a bad ``--limit``, an unreadable or non-finite image, mixed channel counts or
-bit depths) is one ``error:`` line and exit status 2."""
+lines of ``MultiChannelViews`` and ``MultiChannelEval`` in a config; ``--output stats.yaml``
+also writes them as a config piece that a pre-training config composes
+(:func:`write_config_piece`). Every user error (a missing or empty folder, a bad ``--limit``, an
+unreadable or non-finite image, mixed channel counts or bit depths, an existing ``--output``) is
+one ``error:`` line and exit status 2."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from ssl_lightning.cli.errors import debug_mode, one_line
 from ssl_lightning.data.arrays import read_pixels
 from ssl_lightning.data.datasets import CorruptImageError, check_directory
 from ssl_lightning.data.indexing import ARRAY_EXTENSIONS, find_images
+from ssl_lightning.io import atomic_open
 
 
 def bit_depth(dtype: np.dtype) -> str:
@@ -85,7 +89,14 @@ def main(args: list[str] | None = None) -> tuple[list[float], list[float], int]:
     parser.add_argument("--limit", type=str, default=None,
                         help="use N >= 1 images drawn at random (seeded by --seed) instead of all")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=None,
+                        help="also write them as a config piece (stats.yaml) that a "
+                             "pre-training config composes: --config <method>.yaml --config "
+                             "stats.yaml")
     options = parser.parse_args(args)
+    if options.output is not None and os.path.exists(options.output):
+        parser.exit(2, f"error: --output {options.output!r} exists; remove it or name another "
+                       "file (it is not overwritten).\n")
     try:
         limit = None if options.limit is None else _limit(options.limit)
     except ValueError:
@@ -108,4 +119,29 @@ def main(args: list[str] | None = None) -> tuple[list[float], list[float], int]:
     print(f"# {len(mean)} channel(s), {count} image(s) under {options.images}")
     print(f"mean: [{', '.join(f'{v:.6g}' for v in mean)}]")
     print(f"std: [{', '.join(f'{v:.6g}' for v in std)}]")
+    if options.output is not None:
+        write_config_piece(options.output, mean, std, f"{count} image(s) under {options.images}")
+        print(f"Wrote {options.output}: compose it after the method's config "
+              f"(--config <method>.yaml --config {options.output}).")
     return mean, std, count
+
+
+def write_config_piece(output: str | Path, mean: list[float], std: list[float],
+                       source: str) -> None:
+    """Write (atomically) the data section that reads multi-channel images with these
+    statistics: ``ImageFolderDataModule`` with ``image_reader: array``, ``MultiChannelViews``
+    and ``MultiChannelEval`` (crop sizes and folders are left to the other configs or flags)."""
+    import yaml
+
+    statistics = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
+    piece = {"data": {"class_path": "ImageFolderDataModule", "init_args": {
+        "image_reader": "array", "device_transform": None,
+        "train_transform": {"class_path": "MultiChannelViews", "init_args": statistics},
+        "eval_transform": {"class_path": "MultiChannelEval", "init_args": statistics}}}}
+    with atomic_open(output, "w", encoding="utf-8") as handle:
+        handle.write(f"# Per-channel statistics of {source} (python -m ssl_lightning "
+                     "channel-stats).\n# Compose after a method's config: --config <method>.yaml "
+                     "--config this.yaml --data.train_dir DIR\n# (crop sizes: "
+                     "--data.train_transform.init_args.crop_size N, the same for eval_transform)."
+                     "\n")
+        yaml.safe_dump(piece, handle, sort_keys=False, default_flow_style=None)

@@ -128,6 +128,11 @@ class MultiChannelEval(EvalTransform):
         if resize < crop_size:
             raise ValueError(f"resize_size ({resize}) must be >= crop_size ({crop_size}).")
         normalize = ChannelNormalize(mean, std)
+        self.settings = {
+            "preset": "multichannel", "image_reader": "array", "crop_size": crop_size,
+            "resize_size": resize, "interpolation": "bilinear", "channels": len(mean),
+            "mean": [float(v) for v in mean], "std": [float(v) for v in std],
+            "normalization": "(x - mean) / std per channel, in the files' units"}
         self.transform = v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(crop_size),
                                      normalize])
         self.probe_input = normalize.probe_input

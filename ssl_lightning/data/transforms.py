@@ -351,12 +351,19 @@ class EvalTransform:
         _check_positive("crop_size", crop)
         if resize < crop:
             raise ValueError(f"resize_size ({resize}) must be >= crop_size ({crop}).")
+        means = [float(v) for v in (mean if mean is not None else p.mean)]
+        stds = [float(v) for v in (std if std is not None else p.std)]
+        #: What the transform does, as plain values (recorded in checkpoints:
+        #: :mod:`ssl_lightning.data.preprocessing`).
+        self.settings: dict[str, Any] = {
+            "preset": preset, "image_reader": "rgb", "crop_size": crop, "resize_size": resize,
+            "interpolation": "bilinear", "channels": 3, "mean": means, "std": stds,
+            "normalization": "x / 255, then (x - mean) / std per channel"}
         self.transform = v2.Compose([
             v2.ToImage(),
             v2.Resize(resize, antialias=True),
             v2.CenterCrop(crop),
-            *_to_normalized_tensor(mean if mean is not None else p.mean,
-                                   std if std is not None else p.std),
+            *_to_normalized_tensor(means, stds),
         ])
 
     def __call__(self, image: Any) -> Tensor:

@@ -8,8 +8,10 @@ from an ImageFolder layout (``DIR/<class>/<image>``), else -1. ``--devices N`` s
 file list into N contiguous shards (one process each: no sampler padding, order preserved); each
 shard streams its rows to a part file, and the parts are then written, in order, to the output
 format of the suffix (see :mod:`ssl_lightning.evaluation.embed_writers`). Unreadable images are
-skipped and listed in ``<output>.skipped.txt`` (``--on-error raise`` stops at the first one,
-naming it). ``--patch-features`` writes the backbone's feature map instead of its pooled
+skipped and listed, each with the reason, in ``<output>.skipped.txt`` (``--on-error raise``
+stops at the first one, naming it); none readable at all is an error that writes nothing.
+A folder whose class folders are splits (``train/``, ``test/``) gets a warning naming the
+labels it writes. ``--patch-features`` writes the backbone's feature map instead of its pooled
 feature (:mod:`ssl_lightning.backbones.dense`): one row per image holding its (h, w, C) map
 (the format of each suffix in :mod:`ssl_lightning.evaluation.embed_writers`).
 
@@ -24,6 +26,7 @@ import argparse
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +39,27 @@ from ssl_lightning.backbones.dense import dense_features, has_dense_features
 from ssl_lightning.data.arrays import load_array
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.indexing import ARRAY_EXTENSIONS
-from ssl_lightning.data.multichannel_views import MultiChannelEval
-from ssl_lightning.data.transforms import EvalTransform, get_preset
+from ssl_lightning.data.preprocessing import eval_transform
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, backbone_from_checkpoint
 from ssl_lightning.evaluation.embed_writers import EmbeddingWriter, check_output_suffix
+from ssl_lightning.evaluation.preprocessing import (
+    add_preprocessing_flags,
+    checkpoint_preprocessing,
+    preprocessing_overrides,
+)
 from ssl_lightning.io import atomic_open, same_file
+
+#: Folder names that are splits of a dataset, not classes (``embed`` warns when they label).
+SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid", "validation"})
+
+
+class LabelWarning(UserWarning):
+    """The labels ``embed`` is about to write are probably not classes."""
 
 
 class _Readable(Dataset):
-    """Yields ``(image or None, index)``: None for an unreadable file instead of raising."""
+    """Yields ``(image, index, "")``, or ``(None, index, why)`` for an unreadable file instead
+    of raising."""
 
     def __init__(self, folder: ImageFolderDataset, transform: Any, strict: bool) -> None:
         self.folder, self.transform, self.strict = folder, transform, strict
@@ -52,20 +67,21 @@ class _Readable(Dataset):
     def __len__(self) -> int:
         return len(self.folder)
 
-    def __getitem__(self, index: int) -> tuple[Tensor | None, int]:
+    def __getitem__(self, index: int) -> tuple[Tensor | None, int, str]:
         try:
             image = self.folder.loader(self.folder.samples[index][0])
-        except CorruptImageError:
+        except CorruptImageError as err:
             if self.strict:
                 raise
-            return None, index
-        return self.transform(image), index
+            return None, index, " ".join(str(err).split())  # one line
+        return self.transform(image), index, ""
 
 
-def _collate(items: list[tuple[Tensor | None, int]]) -> tuple[Tensor | None, list[int], list[int]]:
-    good = [(x, i) for x, i in items if x is not None]
+def _collate(items: list[tuple[Tensor | None, int, str]]
+             ) -> tuple[Tensor | None, list[int], list[tuple[int, str]]]:
+    good = [(x, i) for x, i, _ in items if x is not None]
     images = torch.stack([x for x, _ in good]) if good else None
-    return images, [i for _, i in good], [i for x, i in items if x is None]
+    return images, [i for _, i in good], [(i, why) for x, i, why in items if x is None]
 
 
 def best_device(rank: int = 0) -> torch.device:
@@ -80,8 +96,9 @@ def embed_shard(
     progress: bool, patch_features: bool = False,
 ) -> tuple[int, ...]:
     """Embed ``folder[indices]`` into ``part.f32`` (raw float32 rows), ``part.tsv`` (index,
-    label) and ``part.skipped`` (indices of unreadable files). Returns the shape of a row:
-    ``(D,)``, or ``(h, w, C)`` with ``patch_features`` (the feature map, channels last)."""
+    label) and ``part.skipped`` (index and reason of each unreadable file). Returns the shape
+    of a row: ``(D,)``, or ``(h, w, C)`` with ``patch_features`` (the feature map, channels
+    last)."""
     from tqdm import tqdm
 
     backbone = backbone.to(device).eval()
@@ -92,7 +109,7 @@ def embed_shard(
             open(f"{part}.skipped", "w") as skipped:
         for images, good, bad in tqdm(loader, desc="embed", disable=not progress,
                                       unit="batch", file=sys.stderr):
-            skipped.writelines(f"{i}\n" for i in bad)
+            skipped.writelines(f"{i}\t{why}\n" for i, why in bad)
             if images is None:
                 continue
             if patch_features:
@@ -124,12 +141,19 @@ def _shard_worker(rank: int, world: int, config: dict[str, Any]) -> None:
 
 def embed_folder(
     checkpoint: str, images: str, output: str, *, batch_size: int = 256, num_workers: int = 0,
-    devices: int = 1, preset: str = "cifar", crop_size: int | None = None,
+    devices: int = 1, preset: str | None = None, crop_size: int | None = None,
     prefix: str = DEFAULT_PREFIX, on_error: str = "skip", chunk_rows: int = 65536,
-    patch_features: bool = False, image_reader: str = "rgb", mean: list[float] | None = None,
-    std: list[float] | None = None,
+    patch_features: bool = False, image_reader: str | None = None,
+    mean: list[float] | None = None, std: list[float] | None = None,
+    resize_size: int | None = None,
 ) -> dict[str, Any]:
     """Embed every image under ``images`` into ``output``; see the module docstring.
+
+    The preprocessing is the checkpoint's record (:mod:`ssl_lightning.data.preprocessing`);
+    ``preset``, ``crop_size``, ``resize_size``, ``image_reader``, ``mean`` and ``std`` override
+    it (with a warning where the backbone was trained otherwise). A checkpoint without a record
+    is embedded with the ``"cifar"`` preset and RGB images unless they are given (a warning
+    says it is a guess).
 
     ``image_reader="array"`` reads images of any channel count in their units
     (:mod:`ssl_lightning.data.arrays`, ``.npy`` included), normalised by the per-channel
@@ -148,8 +172,13 @@ def embed_folder(
         raise ValueError(f"devices ({devices}) and batch_size ({batch_size}) must be >= 1.")
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}.")
-    transform = _transform(image_reader, preset, crop_size, mean, std)
+    settings = checkpoint_preprocessing(
+        checkpoint, "embed", preset=preset, crop_size=crop_size, resize_size=resize_size,
+        image_reader=image_reader, mean=mean, std=std)
+    transform = eval_transform(settings)
+    image_reader = settings["image_reader"]
     folder = _folder(images, image_reader)  # FileNotFoundError: a missing / image-less folder
+    _warn_split_labels(folder, images)
     backbone = backbone_from_checkpoint(checkpoint, prefix=prefix)  # fail fast on a bad one
     if patch_features and not has_dense_features(backbone):
         raise ValueError(
@@ -167,22 +196,15 @@ def embed_folder(
         return _write_output(folder, Path(tmp), devices, output, chunk_rows)
 
 
-def _transform(image_reader: str, preset: str, crop_size: int | None,
-               mean: list[float] | None, std: list[float] | None) -> Any:
-    """The evaluation transform of ``image_reader`` (checked before anything is read)."""
-    if image_reader == "rgb":
-        if mean is not None or std is not None:
-            raise ValueError("--mean/--std normalise multi-channel arrays: add --image-reader "
-                             "array, or drop them (RGB images use the preset's statistics).")
-        return EvalTransform(preset, crop_size=crop_size,  # type: ignore[arg-type]
-                             resize_size=crop_size)
-    if image_reader != "array":
-        raise ValueError(f"image_reader must be 'rgb' or 'array', got {image_reader!r}.")
-    if mean is None or std is None:
-        raise ValueError("--image-reader array needs the pre-training data's per-channel --mean "
-                         "and --std (python -m ssl_lightning channel-stats --images DIR).")
-    crop = crop_size or get_preset(preset).crop_size
-    return MultiChannelEval(mean, std, crop_size=crop)
+def _warn_split_labels(folder: ImageFolderDataset, images: str) -> None:
+    """Warn when the class folders of ``images`` are splits (``train/``, ``test/``)."""
+    if folder.classes and all(name.lower() in SPLIT_NAMES for name in folder.classes):
+        labels = ", ".join(f"{i} = {name}" for i, name in enumerate(folder.classes))
+        warnings.warn(
+            f"{images} holds the folders {', '.join(folder.classes)}, which look like splits of "
+            f"a dataset, not classes: the label column will be the split ({labels}). To label "
+            f"by class, embed each split on its own (--images "
+            f"{os.path.join(images, folder.classes[-1])}).", LabelWarning, stacklevel=3)
 
 
 def _folder(images: str, image_reader: str) -> ImageFolderDataset:
@@ -198,8 +220,10 @@ def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str
     dim = int(np.prod(shape))
     metas = [np.loadtxt(tmp / f"{r}.tsv", dtype=np.int64, ndmin=2).reshape(-1, 2)
              for r in range(parts)]
-    skipped = [folder.samples[int(i)][0] for r in range(parts)
-               for i in (tmp / f"{r}.skipped").read_text().split()]
+    skipped = [(folder.samples[int(line.split("\t", 1)[0])][0], line.split("\t", 1)[1])
+               for r in range(parts) for line in (tmp / f"{r}.skipped").read_text().splitlines()]
+    if skipped and not any(len(m) for m in metas):
+        raise ValueError(_none_readable(folder, skipped))
     with EmbeddingWriter(output, sum(len(m) for m in metas), dim, shape) as writer:
         for r, meta in enumerate(metas):
             rows = (np.memmap(tmp / f"{r}.f32", dtype=np.float32, mode="r", shape=(len(meta), dim))
@@ -210,9 +234,20 @@ def _write_output(folder: ImageFolderDataset, tmp: Path, parts: int, output: str
                              np.asarray(rows[start:start + chunk_rows]))
     if skipped:
         with atomic_open(f"{output}.skipped.txt", "w", encoding="utf-8") as handle:
-            handle.writelines(f"{p}\n" for p in skipped)
-    return {"rows": writer.written, "dim": dim, "shape": shape, "skipped": skipped,
-            "output": output}
+            handle.writelines(f"{p}\t{why}\n" for p, why in skipped)
+    return {"rows": writer.written, "dim": dim, "shape": shape,
+            "skipped": [p for p, _ in skipped], "output": output}
+
+
+def _none_readable(folder: ImageFolderDataset, skipped: list[tuple[str, str]]) -> str:
+    """The message when no image of the folder could be read: the first reason, and the
+    array reader for files the RGB reader cannot decode."""
+    tiffs = any(Path(p).suffix.lower() in (".tif", ".tiff") for p, _ in skipped)
+    hint = (" If they are multi-channel images, add --image-reader array (with --mean/--std "
+            "unless the checkpoint records them)." if tiffs and folder.loader is not load_array
+            else " Replace or delete the unreadable files.")
+    return (f"none of the {len(skipped)} images under {folder.root} could be read, so nothing "
+            f"was written (the first: {skipped[0][1]}).{hint}")
 
 
 def main(args: list[str] | None = None) -> dict[str, Any]:
@@ -226,30 +261,20 @@ def main(args: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--num-workers", type=int, default=0, help="loader workers per device")
     parser.add_argument("--devices", type=int, default=1, help="processes (GPUs when present)")
-    parser.add_argument("--preset", choices=["cifar", "imagenet"], default="cifar",
-                        help="evaluation transform preset (cifar: 32 px, imagenet: 224 px)")
-    parser.add_argument("--crop-size", type=int, default=None, help="override the crop size")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
     parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
                         help="unreadable images: skip and list them, or stop")
-    parser.add_argument("--image-reader", choices=["rgb", "array"], default="rgb",
-                        help="array: images of any channel count and bit depth (TIFF, .npy, "
-                             "16-bit PNG), normalised by --mean and --std")
-    parser.add_argument("--mean", type=float, nargs="+", default=None,
-                        help="per-channel mean of the pre-training data (--image-reader array)")
-    parser.add_argument("--std", type=float, nargs="+", default=None,
-                        help="per-channel std of the pre-training data (--image-reader array)")
     parser.add_argument("--patch-features", action="store_true",
                         help="write each image's (h, w, C) feature map instead of its pooled "
                              "feature")
+    add_preprocessing_flags(parser)
     ns = parser.parse_args(args)
     try:
         result = embed_folder(
             ns.checkpoint, ns.images, ns.output, batch_size=ns.batch_size,
-            num_workers=ns.num_workers, devices=ns.devices, preset=ns.preset,
-            crop_size=ns.crop_size, prefix=ns.prefix, on_error=ns.on_error,
-            patch_features=ns.patch_features, image_reader=ns.image_reader, mean=ns.mean,
-            std=ns.std)
+            num_workers=ns.num_workers, devices=ns.devices, prefix=ns.prefix,
+            on_error=ns.on_error, patch_features=ns.patch_features,
+            **preprocessing_overrides(ns))
     except (ValueError, OSError, CorruptImageError, ImportError) as err:
         parser.exit(2, f"embed: error: {err}\n")
     size = "x".join(map(str, result["shape"]))

@@ -36,6 +36,18 @@ from ssl_lightning.evaluation.checkpoint import (
     backbone_state_dict,
     load_checkpoint,
 )
+from ssl_lightning.evaluation.export_callback import load_snippet
+from ssl_lightning.evaluation.export_metadata import (
+    add_onnx_metadata,
+    runtime_lines,
+    timm_pretrained_cfg,
+    write_sidecar,
+)
+from ssl_lightning.evaluation.preprocessing import (
+    add_preprocessing_flags,
+    checkpoint_preprocessing,
+    preprocessing_overrides,
+)
 from ssl_lightning.io import atomic_path, atomic_torch_save, same_file
 
 ExportFormat = Literal["torchvision", "timm", "state_dict", "backbone", "onnx", "torchscript"]
@@ -163,29 +175,20 @@ def export_state_dict(
     return state
 
 
-def timm_recipe(spec: Mapping[str, Any]) -> str:
-    """The ``timm.create_model`` lines that build the model a timm-format export of a
-    TimmBackbone with this ``backbone_spec`` loads into."""
-    init_args = dict(spec.get("init_args") or {})
-    options = {**(init_args.pop("model_kwargs", None) or {}),
-               **{k: v for k, v in init_args.items() if k not in ("name", "pretrained_path")}}
-    arguments = "".join(f", {k}={v!r}" for k, v in options.items())
-    return (f"import timm, torch\nmodel = timm.create_model("
-            f"{init_args.get('name', 'resnet18')!r}, num_classes=0{arguments})")
-
-
-def _example_input(backbone: nn.Module, image_size: int | None) -> Tensor:
+def _example_input(backbone: nn.Module, image_size: int | None, channels: int = 3) -> Tensor:
     size = image_size or int(getattr(backbone, "backbone_spec", {}).get(
         "init_args", {}).get("image_size", 32) or 32)
-    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    return torch.randn(2, channels, size, size, generator=torch.Generator().manual_seed(0))
 
 
 def export_onnx(
     checkpoint: str | os.PathLike, output: str | os.PathLike, image_size: int | None = None,
-    prefix: str = DEFAULT_PREFIX, opset: int = 18,
+    prefix: str = DEFAULT_PREFIX, opset: int = 18, settings: Mapping[str, Any] | None = None,
 ) -> float:
     """Export the rebuilt backbone to ONNX (dynamic batch) and return the largest absolute
-    difference to PyTorch in onnxruntime on a batch of a different size than the trace's."""
+    difference to PyTorch in onnxruntime on a batch of a different size than the trace's.
+    ``settings``: the preprocessing, stored in the file's ``metadata_props``
+    (:mod:`ssl_lightning.evaluation.export_metadata`) and giving the example's channels."""
     try:
         import onnxruntime
     except ImportError as err:
@@ -196,7 +199,7 @@ def export_onnx(
         raise ValueError(f"opset must be >= 17, got {opset}.")
     check_output(checkpoint, output)
     backbone = backbone_from_checkpoint(checkpoint, prefix=prefix).eval()
-    example = _example_input(backbone, image_size)
+    example = _example_input(backbone, image_size, int((settings or {}).get("channels", 3)))
     with atomic_path(output) as tmp:
         try:
             torch.onnx.export(
@@ -210,6 +213,8 @@ def export_onnx(
                 f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). "
                 "Export --format state_dict or torchscript instead."
             ) from err
+        if settings is not None:
+            add_onnx_metadata(tmp, settings)
         check = torch.cat([example, example[:1]])  # another batch size than the trace's
         session = onnxruntime.InferenceSession(os.fspath(tmp),
                                                providers=["CPUExecutionProvider"])
@@ -221,13 +226,14 @@ def export_onnx(
 
 def export_torchscript(
     checkpoint: str | os.PathLike, output: str | os.PathLike, image_size: int | None = None,
-    prefix: str = DEFAULT_PREFIX,
+    prefix: str = DEFAULT_PREFIX, channels: int = 3,
 ) -> float:
-    """``torch.jit.trace`` the rebuilt backbone, reload it, and return the largest absolute
-    difference to the eager module on a batch of a different size than the trace's."""
+    """``torch.jit.trace`` the rebuilt backbone (on ``channels``-channel examples), reload it,
+    and return the largest absolute difference to the eager module on a batch of a different
+    size than the trace's."""
     check_output(checkpoint, output)
     backbone = backbone_from_checkpoint(checkpoint, prefix=prefix).eval()
-    example = _example_input(backbone, image_size)
+    example = _example_input(backbone, image_size, channels)
     try:
         with torch.no_grad():
             traced = torch.jit.trace(backbone, example)
@@ -258,33 +264,37 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="backbone prefix in the ckpt")
     parser.add_argument("--image-size", type=int, default=None,
                         help="side of the example input for onnx/torchscript (default: the "
-                             "backbone's image_size, else 32)")
+                             "checkpoint's crop size)")
+    add_preprocessing_flags(parser)
     ns = parser.parse_args(args)
     out = ns.output
     try:
+        check_output(ns.checkpoint, out)
+        settings = checkpoint_preprocessing(ns.checkpoint, "export",
+                                            **preprocessing_overrides(ns))
+        size = ns.image_size or int(settings["crop_size"])
         if ns.format == "auto":
             ns.format = native_format(ns.checkpoint, ns.prefix)
+        spec = load_checkpoint(ns.checkpoint).get(SPEC_KEY)
         if ns.format == "onnx":
-            diff = export_onnx(ns.checkpoint, out, ns.image_size, ns.prefix)
-            print(f"Wrote {out} (dynamic batch axis; onnxruntime vs PyTorch max |diff| "
-                  f"{diff:.2e}). Load it with:\nimport onnxruntime\n"
-                  f'session = onnxruntime.InferenceSession("{out}")\n'
-                  'features, = session.run(None, {"images": images_nchw_float32})')
+            diff = export_onnx(ns.checkpoint, out, size, ns.prefix, settings=settings)
+            done = f"Wrote {out} (dynamic batch axis; onnxruntime vs PyTorch max |diff| {diff:.2e})"
+            lines = runtime_lines("onnx", out)
         elif ns.format == "torchscript":
-            diff = export_torchscript(ns.checkpoint, out, ns.image_size, ns.prefix)
-            print(f"Wrote {out} (reloaded: max |diff| {diff:.2e}). Load it with:\n"
-                  f'import torch\nmodel = torch.jit.load("{out}"); features = model(images)')
+            diff = export_torchscript(ns.checkpoint, out, size, ns.prefix,
+                                      int(settings["channels"]))
+            done = f"Wrote {out} (reloaded: max |diff| {diff:.2e})"
+            lines = runtime_lines("torchscript", out)
         else:
             state = export_state_dict(ns.checkpoint, out, ns.format, ns.prefix)
-            print(f"Wrote {len(state)} tensors to {out}. Load it with:")
-            if ns.format == "torchvision":
-                print(torchvision_resnet_recipe(state))
-                print(f'model.load_state_dict(torch.load("{out}"))')
-            elif ns.format == "timm":
-                print(timm_recipe(load_checkpoint(ns.checkpoint)[SPEC_KEY]))
-                print(f'model.load_state_dict(torch.load("{out}"))')
-            else:
-                print(f'backbone = <the backbone class>(..., pretrained_path="{out}")')
+            fmt = "state_dict" if ns.format == "backbone" else ns.format
+            done = f"Wrote {len(state)} tensors to {out}"
+            lines = load_snippet(fmt, out, state,  # type: ignore[arg-type]
+                                 spec if isinstance(spec, Mapping) else None,
+                                 timm_pretrained_cfg(settings))
+        sidecar = write_sidecar(out, ns.format, settings,
+                                spec if isinstance(spec, Mapping) else None, lines)
+        print(f"{done}; its preprocessing is in {sidecar}. Load it with:\n{lines}")
     except (ValueError, OSError, ImportError) as err:
         parser.exit(2, f"export: error: {err}\n")
 

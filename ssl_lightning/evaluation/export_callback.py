@@ -20,7 +20,9 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec
 from ssl_lightning.callbacks.artifacts import log_run_file
+from ssl_lightning.data.preprocessing import preprocessing_record
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, SPEC_KEY
+from ssl_lightning.evaluation.export_metadata import timm_pretrained_cfg, write_sidecar
 from ssl_lightning.io import atomic_path, run_directory
 from ssl_lightning.sharding import full_state_dict
 
@@ -40,7 +42,8 @@ def native_format(backbone: nn.Module) -> NativeFormat:
 
 
 def load_snippet(fmt: NativeFormat, path: str, state: Mapping[str, Tensor],
-                 spec: Mapping[str, Any] | None) -> str:
+                 spec: Mapping[str, Any] | None,
+                 pretrained_cfg: Mapping[str, Any] | None = None) -> str:
     """Python lines that rebuild the model and load the exported file ``path`` into it.
 
     Args:
@@ -49,6 +52,8 @@ def load_snippet(fmt: NativeFormat, path: str, state: Mapping[str, Tensor],
         state: Its content (the torchvision recipe reads the architecture from it).
         spec: The backbone's ``{"class_path", "init_args"}`` (see
             :mod:`ssl_lightning.backbones.spec`); ``None``: the lines load into ``backbone``.
+        pretrained_cfg: timm's preprocessing entries, passed as ``pretrained_cfg_overlay``
+            (:func:`~ssl_lightning.evaluation.export_metadata.timm_pretrained_cfg`).
     """
     load = f"torch.load({path!r}, weights_only=True)"
     init_args = dict((spec or {}).get("init_args") or {})
@@ -60,8 +65,9 @@ def load_snippet(fmt: NativeFormat, path: str, state: Mapping[str, Tensor],
     if fmt == "timm":
         options = {**(init_args.pop("model_kwargs", None) or {}),
                    **{k: v for k, v in init_args.items() if k != "name"}}
+        overlay = {"pretrained_cfg_overlay": dict(pretrained_cfg)} if pretrained_cfg else {}
         arguments = ", ".join([repr(init_args.get("name")), "num_classes=0",
-                               *(f"{k}={v!r}" for k, v in options.items())])
+                               *(f"{k}={v!r}" for k, v in {**options, **overlay}.items())])
         return (f"import timm, torch\nmodel = timm.create_model({arguments})\n"
                 f"model.load_state_dict({load})")
     if spec is None:
@@ -149,7 +155,13 @@ class ExportBackbone(pl.Callback):
             return
         path = os.path.join(run_dir, "export", "backbone.pt")
         fmt = self._format(self._backbone(pl_module))
-        self.snippet = export_module_backbone(pl_module, path, fmt, self.prefix, state)
+        record = preprocessing_record(getattr(trainer, "datamodule", None))
+        self.snippet = export_module_backbone(
+            pl_module, path, fmt, self.prefix, state,
+            timm_pretrained_cfg(record) if record is not None else None)
+        if record is not None:  # the export describes its input (export_metadata)
+            write_sidecar(path, fmt, record, backbone_spec(self._backbone(pl_module)),
+                          self.snippet)
         self.path = path
         print(f"Exported the backbone ({fmt} format) to "
               f"{path}. Load it with:\n{self.snippet}", flush=True)
@@ -158,10 +170,12 @@ class ExportBackbone(pl.Callback):
 
 def export_module_backbone(module: nn.Module, output: str, fmt: NativeFormat,
                            prefix: str = DEFAULT_PREFIX,
-                           backbone_state: Mapping[str, Tensor] | None = None) -> str:
+                           backbone_state: Mapping[str, Tensor] | None = None,
+                           pretrained_cfg: Mapping[str, Any] | None = None) -> str:
     """Export the ``prefix`` module of ``module`` to ``output`` in format ``fmt`` (through a
     temporary checkpoint read by ``export_state_dict``); returns the lines that load it.
-    ``backbone_state``: that module's state when already gathered (sharded training)."""
+    ``backbone_state``: that module's state when already gathered (sharded training);
+    ``pretrained_cfg``: timm's preprocessing entries for the lines (see :func:`load_snippet`)."""
     from ssl_lightning.evaluation.export import export_state_dict
 
     if backbone_state is not None:
@@ -174,4 +188,4 @@ def export_module_backbone(module: nn.Module, output: str, fmt: NativeFormat,
         torch.save({"state_dict": state, SPEC_KEY: spec}, checkpoint)
         with atomic_path(output) as partial:
             exported = export_state_dict(checkpoint, str(partial), fmt, prefix)
-    return load_snippet(fmt, output, exported, spec)
+    return load_snippet(fmt, output, exported, spec, pretrained_cfg)

@@ -21,6 +21,7 @@ from ssl_lightning.evaluation.checkpoint import (
     resolve_checkpoint,
 )
 from ssl_lightning.evaluation.linear import first_view
+from ssl_lightning.evaluation.preprocessing import check_data_preprocessing, recorded_preprocessing
 
 
 class KNNEval(pl.LightningModule):
@@ -68,6 +69,16 @@ class KNNEval(pl.LightningModule):
         elif backbone is None:
             raise ValueError("KNNEval with checkpoint: random needs a backbone (--model.backbone).")
         self.backbone = backbone.requires_grad_(False).eval()
+        self._checkpoint = path
+        self.checkpoint_preprocessing = recorded_preprocessing(path) if path is not None else None
+
+    def setup(self, stage: str) -> None:
+        """Say which preprocessing the data applies, warning when the checkpoint was fed
+        otherwise."""
+        if self._checkpoint is not None:
+            check_data_preprocessing("KNNEval", self.checkpoint_preprocessing,
+                                     getattr(self.trainer, "datamodule", None),
+                                     f"checkpoint {self._checkpoint!r}")
 
     def train(self, mode: bool = True) -> KNNEval:
         """The backbone stays in eval mode."""

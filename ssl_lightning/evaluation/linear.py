@@ -36,6 +36,11 @@ from ssl_lightning.evaluation.checkpoint import (
     backbone_from_checkpoint,
     resolve_checkpoint,
 )
+from ssl_lightning.evaluation.preprocessing import (
+    check_data_preprocessing,
+    check_train_view_size,
+    recorded_preprocessing,
+)
 from ssl_lightning.losses.numerics import at_least_fp32
 from ssl_lightning.optim import (
     build_optimizer,
@@ -155,6 +160,8 @@ class LinearEval(SeededSteps):
         elif backbone is None:
             raise ValueError(
                 "LinearEval with checkpoint: random needs a backbone (--model.backbone).")
+        self._checkpoint = path
+        self.checkpoint_preprocessing = recorded_preprocessing(path) if path is not None else None
         self.backbone = backbone
         self.backbone.requires_grad_(finetune)
         #: The feature sources the heads read, in order of first use.
@@ -186,8 +193,13 @@ class LinearEval(SeededSteps):
         return self
 
     def setup(self, stage: str) -> None:
-        """Refuse, before training, a classifier whose class count is not the data's."""
+        """Refuse, before training, a classifier whose class count is not the data's; say which
+        preprocessing the data applies, warning when the checkpoint was fed otherwise."""
         datamodule = getattr(self.trainer, "datamodule", None)
+        if self._checkpoint is not None:
+            check_data_preprocessing("LinearEval", self.checkpoint_preprocessing, datamodule,
+                                     f"checkpoint {self._checkpoint!r}")
+            check_train_view_size("LinearEval", self.checkpoint_preprocessing, datamodule)
         classes = getattr(datamodule, "num_classes", None)
         wanted = self.num_classes
         if isinstance(classes, int) and classes != wanted:

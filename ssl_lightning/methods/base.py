@@ -21,6 +21,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
+from ssl_lightning.data.preprocessing import PREPROCESSING_KEY, preprocessing_record
 from ssl_lightning.deprecation import rename_hyperparameters
 from ssl_lightning.distributed import (
     all_gather_no_grad,
@@ -29,6 +30,7 @@ from ssl_lightning.distributed import (
     rank,
 )
 from ssl_lightning.heads import build_mlp
+from ssl_lightning.methods.loading import checkpoint_source, recorded_backbone
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -192,6 +194,20 @@ class SSLMethod(SeededSteps):
         self.feature_dim = feature_dim(backbone, image_size)
         self._views_checked = False
         self.register_load_state_dict_pre_hook(resize_data_sized_state)
+
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+        strict: bool | None = None, **kwargs: Any,
+    ) -> Any:
+        """Lightning's ``load_from_checkpoint``; without ``backbone=...`` the backbone is
+        rebuilt from the checkpoint's recorded spec (:mod:`ssl_lightning.methods.loading`), so
+        ``DINO.load_from_checkpoint("last.ckpt")`` works for every checkpoint a run writes (a
+        sharded checkpoint directory included)."""
+        if "backbone" not in kwargs:
+            kwargs["backbone"] = recorded_backbone(checkpoint_path, cls.__name__)
+        return super().load_from_checkpoint(checkpoint_source(checkpoint_path), map_location,
+                                            hparams_file, strict, **kwargs)
 
     # ----------------------------------------------------------------- to implement / override
     def build_criterion(self) -> nn.Module:
@@ -456,11 +472,16 @@ class SSLMethod(SeededSteps):
         """Refuse to write non-finite weights over the last good checkpoint (DDP: every rank
         holds the same weights, so the local check raises on all ranks together), and record
         the backbone's class and arguments, so evaluation, ``embed`` and ``export`` rebuild it
-        from the checkpoint alone, and the :attr:`rng_seed`."""
+        from the checkpoint alone, how the backbone was fed (the data module's evaluation
+        transform, :mod:`ssl_lightning.data.preprocessing`), and the :attr:`rng_seed`."""
         check_finite_weights(self, reduce=False)
         spec = backbone_spec(self.backbone)
         if spec is not None:
             checkpoint["backbone_spec"] = spec
+        trainer = self._trainer
+        record = preprocessing_record(getattr(trainer, "datamodule", None))
+        if record is not None:
+            checkpoint[PREPROCESSING_KEY] = record
         super().on_save_checkpoint(checkpoint)  # the rng_seed
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]

@@ -229,12 +229,13 @@ def test_pretraining_on_13_band_tiffs_through_the_cli(tmp_path: Path, batched: b
     assert 0 <= cli.trainer.callback_metrics["val/knn_top1"] <= 100
     if batched:  # embed the 13-band test images with the run's backbone
         checkpoint = next(Path("runs").rglob("last.ckpt"))
-        common = ["--checkpoint", str(checkpoint), "--images", "data/test", "--crop-size", "16"]
-        with pytest.raises(SystemExit):  # arrays without their statistics: refused up front
-            embed_main([*common, "--output", "no.npy", "--image-reader", "array"])
-        assert not Path("no.npy").exists()
-        result = embed_main([*common, "--output", "emb.npy", "--image-reader", "array",
-                             "--mean", *["30000"] * 13, "--std", *["18000"] * 13])
+        record = torch.load(checkpoint, weights_only=True)["preprocessing"]
+        assert (record["image_reader"], record["channels"], record["crop_size"]) == (
+            "array", 13, 16)
+        assert record["mean"] == stats["mean"] and record["std"] == stats["std"]
+        # the reader, the crop and the 13 channel statistics come from the checkpoint
+        result = embed_main(["--checkpoint", str(checkpoint), "--images", "data/test",
+                             "--output", "emb.npy"])
         assert result["rows"] == 8 and np.load("emb.npy").shape == (8, 16)
 
 

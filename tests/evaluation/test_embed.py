@@ -221,3 +221,33 @@ def test_patch_features_are_one_map_per_image(embedded, tmp_path, suffix, capsys
         images = torch.stack([transform(Image.open(p).convert("RGB")) for p, _ in good])
         reference = backbone.forward_features(images).permute(0, 2, 3, 1).numpy()
     np.testing.assert_allclose(embeddings, reference, rtol=0, atol=1e-6)
+
+
+def test_the_skipped_list_says_why_each_file_was_skipped(embedded, tmp_path):
+    ckpt, folder, _, _ = embedded
+    out = tmp_path / "emb.npy"
+    _embed(ckpt, folder, out)
+    path, reason = Path(f"{out}.skipped.txt").read_text().splitlines()[0].split("\t")
+    assert path.endswith("broken.jpg")
+    assert reason.startswith(f"Cannot read image file {path}: cannot identify image file")
+
+
+def test_a_folder_of_nothing_readable_is_an_error_that_writes_nothing(embedded, tmp_path,
+                                                                       capsys):
+    ckpt, _, _, _ = embedded
+    for c in range(2):
+        (tmp_path / "tiffs" / f"class_{c}").mkdir(parents=True)
+        (tmp_path / "tiffs" / f"class_{c}" / "a.tif").write_bytes(b"II*\0 13 bands, not RGB")
+    with pytest.raises(SystemExit) as exit_info:
+        _embed(ckpt, tmp_path / "tiffs", tmp_path / "emb.parquet")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err[-1].startswith(
+        "embed: error: none of the 2 images under") and "--image-reader array" in err[-1]
+    assert not list(tmp_path.glob("emb*"))
+
+
+def test_split_folders_get_a_warning_naming_the_labels(embedded, tiny_image_folder, tmp_path):
+    ckpt, _, _, _ = embedded
+    with pytest.warns(UserWarning, match=r"folders test, train, which look like splits .* "
+                                          r"\(0 = test, 1 = train\)"):
+        _embed(ckpt, tiny_image_folder, tmp_path / "emb.npy")

@@ -223,7 +223,7 @@ def test_the_default_format_follows_the_backbone(small_checkpoint, tmp_path, cap
     ckpt, backbone = small_checkpoint
     out = str(tmp_path / "small.pt")
     main(["--checkpoint", ckpt, "--output", out])
-    assert "pretrained_path=" in capsys.readouterr().out
+    assert "backbone = SmallConvNet(widths=(8, 16)" in capsys.readouterr().out
     state = torch.load(out, weights_only=True)
     assert state.keys() == backbone.state_dict().keys()
 

@@ -1,0 +1,129 @@
+"""A checkpoint records how its backbone was fed, and ``embed`` uses that by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from evaluation_helpers import tiny_trainer
+from PIL import Image
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.data import (
+    EvalTransform,
+    ImageFolderDataModule,
+    LinearEvalTransform,
+    SimCLRViews,
+)
+from ssl_lightning.data.preprocessing import PreprocessingWarning
+from ssl_lightning.evaluation import KNNEval, LinearEval
+from ssl_lightning.evaluation.embed import embed_folder
+from ssl_lightning.methods import SimCLR
+
+
+@pytest.fixture(scope="module")
+def trained_at_64(tmp_path_factory, make_image_folder):
+    """A SimCLR checkpoint pre-trained (2 steps) on 64 px views of 64 px images, its data
+    module evaluating at 64 px too, and the folder of images."""
+    root = tmp_path_factory.mktemp("record")
+    folder = make_image_folder(root / "images", classes=2, per_class=4, size=64)
+    data = ImageFolderDataModule(
+        str(folder), preset="cifar", train_transform=SimCLRViews("cifar", crop_size=64),
+        eval_transform=EvalTransform("cifar", crop_size=64, resize_size=64), batch_size=4,
+        num_workers=0, persistent_workers=False, pin_memory=False)
+    model = SimCLR(SmallConvNet((8, 16)), projection_hidden_dim=16, projection_dim=8,
+                   optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)
+    trainer = tiny_trainer(max_steps=2)
+    trainer.fit(model, datamodule=data)
+    ckpt = str(root / "last.ckpt")
+    trainer.save_checkpoint(ckpt)
+    return ckpt, folder, model.backbone.eval()
+
+
+def _by_hand(backbone: torch.nn.Module, folder: Path, transform: EvalTransform) -> np.ndarray:
+    paths = sorted(folder.rglob("*.jpg"))
+    with torch.no_grad():
+        images = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
+        return backbone(images).numpy()
+
+
+def test_the_checkpoint_records_its_preprocessing_as_plain_data(trained_at_64):
+    ckpt, _, _ = trained_at_64
+    record = torch.load(ckpt, weights_only=True)["preprocessing"]
+    assert record == {
+        "preset": "cifar", "image_reader": "rgb", "crop_size": 64, "resize_size": 64,
+        "interpolation": "bilinear", "channels": 3, "mean": [0.4914, 0.4822, 0.4465],
+        "std": [0.247, 0.2435, 0.2616],
+        "normalization": "x / 255, then (x - mean) / std per channel"}
+
+
+def test_embed_uses_the_checkpoints_64_px_by_default(trained_at_64, tmp_path, capsys):
+    ckpt, folder, backbone = trained_at_64
+    result = embed_folder(ckpt, str(folder), str(tmp_path / "emb.npy"), batch_size=3)
+    assert result["rows"] == 8
+    at_64 = _by_hand(backbone, folder, EvalTransform("cifar", crop_size=64, resize_size=64))
+    at_32 = _by_hand(backbone, folder, EvalTransform("cifar"))
+    embedded = np.load(tmp_path / "emb.npy")
+    np.testing.assert_allclose(embedded, at_64, rtol=0, atol=1e-6)
+    assert np.abs(embedded - at_32).max() > 1e-3  # the old default (32 px) is another input
+    assert "embed: preprocessing the checkpoint's: rgb images" in capsys.readouterr().out
+
+
+def test_an_override_the_backbone_was_not_trained_on_warns(trained_at_64, tmp_path):
+    ckpt, folder, backbone = trained_at_64
+    with pytest.warns(PreprocessingWarning, match="--crop-size 32 overrides the checkpoint's "
+                                                  "crop_size 64"):
+        embed_folder(ckpt, str(folder), str(tmp_path / "emb.npy"), crop_size=32)
+    np.testing.assert_allclose(np.load(tmp_path / "emb.npy"),
+                               _by_hand(backbone, folder, EvalTransform("cifar", crop_size=32,
+                                                                        resize_size=32)),
+                               rtol=0, atol=1e-6)
+
+
+def test_a_checkpoint_without_a_record_warns_that_the_preprocessing_is_a_guess(
+        trained_at_64, tmp_path):
+    ckpt, folder, _ = trained_at_64
+    old = torch.load(ckpt, weights_only=True)
+    del old["preprocessing"]
+    torch.save(old, tmp_path / "old.ckpt")
+    with pytest.warns(PreprocessingWarning, match="preprocessing is a guess: preset cifar, "
+                                                  "image_reader rgb. Set it with --preset"):
+        result = embed_folder(str(tmp_path / "old.ckpt"), str(folder), str(tmp_path / "e.npy"))
+    assert result["rows"] == 8
+
+
+def _data(folder: Path, **kwargs) -> ImageFolderDataModule:
+    return ImageFolderDataModule(str(folder), val_dir=str(folder), preset="cifar", batch_size=4,
+                                 num_workers=0, persistent_workers=False, pin_memory=False,
+                                 **kwargs)
+
+
+def test_knn_eval_evaluates_with_the_checkpoints_preprocessing_by_default(trained_at_64,
+                                                                          capsys):
+    ckpt, folder, _ = trained_at_64
+    data = _data(folder)  # no eval_transform: the preset's 32 px unless the checkpoint says
+    tiny_trainer().validate(KNNEval(checkpoint=ckpt, k=2), datamodule=data)
+    assert data.eval_transform.settings["crop_size"] == 64
+    assert data.eval_datasets[1][0][0].shape == (3, 64, 64)
+    assert "KNNEval: preprocessing of the data module: rgb images (3 channels, preset cifar), " \
+           "resize 64, centre crop 64" in capsys.readouterr().out
+
+
+def test_knn_eval_warns_when_the_data_is_fed_otherwise_than_the_checkpoint(trained_at_64):
+    ckpt, folder, _ = trained_at_64
+    data = _data(folder, eval_transform=EvalTransform("cifar"))  # given: kept, with a warning
+    with pytest.warns(PreprocessingWarning, match="differs from the checkpoint's record in "
+                                                  "crop_size, resize_size"):
+        tiny_trainer().validate(KNNEval(checkpoint=ckpt, k=2), datamodule=data)
+    assert data.eval_transform.settings["crop_size"] == 32
+
+
+def test_linear_eval_warns_when_its_training_views_are_not_the_checkpoints_size(
+        trained_at_64):
+    ckpt, folder, _ = trained_at_64
+    data = _data(folder, train_transform=LinearEvalTransform("cifar"))  # 32 px crops
+    with pytest.warns(PreprocessingWarning, match="trains on 32x32 px views, but the "
+                                                  "checkpoint's backbone was fed 64 px crops"):
+        tiny_trainer().validate(LinearEval(num_classes=2, checkpoint=ckpt), datamodule=data)
