@@ -30,7 +30,7 @@ from ssl_lightning.distributed import (
     rank,
 )
 from ssl_lightning.heads import build_mlp
-from ssl_lightning.methods.loading import checkpoint_source, recorded_backbone
+from ssl_lightning.backbones.recorded import checkpoint_source, recorded_backbone
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,
@@ -201,7 +201,7 @@ class SSLMethod(SeededSteps):
         strict: bool | None = None, **kwargs: Any,
     ) -> Any:
         """Lightning's ``load_from_checkpoint``; without ``backbone=...`` the backbone is
-        rebuilt from the checkpoint's recorded spec (:mod:`ssl_lightning.methods.loading`), so
+        rebuilt from the checkpoint's recorded spec (:mod:`ssl_lightning.backbones.recorded`), so
         ``DINO.load_from_checkpoint("last.ckpt")`` works for every checkpoint a run writes (a
         sharded checkpoint directory included)."""
         if "backbone" not in kwargs:
