@@ -17,7 +17,7 @@ from PIL import Image
 #: The colour of each class.
 COLOURS = np.array([[20, 20, 20], [230, 40, 40], [40, 220, 60], [50, 60, 230]], dtype=np.uint8)
 #: The depth in metres of each class' colour.
-DEPTHS = np.array([1.0, 2.5, 4.0, 6.0])
+DEPTHS = np.array([2.0, 2.5, 3.0, 3.5])
 
 
 def label_map(rng: np.random.Generator, size: int, classes: int, cell: int = 8) -> np.ndarray:
