@@ -27,7 +27,8 @@ PROTOCOLS = ("seg_linear", "seg_knn", "depth_linear")
 
 def _trainer(args: argparse.Namespace, steps: int = 0) -> pl.Trainer:
     return pl.Trainer(max_steps=steps, accelerator=args.accelerator, devices=1, logger=False,
-                      enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+                      enable_checkpointing=False, enable_model_summary=False,
+                      enable_progress_bar=False,
                       check_val_every_n_epoch=None, val_check_interval=max(steps, 1),
                       num_sanity_val_steps=0)
 
