@@ -140,10 +140,10 @@ def read_mask(path: Path, num_classes: int, reduce_zero_label: bool = False,
     bad = ~ignored & ((labels < 0) | (labels >= num_classes))
     if bad.any():
         value = int(labels[bad][0]) + int(reduce_zero_label)
+        classes = f"1..{num_classes}" if reduce_zero_label else f"0..{num_classes - 1}"
         raise ValueError(f"{path} holds the label {value}, outside the {num_classes} classes "
-                         f"({'1..' + str(num_classes) if reduce_zero_label else '0..' + str(num_classes - 1)}"
-                         f", {ignore_index} ignored). Check --data.num_classes, --data.layout "
-                         "and reduce_zero_label.")
+                         f"({classes}, {ignore_index} ignored). Check --data.num_classes, "
+                         "--data.layout and reduce_zero_label.")
     return labels.masked_fill(ignored, IGNORE_INDEX)
 
 

@@ -78,8 +78,9 @@ class DensePairTransform:
     def __call__(self, image: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         low, high = self.scale_range
         scale = low + (high - low) * float(torch.rand(()))
+        height, width = image.shape[-2:]
         image, target = resize_pair(image, target, short_side_size(
-            *image.shape[-2:], self.resize_size * scale))
+            height, width, self.resize_size * scale))
         crop = self.crop_size
         pad_h, pad_w = max(crop - image.shape[1], 0), max(crop - image.shape[2], 0)
         if pad_h or pad_w:
@@ -108,7 +109,7 @@ class DenseEvalTransform:
 
     def __call__(self, image: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         if self.size is not None:
-            resized = short_side_size(*image.shape[-2:], self.size)
+            resized = short_side_size(image.shape[-2], image.shape[-1], self.size)
             if self.center_crop:
                 image, target = resize_pair(image, target, resized)
                 top, left = (resized[0] - self.size) // 2, (resized[1] - self.size) // 2

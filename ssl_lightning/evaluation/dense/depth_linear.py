@@ -65,7 +65,8 @@ class DepthLinearProbe(DenseLinearProbe):
             return F.softplus(output.float()) + self.min_depth
         scores = F.relu(output.float()) + 0.1  # DINOv2's linear bin normalisation
         weights = scores / scores.sum(dim=1, keepdim=True)
-        return (weights * self.centers.view(1, -1, 1, 1)).sum(dim=1, keepdim=True)
+        centers: Tensor = self.centers  # type: ignore[assignment]
+        return (weights * centers.view(1, -1, 1, 1)).sum(dim=1, keepdim=True)
 
     def head_loss(self, output: Tensor, targets: Tensor) -> Tensor:
         depth = F.interpolate(self.depth(output), size=targets.shape[-2:], mode="bilinear",

@@ -14,7 +14,7 @@ class LinearDenseHead(nn.Sequential):
     def __init__(self, in_channels: int, out_channels: int) -> None:
         conv = nn.Conv2d(in_channels, out_channels, kernel_size=1)
         nn.init.normal_(conv.weight, std=0.01)
-        nn.init.zeros_(conv.bias)
+        nn.init.zeros_(conv.bias)  # type: ignore[arg-type]
         super().__init__(nn.BatchNorm2d(in_channels), conv)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -45,8 +44,9 @@ class DenseLinearProbe(pl.LightningModule):
     """
 
     def __init__(self, out_channels: int, backbone: nn.Module | None, checkpoint: str | None,
-                 checkpoint_prefix: str, lrs: Sequence[float], weight_decay: float, warmup_epochs: float,
-                 crop_size: int, stride: int | None, image_size: int) -> None:
+                 checkpoint_prefix: str, lrs: Sequence[float], weight_decay: float,
+                 warmup_epochs: float, crop_size: int, stride: int | None,
+                 image_size: int) -> None:
         super().__init__()
         if weight_decay < 0 or warmup_epochs < 0:
             raise ValueError(f"weight_decay and warmup_epochs must be >= 0, got {weight_decay} "
@@ -117,7 +117,7 @@ class DenseLinearProbe(pl.LightningModule):
                                                    mode="bilinear", align_corners=False)
             self.score(head, full, targets[keep])
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
         groups = []
         for lr, head in zip(self.heads.lrs, self.heads, strict=True):
             groups += [{**g, "lr": lr} for g in split_decay_groups([head], self.weight_decay)]

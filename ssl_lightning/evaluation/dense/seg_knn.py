@@ -85,7 +85,8 @@ class DenseKNNSegmentation(pl.LightningModule):
     def add_to_bank(self, images: Tensor, masks: Tensor, first_index: int) -> None:
         """Add the labelled patches of a bank batch (images ``first_index ..`` of this rank)."""
         features = F.normalize(patch_features(self.backbone, images), dim=1)
-        labels = patch_label_distributions(masks, features.shape[-2:], self.num_classes)
+        grid = (features.shape[-2], features.shape[-1])
+        labels = patch_label_distributions(masks, grid, self.num_classes)
         features = features.permute(0, 2, 3, 1)
         for i in range(len(images)):
             feats, dist = features[i].flatten(0, 1), labels[i].flatten(0, 1)
@@ -115,7 +116,7 @@ class DenseKNNSegmentation(pl.LightningModule):
         queries = features.permute(0, 2, 3, 1).flatten(0, 2)
         bank, labels = self.bank()
         k_max = min(self.ks[-1], len(bank))
-        out = {k: [] for k in self.ks}
+        out: dict[int, list[Tensor]] = {k: [] for k in self.ks}
         for chunk in queries.split(self.chunk_size):
             sims, index = (chunk @ bank.T).topk(k_max, dim=1)
             for k in self.ks:
