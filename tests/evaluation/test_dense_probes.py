@@ -107,3 +107,59 @@ def test_probes_refuse_a_class_count_that_is_not_the_data(data_root: Path) -> No
                            image_size=32)
     with pytest.raises(ValueError, match="num_classes=4 but the data has 3"):
         _trainer(1).fit(probe, data)
+
+
+def test_a_bad_mask_stops_the_cli_before_training_with_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the real CLI on configs/seg_linear.yaml: a label out of range is one ``error:``
+    line naming the file, before any step."""
+    import numpy as np
+    from PIL import Image
+
+    from ssl_lightning.cli import main
+
+    root = make_segmentation_folder(tmp_path / "seg", train=4, val=2)
+    Image.fromarray(np.full((32, 32), 9, np.uint8)).save(root / "val" / "masks" / "1.png")
+    config = Path(__file__).resolve().parents[2] / "configs" / "seg_linear.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--model.checkpoint", "random",
+              "--model.backbone", '{"class_path": "ssl_lightning.SmallConvNet", '
+              '"init_args": {"widths": [8, 16]}}', "--model.num_classes", "3",
+              "--model.image_size", "32", "--model.crop_size", "32", "--model.stride", "null",
+              "--data.root", str(root),
+              "--data.layout", "folders", "--data.num_classes", "3", "--data.crop_size", "32",
+              "--data.num_workers", "0", "--trainer.accelerator", "cpu",
+              "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path)])
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "val/masks/1.png holds the label 9" in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+
+
+def _knn_ranks(rank: int, world: int, root: str) -> torch.Tensor:
+    """Dense kNN with the bank and queries split over ranks as DistributedSampler splits them."""
+    data = SegmentationDataModule(root, num_classes=3, **TINY)
+    data.setup("validate")
+    bank, queries = (loader.dataset for loader in data.val_dataloader())
+    knn = DenseKNNSegmentation(_backbone(), num_classes=3, checkpoint="random", ks=[1, 3, 10])
+    for matrix in knn.matrices.values():
+        matrix.counts.zero_()
+    for i in range(rank, len(bank), world):
+        image, mask = bank[i]
+        knn.add_to_bank(image[None], mask[None], i)
+    for i in range(rank, len(queries), world):
+        image, mask = queries[i]
+        for k, dist in knn.label_maps(image[None]).items():
+            full = torch.nn.functional.interpolate(dist, size=mask.shape, mode="bilinear",
+                                                   align_corners=False)
+            knn.matrices[k].update(full.argmax(dim=1), mask[None])
+    return torch.stack([knn.matrices[k].compute()["miou"] for k in (1, 3, 10)])
+
+
+@pytest.mark.slow
+def test_dense_knn_on_two_processes_gives_the_scores_of_one(data_root: Path) -> None:
+    from distributed_utils import run_in_processes
+
+    one = _knn_ranks(0, 1, str(data_root / "seg"))
+    for result in run_in_processes(_knn_ranks, 2, str(data_root / "seg")):
+        torch.testing.assert_close(result, one, rtol=0, atol=1e-9)
