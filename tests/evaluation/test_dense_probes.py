@@ -13,7 +13,7 @@ import torch
 from dense_utils import make_depth_folder, make_segmentation_folder
 
 import ssl_lightning.evaluation.dense.seg_knn as seg_knn
-from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.data.dense_pairs import DepthDataModule, SegmentationDataModule
 from ssl_lightning.evaluation.dense import DenseKNNSegmentation, DepthLinearProbe, SegLinearProbe
 from ssl_lightning.evaluation.dense.seg_knn import patch_label_distributions
@@ -59,10 +59,15 @@ def test_linear_segmentation_is_near_perfect_on_colour_squares(data_root: Path) 
     assert probe.results["lr0.1"]["iou"].shape == (3,)
 
 
+@pytest.mark.parametrize("token_backbone", [False, True], ids=["convnet", "vit"])
 def test_dense_knn_segmentation_is_near_perfect_and_needs_the_grid_order(
-        data_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        data_root: Path, monkeypatch: pytest.MonkeyPatch, token_backbone: bool) -> None:
+    """A CNN's map and a ViT's patch tokens on their grid (8 px patches)."""
+    torch.manual_seed(0)
+    backbone = ViT(image_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2) \
+        if token_backbone else _backbone()
     data = SegmentationDataModule(str(data_root / "seg"), num_classes=3, **TINY)
-    knn = DenseKNNSegmentation(_backbone(), num_classes=3, checkpoint="random",
+    knn = DenseKNNSegmentation(backbone, num_classes=3, checkpoint="random",
                                ks=[1, 3, 10, 30])
     trainer = _trainer()
     trainer.validate(knn, data, verbose=False)
