@@ -30,6 +30,48 @@ def patch_label_distributions(masks: Tensor, grid: tuple[int, int], num_classes:
     return (counts / total.clamp(min=1e-12)).permute(0, 2, 3, 1)
 
 
+def bank_patches(features: Tensor, masks: Tensor, num_classes: int,
+                 patches_per_image: int | None, first_index: int) -> tuple[Tensor, Tensor]:
+    """The memory-bank rows of a batch: L2-normalised patch features ``(N, C)`` of the
+    ``(B, C, h, w)`` map and their class shares ``(N, num_classes)``, without the patches that
+    have no labelled pixel; ``patches_per_image`` keeps a random subset of each image, drawn
+    from its dataset index (``first_index + i``)."""
+    features = F.normalize(features, dim=1)
+    grid = (features.shape[-2], features.shape[-1])
+    labels = patch_label_distributions(masks, grid, num_classes)
+    features = features.permute(0, 2, 3, 1)
+    rows, dists = [], []
+    for i in range(len(features)):
+        feats, dist = features[i].flatten(0, 1), labels[i].flatten(0, 1)
+        keep = dist.sum(dim=1) > 0
+        feats, dist = feats[keep], dist[keep]
+        if patches_per_image is not None and len(feats) > patches_per_image:
+            generator = torch.Generator().manual_seed(first_index + i)
+            pick = torch.randperm(len(feats), generator=generator)[:patches_per_image]
+            feats, dist = feats[pick.to(feats.device)], dist[pick.to(feats.device)]
+        rows.append(feats)
+        dists.append(dist)
+    return torch.cat(rows), torch.cat(dists)
+
+
+def knn_label_maps(features: Tensor, bank: Tensor, labels: Tensor, ks: Sequence[int],
+                   temperature: float, chunk_size: int) -> dict[int, Tensor]:
+    """Per k, the ``(B, C, h, w)`` class distributions of the patches of a ``(B, D, h, w)``
+    feature map: the softmax(similarity / ``temperature``)-weighted mean ``labels`` of their
+    k most cosine-similar ``bank`` rows."""
+    features = F.normalize(features, dim=1)
+    b, _, h, w = features.shape
+    queries = features.permute(0, 2, 3, 1).flatten(0, 2)
+    k_max = min(max(ks), len(bank))
+    out: dict[int, list[Tensor]] = {k: [] for k in ks}
+    for chunk in queries.split(chunk_size):
+        sims, index = (chunk @ bank.T).topk(k_max, dim=1)
+        for k in ks:
+            weights = torch.softmax(sims[:, :k] / temperature, dim=1)
+            out[k].append((weights[..., None] * labels[index[:, :k]]).sum(dim=1))
+    return {k: torch.cat(v).reshape(b, h, w, -1).permute(0, 3, 1, 2) for k, v in out.items()}
+
+
 class DenseKNNSegmentation(pl.LightningModule):
     """Dense kNN segmentation of a frozen backbone, run with ``validate``.
 
@@ -84,20 +126,10 @@ class DenseKNNSegmentation(pl.LightningModule):
 
     def add_to_bank(self, images: Tensor, masks: Tensor, first_index: int) -> None:
         """Add the labelled patches of a bank batch (images ``first_index ..`` of this rank)."""
-        features = F.normalize(patch_features(self.backbone, images), dim=1)
-        grid = (features.shape[-2], features.shape[-1])
-        labels = patch_label_distributions(masks, grid, self.num_classes)
-        features = features.permute(0, 2, 3, 1)
-        for i in range(len(images)):
-            feats, dist = features[i].flatten(0, 1), labels[i].flatten(0, 1)
-            keep = dist.sum(dim=1) > 0
-            feats, dist = feats[keep], dist[keep]
-            if self.patches_per_image is not None and len(feats) > self.patches_per_image:
-                generator = torch.Generator().manual_seed(first_index + i)
-                pick = torch.randperm(len(feats), generator=generator)[:self.patches_per_image]
-                feats, dist = feats[pick.to(feats.device)], dist[pick.to(feats.device)]
-            self._bank.append(feats)
-            self._labels.append(dist)
+        feats, dists = bank_patches(patch_features(self.backbone, images), masks,
+                                    self.num_classes, self.patches_per_image, first_index)
+        self._bank.append(feats)
+        self._labels.append(dists)
 
     def bank(self) -> tuple[Tensor, Tensor]:
         """The bank of every rank (a collective; built once per validation)."""
@@ -111,18 +143,9 @@ class DenseKNNSegmentation(pl.LightningModule):
 
     def label_maps(self, images: Tensor) -> dict[int, Tensor]:
         """Per k, the ``(B, C, h, w)`` predicted class distributions of the images' patches."""
-        features = F.normalize(patch_features(self.backbone, images), dim=1)
-        b, _, h, w = features.shape
-        queries = features.permute(0, 2, 3, 1).flatten(0, 2)
         bank, labels = self.bank()
-        k_max = min(self.ks[-1], len(bank))
-        out: dict[int, list[Tensor]] = {k: [] for k in self.ks}
-        for chunk in queries.split(self.chunk_size):
-            sims, index = (chunk @ bank.T).topk(k_max, dim=1)
-            for k in self.ks:
-                weights = torch.softmax(sims[:, :k] / self.temperature, dim=1)
-                out[k].append((weights[..., None] * labels[index[:, :k]]).sum(dim=1))
-        return {k: torch.cat(v).reshape(b, h, w, -1).permute(0, 3, 1, 2) for k, v in out.items()}
+        return knn_label_maps(patch_features(self.backbone, images), bank, labels, self.ks,
+                              self.temperature, self.chunk_size)
 
     def validation_step(self, batch: tuple, batch_idx: int, dataloader_idx: int = 0) -> None:
         images, masks = batch[0], batch[1]
