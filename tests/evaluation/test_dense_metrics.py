@@ -139,3 +139,22 @@ def test_two_processes_give_the_scores_of_one() -> None:
     one = _confusion_ranks(0, 1)
     for result in run_in_processes(_confusion_ranks, 2):
         torch.testing.assert_close(result, one, rtol=0, atol=1e-12)
+
+
+def test_the_padding_duplicates_of_the_last_val_batch_are_left_out() -> None:
+    """5 val images on 2 ranks: DistributedSampler gives rank 1 the images 1, 3 and a copy of
+    image 0, which must not be scored twice."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from ssl_lightning.evaluation.dense.frozen import real_samples
+
+    data = list(range(5))
+    keeps = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=False)
+        trainer = SimpleNamespace(val_dataloaders=[DataLoader(data, sampler=sampler)])
+        keeps.append(torch.cat([real_samples(trainer, 0, start, 1, torch.device("cpu"))
+                                for start in range(3)]).tolist())
+    assert keeps == [[True, True, True], [True, True, False]]
