@@ -79,7 +79,7 @@ class DenseKNNSegmentation(pl.LightningModule):
     fills the memory bank, loader 1 (the val images) is scored. Logs ``val/miou_k<k>`` for
     each k and ``val/miou`` of the best k (percent); :attr:`results` holds all scores. The
     bank is gathered from every rank (without ``DistributedSampler``'s padding) and the
-    confusion matrices summed, so 2 processes give the numbers of 1.
+    confusion matrices summed.
 
     Args:
         backbone: The checkpoint's backbone class (None: rebuilt from the checkpoint).

@@ -22,7 +22,7 @@ class SegLinearProbe(DenseLinearProbe):
     Logs ``train/loss`` (mean over heads), ``val/miou_lr<lr>`` per head, and ``val/miou`` and
     ``val/pixel_acc`` (percent) of the best head; :attr:`results` holds every head's scores
     (per-class IoU included) after each validation. The confusion matrices are float64 pixel
-    counts summed over ranks: 2 processes give the numbers of 1.
+    counts summed over ranks.
 
     Args:
         num_classes: Number of classes (ignored pixels are 255 in the data modules' masks).
