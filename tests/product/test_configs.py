@@ -138,6 +138,7 @@ def _timm_teacher_file(tmp_path: Path, request: pytest.FixtureRequest) -> list[s
 SUBCOMMANDS: dict[str, str] = {
     "knn.yaml": "validate",
     "fewshot.yaml": "validate",
+    "seg_knn.yaml": "validate",
 }
 
 def _released_backbone(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
@@ -156,7 +157,30 @@ def _released_backbone(tmp_path: Path, request: pytest.FixtureRequest) -> list[s
     return ["--model.init_args.backbone.init_args.pretrained_path", str(path)]
 
 
+def _dense_probe_data(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
+    """A SimCLR checkpoint and tiny synthetic segmentation or depth data (tests/dense_utils.py)
+    at 32 px for the dense-probe configs."""
+    from dense_utils import make_depth_folder, make_segmentation_folder
+
+    name = request.node.callspec.params["config"].name
+    depth = name.startswith("depth")
+    root = (make_depth_folder if depth else make_segmentation_folder)(tmp_path / "dense",
+                                                                      train=8, val=2)
+    args = [*_pretraining_checkpoint(tmp_path, request), "--data.root", str(root),
+            "--data.batch_size", "4", "--data.num_workers", "0", "--data.crop_size", "32",
+            "--data.eval_size", "null", "--data.layout", "folders"]
+    if depth:
+        args += ["--data.resize_size", "32"]
+    else:
+        args += ["--data.num_classes", "3", "--model.num_classes", "3"]
+    if name != "seg_knn.yaml":
+        args += ["--model.crop_size", "32", "--model.stride", "null", "--model.image_size", "32"]
+    return args
+
+
 PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
+    **{name: _dense_probe_data for name in ("seg_linear.yaml", "seg_knn.yaml",
+                                            "depth_linear.yaml")},
     "dinov3_continue.yaml": _released_backbone,
     "linear.yaml": _pretraining_checkpoint,
     "knn.yaml": _pretraining_checkpoint,

@@ -158,8 +158,14 @@ def parameters(cls: type) -> set[str]:
 @cache
 def option_parameters() -> dict[str, frozenset[str]]:
     importlib.import_module("ssl_lightning.methods")
-    models = [SSLMethod, LinearEval, KNNEval, *all_subclasses(SSLMethod)]
-    datas = [SSLDataModule, *all_subclasses(SSLDataModule)]
+    from ssl_lightning.data.dense_pairs import DenseDataModule
+    from ssl_lightning.evaluation.dense import DenseKNNSegmentation
+    from ssl_lightning.evaluation.dense.linear_probe import DenseLinearProbe
+
+    models = [SSLMethod, LinearEval, KNNEval, *all_subclasses(SSLMethod), DenseKNNSegmentation,
+              DenseLinearProbe, *all_subclasses(DenseLinearProbe)]
+    datas = [SSLDataModule, *all_subclasses(SSLDataModule), DenseDataModule,
+             *all_subclasses(DenseDataModule)]
     return {
         "model": frozenset().union(*(parameters(cls) for cls in models)),
         "data": frozenset().union(*(parameters(cls) for cls in datas)),
