@@ -8,9 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
-
+from ssl_lightning._lightning import ModelCheckpoint, pl
 from ssl_lightning.io import run_directory
 
 #: Metrics reported at the end of fit, in this order, when the run logged them.

@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
-
+from ssl_lightning._lightning import NAMESPACE, NAMESPACE_VARIABLE, pl
 from ssl_lightning.callbacks.artifacts import RunConfigSaver
 from ssl_lightning.cli.app import SSLLightningCLI
 from ssl_lightning.cli.errors import CLIError, debug_mode
@@ -93,6 +92,11 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
     import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
     from ssl_lightning.commands import EXTRA_COMMANDS, project_description
 
+    if NAMESPACE != "pytorch_lightning":  # the shipped configs name pytorch_lightning classes
+        sys.stderr.write(f"error: the command line runs on pytorch_lightning, and "
+                         f"{NAMESPACE_VARIABLE}={NAMESPACE}: unset it (the Python API works "
+                         "under either namespace; docs/configs.md)\n")
+        raise SystemExit(2)
     argv = sys.argv[1:] if args is None else list(args)
     if run and argv and argv[0] in EXTRA_COMMANDS:
         return EXTRA_COMMANDS[argv[0]](argv[1:])

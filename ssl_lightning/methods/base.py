@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, cast
 
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import rank_zero_warn
 from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.deprecation import rename_hyperparameters
 from ssl_lightning.distributed import (
