@@ -63,7 +63,8 @@ def table(runs: Sequence[Path], records: Sequence[dict[str, Any]],
 def _metric_cell(value: Any) -> str:
     if not isinstance(value, dict) or "last" not in value:
         return "-"
-    last, best = float(value["last"]), float(value.get("best", value["last"]))
+    last = float(value["last"])
+    best = float(value["best"]) if "best" in value else last
     return f"{last:.4g}" + (f" ({best:.4g})" if best != last else "")
 
 
