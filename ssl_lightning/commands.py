@@ -65,6 +65,23 @@ def shipped_configs() -> list[Path]:
     return sorted(CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else []
 
 
+def shared_config_pieces() -> list[Path]:
+    """The pieces in ``CONFIGS_DIR/shared`` composed after a method's config (``--config
+    shared/fsdp``): the mappings; a list such as ``pretrain_callbacks.yaml`` is the value of one
+    option (``trainer.callbacks``), not a config."""
+    import yaml
+
+    pieces = sorted((CONFIGS_DIR / "shared").glob("*.yaml"))
+    return [p for p in pieces if isinstance(yaml.safe_load(p.read_text()), dict)]
+
+
+def config_names() -> dict[str, Path]:
+    """``--config`` name -> shipped file: ``simclr``, ..., and ``shared/<piece>``."""
+    names = {p.stem: p for p in shipped_configs()}
+    names.update({f"shared/{p.stem}": p for p in shared_config_pieces()})
+    return names
+
+
 def project_description() -> str:
     """The top of ``python -m ssl_lightning --help``: what this is, methods, configs, commands."""
     import ssl_lightning

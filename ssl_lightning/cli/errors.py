@@ -99,6 +99,8 @@ _UNKNOWN_CLASS = (
     re.compile(r"module '([\w.]+)' has no attribute '(\w+)'"),
 )
 _PARSER_KEY = re.compile(r'Parser key "([\w.]+)"')
+#: The key jsonargparse puts before a line's own message (``Parser key "config": File ...``).
+_PARSER_KEY_PREFIX = re.compile(r'^Parser key "[\w.]+":\s*')
 
 
 def _unknown_class(message: str) -> str | None:
@@ -207,15 +209,16 @@ def clean_parser_message(message: str, parser: Any = None) -> str:
         return unknown
     lines: list[str] = []
     for line in message.splitlines():
-        text = line.strip().removeprefix("- ")
+        text = _PARSER_KEY_PREFIX.sub("", line.strip().removeprefix("- "))
         if not text or text.startswith(_BOILERPLATE) or text in lines:
             continue
         if text.startswith("Given value:") and ("Namespace(" in text or "NestedArg(" in text
                                                 or len(text) > 120):
             continue
-        lines.append(text)
+        lines.append(text.replace("Given value:", "Got value:", 1))
     keys = _PARSER_KEY.findall(message)
-    return f"--{'.'.join(keys)}: {' '.join(lines)}" if keys else " ".join(lines)
+    text = " ".join(lines) or "the value was refused (JSONARGPARSE_DEBUG=true shows why)"
+    return f"--{'.'.join(keys)}: {text}" if keys else text
 
 
 class ReadableArgumentParser(LightningArgumentParser):
