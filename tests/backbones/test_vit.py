@@ -111,7 +111,7 @@ def test_invalid_arguments_raise(kwargs):
 
 
 def test_rejects_image_not_multiple_of_patch():
-    with pytest.raises(ValueError, match="multiple of patch"):
+    with pytest.raises(ValueError, match="not a multiple of the ViT.s patch_size"):
         tiny_vit()(torch.randn(1, 3, 20, 20))
 
 
