@@ -62,9 +62,11 @@ def choose_namespace(environ: dict[str, str] | os._Environ[str] = os.environ,
         else:
             wanted = "lightning"
     if not _installed(wanted):
-        raise ImportError(f"ssl_lightning runs on Lightning, and {wanted!r} is not installed: "
-                          f"`pip install {wanted.replace('_', '-')}`, or set "
-                          f"{NAMESPACE_VARIABLE} to the one you have")
+        chosen = f"{NAMESPACE_VARIABLE}={wanted}, but it" if environ.get(NAMESPACE_VARIABLE) \
+            else "pytorch_lightning (or lightning)"
+        raise ImportError(f"ssl_lightning runs on Lightning, and {chosen} is not installed: "
+                          f"`pip install {(wanted if environ.get(NAMESPACE_VARIABLE) else
+                                           'pytorch_lightning').replace('_', '-')}`")
     return wanted
 
 
