@@ -62,11 +62,12 @@ def choose_namespace(environ: dict[str, str] | os._Environ[str] = os.environ,
         else:
             wanted = "lightning"
     if not _installed(wanted):
-        chosen = f"{NAMESPACE_VARIABLE}={wanted}, but it" if environ.get(NAMESPACE_VARIABLE) \
+        asked = bool(environ.get(NAMESPACE_VARIABLE))
+        chosen = f"{NAMESPACE_VARIABLE}={wanted}, but it" if asked \
             else "pytorch_lightning (or lightning)"
+        package = wanted if asked else "pytorch_lightning"
         raise ImportError(f"ssl_lightning runs on Lightning, and {chosen} is not installed: "
-                          f"`pip install {(wanted if environ.get(NAMESPACE_VARIABLE) else
-                                           'pytorch_lightning').replace('_', '-')}`")
+                          f"`pip install {package.replace('_', '-')}`")
     return wanted
 
 
