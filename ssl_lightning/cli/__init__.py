@@ -21,6 +21,7 @@ from ssl_lightning._lightning import NAMESPACE, NAMESPACE_VARIABLE, pl
 from ssl_lightning.callbacks.artifacts import RunConfigSaver
 from ssl_lightning.cli.app import SSLLightningCLI
 from ssl_lightning.cli.errors import CLIError, debug_mode
+from ssl_lightning.cli.quiet import quiet_known_warnings
 from ssl_lightning.data.datasets import CorruptImageError
 
 __all__ = ["SSLLightningCLI", "main", "resolve_config_names"]
@@ -97,6 +98,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
     import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
     from ssl_lightning.commands import EXTRA_COMMANDS, project_description
 
+    quiet_known_warnings()
     if NAMESPACE != "pytorch_lightning":  # the shipped configs name pytorch_lightning classes
         sys.stderr.write(f"error: the command line runs on pytorch_lightning, and "
                          f"{NAMESPACE_VARIABLE}={NAMESPACE}: unset it (the Python API works "
