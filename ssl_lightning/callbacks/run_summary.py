@@ -25,8 +25,8 @@ class RunSummary(pl.Callback):
     epoch it continues from. End (of a finished fit): final and best kNN / probe top-1, the
     checkpoint paths, the exported backbone (a callback's ``exported_backbone`` path, e.g.
     :class:`~ssl_lightning.evaluation.ExportBackbone`'s) and the commands to resume and to
-    evaluate. Then it writes ``results.json`` in the run directory (:mod:`ssl_lightning.io.results`,
-    read by ``python -m ssl_lightning compare``).
+    evaluate. With a logger, it then writes ``results.json`` in the run directory
+    (:mod:`ssl_lightning.io.results`, read by ``python -m ssl_lightning compare``).
     """
 
     def __init__(self) -> None:
@@ -55,7 +55,9 @@ class RunSummary(pl.Callback):
         pretraining = hasattr(pl_module, "forward_views")  # an SSLMethod, not an evaluation
         self.lines_at_end = end_lines(trainer, self._run_dir, suggest_evaluation=pretraining)
         print("\n".join(self.lines_at_end), flush=True)
-        write_results(self._run_dir, results_record(trainer, pl_module, self._run_dir, self._best))
+        if trainer.loggers:  # a run directory of its own, not the working directory
+            write_results(self._run_dir,
+                          results_record(trainer, pl_module, self._run_dir, self._best))
 
 
 def start_lines(trainer: pl.Trainer, module: pl.LightningModule, run_dir: str | None) -> list[str]:

@@ -103,3 +103,16 @@ def test_curves_from_a_csv_log(tmp_path) -> None:
         "epoch,step,train/loss_step,val/knn_top1\n0,0,2.5,\n0,1,2.25,\n0,1,,50.0\n1,3,2.0,75.0\n")
     assert read_curves(tmp_path, ["train/loss", "val/knn_top1", "val/top1"]) == {
         "train/loss": [(0, 2.5), (1, 2.25), (3, 2.0)], "val/knn_top1": [(1, 50.0), (3, 75.0)]}
+
+
+def test_without_a_logger_no_results_file_is_written(tiny_image_folder, tmp_path) -> None:
+    from ssl_lightning import ImageFolderDataModule, RunSummary, SimCLR, SmallConvNet
+    from ssl_lightning._lightning import pl
+
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, default_root_dir=tmp_path,
+                         limit_val_batches=0, callbacks=[RunSummary()])
+    trainer.fit(SimCLR(SmallConvNet(widths=(8, 16)), projection_hidden_dim=16, projection_dim=8),
+                ImageFolderDataModule(str(tiny_image_folder / "train"), batch_size=4,
+                                      num_workers=0, preset="cifar"))
+    assert trainer.global_step == 1 and list(tmp_path.iterdir()) == []
