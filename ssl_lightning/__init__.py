@@ -1,9 +1,11 @@
 """ssl_lightning: self-supervised learning methods for images as PyTorch Lightning modules.
 
 Public names are re-exported here so configs can say ``class_path: SimCLR``, and so a user's
-own training loop can say ``from ssl_lightning import NTXentLoss``.
+own training loop can say ``from ssl_lightning import NTXentLoss``. ``LIGHTNING_NAMESPACE`` says
+whether the classes derive from ``pytorch_lightning`` or ``lightning.pytorch`` (_lightning.py).
 """
 
+from ssl_lightning._lightning import NAMESPACE as LIGHTNING_NAMESPACE  # noqa: F401  (first)
 from ssl_lightning.backbones import ResNet, SmallConvNet, TimmBackbone, TorchvisionBackbone, ViT
 from ssl_lightning.callbacks import *  # noqa: F401,F403
 from ssl_lightning.callbacks import __all__ as _callbacks

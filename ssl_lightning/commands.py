@@ -1,5 +1,5 @@
 """The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``channel-stats``,
-``consolidate``, ``shard``) and the top-level help text."""
+``consolidate``, ``shard``, ``compare``) and the top-level help text."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ def _shard(args: list[str]) -> Any:
     return main(args)
 
 
+def _compare(args: list[str]) -> Any:
+    from ssl_lightning.cli.compare import main
+
+    return main(args)
+
+
 def _list(args: list[str]) -> Any:
     from ssl_lightning.cli.listing import main
 
@@ -47,7 +53,7 @@ def _list(args: list[str]) -> Any:
 #: ``python -m ssl_lightning <name> ...`` commands that are not LightningCLI subcommands.
 EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
     "embed": _embed, "export": _export, "list": _list, "channel-stats": _channel_stats,
-    "consolidate": _consolidate, "shard": _shard,
+    "consolidate": _consolidate, "shard": _shard, "compare": _compare,
 }
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # shipped with the package
@@ -57,6 +63,23 @@ def shipped_configs() -> list[Path]:
     """The configs shipped in :data:`CONFIGS_DIR` (``*.yaml``, sorted; ``shared/`` pieces are
     not among them)."""
     return sorted(CONFIGS_DIR.glob("*.yaml")) if CONFIGS_DIR.is_dir() else []
+
+
+def shared_config_pieces() -> list[Path]:
+    """The pieces in ``CONFIGS_DIR/shared`` composed after a method's config (``--config
+    shared/fsdp``): the mappings; a list such as ``pretrain_callbacks.yaml`` is the value of one
+    option (``trainer.callbacks``), not a config."""
+    import yaml
+
+    pieces = sorted((CONFIGS_DIR / "shared").glob("*.yaml"))
+    return [p for p in pieces if isinstance(yaml.safe_load(p.read_text()), dict)]
+
+
+def config_names() -> dict[str, Path]:
+    """``--config`` name -> shipped file: ``simclr``, ..., and ``shared/<piece>``."""
+    names = {p.stem: p for p in shipped_configs()}
+    names.update({f"shared/{p.stem}": p for p in shared_config_pieces()})
+    return names
 
 
 def project_description() -> str:
@@ -80,5 +103,6 @@ def project_description() -> str:
         "(`channel-stats --images DIR`: per-channel mean/std of multi-channel images), "
         "consolidate (`consolidate SHARDED_DIR OUTPUT [--overwrite]`: one file from a sharded "
         "checkpoint), shard "
-        "(`shard --images DIR --output DIR`: litdata shards for StreamingDataModule).",
+        "(`shard --images DIR --output DIR`: litdata shards for StreamingDataModule), compare "
+        "(`compare RUN_DIR... [--plot out.png]`: a table of finished runs and their curves).",
     ])

@@ -19,8 +19,9 @@ import inspect
 from collections.abc import MutableMapping
 from typing import Any, TypeVar
 
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
+
+from ssl_lightning._lightning import rank_zero_warn
 
 T = TypeVar("T")
 

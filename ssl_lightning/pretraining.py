@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import yaml
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.data.checks import image_short_sides
 from ssl_lightning.data.datasets import check_directory
 from ssl_lightning.data.indexing import find_images

@@ -33,10 +33,10 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from pytorch_lightning.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ssl_lightning._lightning import ModelParallelStrategy
 from ssl_lightning.io.distributed_checkpoint import METADATA_FILE, load_state, read_metadata
 
 _STAGE = re.compile(r"layer\d+")

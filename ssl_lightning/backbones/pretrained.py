@@ -22,6 +22,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import rank_zero_info
 from ssl_lightning.backbones.released_weights import OWN_KEYS, argument_hint, to_vit_layout
 
 #: Top-level names of classifier layers that a backbone drops; their weights are ignored.
@@ -123,21 +124,28 @@ def state_differences(
     return reshaped, missing, unexpected
 
 
-def load_pretrained(target: nn.Module, path: str | os.PathLike) -> None:
+def load_pretrained(target: nn.Module, path: str | os.PathLike) -> str:
     """Load the weights at ``path`` into ``target`` strictly, but ignoring classifier weights.
+
+    Returns:
+        The line it also logs (rank 0): tensors loaded, the layout detected, a wrapper prefix
+        removed, classifier tensors ignored, and no missing or unexpected key.
 
     Raises:
         ValueError: Naming the first missing, unexpected or mis-shaped key.
     """
     state = read_state_dict(path)
     expected = target.state_dict()
+    stripped = ""
     for prefix in WRAPPER_PREFIXES:
         if state and all(k.startswith(prefix) for k in state) and not any(
             k.startswith(prefix) for k in expected
         ):
             state = {k[len(prefix):]: v for k, v in state.items()}
+            stripped += prefix
     where = f"pretrained_path {os.fspath(path)!r} does not fit {type(target).__name__}"
     origin: dict[str, str] = {}
+    layout = "the model's own"
     if any(k in expected for k in OWN_KEYS):  # our ViT: released DINOv2 / DINOv3 layouts
         try:
             state, layout, origin = to_vit_layout(state, target)
@@ -145,8 +153,10 @@ def load_pretrained(target: nn.Module, path: str | os.PathLike) -> None:
             raise ValueError(f"{where}: {err}") from err
         if layout not in ("ours", "unknown"):
             where += f" (the file has the {layout} layout)"
-    state = {k: v for k, v in state.items()
-             if k in expected or k.split(".", 1)[0] not in CLASSIFIER_NAMES}
+        layout = {"ours": "the model's own", "unknown": "the model's own"}.get(layout, layout)
+    ignored = [k for k in state
+               if k not in expected and k.split(".", 1)[0] in CLASSIFIER_NAMES]
+    state = {k: v for k, v in state.items() if k not in ignored}
     key, missing, unexpected = state_differences(expected, state)
     if key is not None:
         raise ValueError(
@@ -162,6 +172,16 @@ def load_pretrained(target: nn.Module, path: str | os.PathLike) -> None:
             f"{_fix((missing or unexpected)[0])}"
         )
     target.load_state_dict(state)
+    count = sum(v.numel() for v in state.values())
+    values = f"{count / 1e6:.2f}M" if count >= 10_000 else str(count)
+    line = (f"pretrained_path {os.fspath(path)!r}: loaded {len(state)} tensors "
+            f"({values} values) into {type(target).__name__}, {layout} layout"
+            + (f", prefix {stripped!r} removed" if stripped else "")
+            + (f", {len(ignored)} classifier tensors ignored ({', '.join(ignored[:4])}"
+               + (", ..." if len(ignored) > 4 else "") + ")" if ignored else "")
+            + "; 0 missing and 0 unexpected keys")
+    rank_zero_info(line)
+    return line
 
 
 def _named(key: str, origin: Mapping[str, str]) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol, cast
 
-import pytorch_lightning as pl
 from torch import Tensor, nn
 
 from ssl_lightning import distributed
+from ssl_lightning._lightning import pl
 
 
 class TokenBackbone(Protocol):

@@ -129,6 +129,26 @@ def sincos_position_embedding(grid: int, dim: int, temperature: float = 10000.0)
     return torch.cat([out_w.sin(), out_w.cos(), out_h.sin(), out_h.cos()], dim=1).float()
 
 
+def patch_size_error(height: int, width: int, patch: int, training: bool) -> ValueError:
+    """The error for images whose sides are not multiples of ``patch``: the images' source (the
+    training views in train mode, the evaluation transform in eval mode), the settings that
+    change their size, the nearest valid sizes and the patch sizes that would fit."""
+    nearest = []
+    for side in sorted({height, width}):
+        below, above = side // patch * patch, -(-side // patch) * patch
+        nearest.append(f"{side} -> " + (f"{above}" if below == 0 else f"{below} or {above}"))
+    fitting = [p for p in range(2, 33) if height % p == 0 and width % p == 0]
+    source = ("the training views (the data module's train_transform: crop_size of SimCLRViews "
+              "and the other views, global_size and local_size of MultiCropViews)" if training
+              else "the evaluation transform (the data module's eval_transform: crop_size and "
+              "resize_size of EvalTransform; crop_size of LinearEvalTransform)")
+    return ValueError(
+        f"Image size ({height}, {width}) is not a multiple of the ViT's patch_size {patch}. "
+        f"The images come from {source}: set those sizes to a multiple of {patch} (nearest "
+        f"valid sizes: {', '.join(nearest)}), or choose a patch_size that divides them"
+        + (f" ({', '.join(map(str, fitting))})." if fitting else "."))
+
+
 class ViT(nn.Module):
     """Vision Transformer; ``forward`` returns the final-LayerNorm [CLS] token (B, embed_dim),
     or the mean of the patch tokens with ``pool="mean"`` (I-JEPA's evaluation features).
@@ -325,9 +345,7 @@ class ViT(nn.Module):
                 attention (AIM, :func:`prefix_causal_mask`); None (default): bidirectional.
         """
         if x.shape[-1] % self.patch_size or x.shape[-2] % self.patch_size:
-            raise ValueError(
-                f"Image size {tuple(x.shape[-2:])} is not a multiple of patch {self.patch_size}."
-            )
+            raise patch_size_error(x.shape[-2], x.shape[-1], self.patch_size, self.training)
         patches = self.patch_embed(x)
         grid_h, grid_w = patches.shape[-2:]
         tokens = patches.flatten(2).transpose(1, 2)

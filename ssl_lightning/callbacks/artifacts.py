@@ -13,10 +13,7 @@ import os
 import re
 from typing import Any
 
-import pytorch_lightning as pl
-from pytorch_lightning.cli import SaveConfigCallback
-from pytorch_lightning.loggers import MLFlowLogger, WandbLogger
-
+from ssl_lightning._lightning import MLFlowLogger, SaveConfigCallback, WandbLogger, pl
 from ssl_lightning.io import atomic_open, run_directory
 
 

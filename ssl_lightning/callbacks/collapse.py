@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 import warnings
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.callbacks.features import ValFeatureCollector
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pytorch_lightning as pl
 from torch import nn
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.optim import cosine_ramp, schedule_position
 from ssl_lightning.training.ema import BufferPolicy, Schedule, ema_update_, momentum_teacher
 

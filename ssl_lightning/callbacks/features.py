@@ -11,10 +11,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.callbacks.knn import gather_variable, padding_mask, val_sampler
 from ssl_lightning.distributed import world_size
 

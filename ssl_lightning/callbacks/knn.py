@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.distributed import (
     all_gather_no_grad,
     all_reduce_mean_no_grad,

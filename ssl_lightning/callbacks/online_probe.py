@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
+from ssl_lightning._lightning import pl, rank_zero_warn
 from ssl_lightning.callbacks.knn import gather_variable, padding_mask, val_sampler
 from ssl_lightning.callbacks.probe_grid import LinearHeads, format_grid, probe_grid
 from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size

@@ -32,12 +32,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from lightning_fabric.plugins.environments import SLURMEnvironment
-from pytorch_lightning.callbacks import ModelCheckpoint
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
-from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from ssl_lightning._lightning import (
+    ModelCheckpoint,
+    SIGTERMException,
+    SLURMEnvironment,
+    pl,
+    rank_zero_info,
+    rank_zero_warn,
+)
 
 #: Exit status of a run stopped by SIGTERM (or the requeue signal) and not requeued.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM

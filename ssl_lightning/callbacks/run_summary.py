@@ -8,10 +8,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
-
+from ssl_lightning._lightning import ModelCheckpoint, pl
 from ssl_lightning.io import run_directory
+from ssl_lightning.io.results import results_record, update_best, write_results
 
 #: Metrics reported at the end of fit, in this order, when the run logged them.
 REPORTED_METRICS = ("val/knn_top1", "val/probe_top1", "val/top1", "train/loss")
@@ -26,13 +25,15 @@ class RunSummary(pl.Callback):
     epoch it continues from. End (of a finished fit): final and best kNN / probe top-1, the
     checkpoint paths, the exported backbone (a callback's ``exported_backbone`` path, e.g.
     :class:`~ssl_lightning.evaluation.ExportBackbone`'s) and the commands to resume and to
-    evaluate.
+    evaluate. With a logger, it then writes ``results.json`` in the run directory
+    (:mod:`ssl_lightning.io.results`, read by ``python -m ssl_lightning compare``).
     """
 
     def __init__(self) -> None:
         self.lines_at_start: list[str] = []
         self.lines_at_end: list[str] = []
         self._run_dir: str | None = None
+        self._best: dict[str, float] = {}  # metric -> best value at a validation end
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._run_dir = run_directory(trainer)  # a broadcast under DDP: read on every rank
@@ -40,6 +41,10 @@ class RunSummary(pl.Callback):
             return
         self.lines_at_start = start_lines(trainer, pl_module, self._run_dir)
         print("\n".join(self.lines_at_start), flush=True)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            update_best(self._best, trainer.callback_metrics)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """After every callback's ``on_fit_end`` (so the exported backbone exists); Lightning
@@ -50,6 +55,9 @@ class RunSummary(pl.Callback):
         pretraining = hasattr(pl_module, "forward_views")  # an SSLMethod, not an evaluation
         self.lines_at_end = end_lines(trainer, self._run_dir, suggest_evaluation=pretraining)
         print("\n".join(self.lines_at_end), flush=True)
+        if trainer.loggers:  # a run directory of its own, not the working directory
+            write_results(self._run_dir,
+                          results_record(trainer, pl_module, self._run_dir, self._best))
 
 
 def start_lines(trainer: pl.Trainer, module: pl.LightningModule, run_dir: str | None) -> list[str]:

@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
-
+from ssl_lightning._lightning import NAMESPACE, NAMESPACE_VARIABLE, pl
 from ssl_lightning.callbacks.artifacts import RunConfigSaver
 from ssl_lightning.cli.app import SSLLightningCLI
 from ssl_lightning.cli.errors import CLIError, debug_mode
+from ssl_lightning.cli.quiet import quiet_known_warnings
 from ssl_lightning.data.datasets import CorruptImageError
 
 __all__ = ["SSLLightningCLI", "main", "resolve_config_names"]
@@ -29,8 +29,9 @@ __all__ = ["SSLLightningCLI", "main", "resolve_config_names"]
 #: The command name in usage lines and advice (the same with the ``ssl-lightning`` script).
 PROG = "python -m ssl_lightning"
 
-#: A ``--config`` value that may name a shipped config: a bare name, with or without ``.yaml``.
-_CONFIG_NAME = re.compile(r"[\w-]+(?:\.ya?ml)?")
+#: A ``--config`` value that may name a shipped config or shared piece (``simclr``,
+#: ``shared/fsdp``), with or without ``.yaml``.
+_CONFIG_NAME = re.compile(r"(?:shared/)?[\w-]+(?:\.ya?ml)?")
 #: A ``--config`` value meant as a file (not a config given inline as text).
 _CONFIG_FILE = re.compile(r"[^\n{}\[\]]+\.(?:ya?ml|json)")
 
@@ -44,16 +45,20 @@ def _shipped_config(value: str) -> str:
     is_name = _CONFIG_NAME.fullmatch(value) is not None
     if Path(value).exists() or not (is_name or _CONFIG_FILE.fullmatch(value)):
         return value
-    shipped = [p.stem for p in commands.shipped_configs()]
-    name = Path(value).stem
-    if is_name and name in shipped:
-        return str(commands.CONFIGS_DIR / f"{name}.yaml")
-    close = [name] if name in shipped else difflib.get_close_matches(name, shipped, n=1,
-                                                                     cutoff=0.6)
+    names = commands.config_names()
+    shipped = [name for name in names if not name.startswith("shared/")]
+    pieces = [name for name in names if name.startswith("shared/")]
+    name = re.sub(r"\.ya?ml$", "", value) if is_name else Path(value).stem
+    if is_name and name in names:
+        return str(names[name])
+    close = [c for c in (name, f"shared/{name}") if c in names][:1] or \
+        difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
     suggestion = f" Did you mean {close[0]!r}?" if close else ""
     sys.stderr.write(f"error: --config {value!r}: no such file in {Path.cwd()}, nor a shipped "
                      f"config of that name.{suggestion} Shipped configs "
-                     f"({commands.CONFIGS_DIR}): {', '.join(shipped) or 'none'}.\n")
+                     f"({commands.CONFIGS_DIR}): {', '.join(shipped) or 'none'}."
+                     + (f" Pieces to compose after one: {', '.join(pieces)}." if pieces else "")
+                     + "\n")
     raise SystemExit(2)
 
 
@@ -93,6 +98,12 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
     import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
     from ssl_lightning.commands import EXTRA_COMMANDS, project_description
 
+    quiet_known_warnings()
+    if NAMESPACE != "pytorch_lightning":  # the shipped configs name pytorch_lightning classes
+        sys.stderr.write(f"error: the command line runs on pytorch_lightning, and "
+                         f"{NAMESPACE_VARIABLE}={NAMESPACE}: unset it (the Python API works "
+                         "under either namespace; docs/configs.md)\n")
+        raise SystemExit(2)
     argv = sys.argv[1:] if args is None else list(args)
     if run and argv and argv[0] in EXTRA_COMMANDS:
         return EXTRA_COMMANDS[argv[0]](argv[1:])

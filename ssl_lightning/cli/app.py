@@ -18,13 +18,18 @@ from operator import or_
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
-from pytorch_lightning.accelerators import CPUAccelerator
-from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
-from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
-from pytorch_lightning.utilities import rank_zero_info
 from torch import nn
 
+from ssl_lightning._lightning import (
+    CPUAccelerator,
+    LearningRateMonitor,
+    LightningArgumentParser,
+    LightningCLI,
+    ModelCheckpoint,
+    ProgressBar,
+    pl,
+    rank_zero_info,
+)
 from ssl_lightning.backbones.spec import (
     SPEC_ATTRIBUTE,
     backbone_spec,

@@ -19,14 +19,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-import pytorch_lightning as pl
 from jsonargparse import ArgumentParser
-from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.cli import LightningArgumentParser
-from pytorch_lightning.loops import training_epoch_loop
 from torch import nn
 from torch.multiprocessing.spawn import ProcessRaisedException
 
+from ssl_lightning._lightning import (
+    PACKAGE,
+    LightningArgumentParser,
+    MisconfigurationException,
+    pl,
+    training_epoch_loop,
+)
+from ssl_lightning._lightning import callbacks as lightning_callbacks
 from ssl_lightning.cli.help import ModuleHelpFormatter
 
 
@@ -61,9 +65,7 @@ def _backbones() -> list[str]:
 
 
 def _lightning_callbacks() -> list[str]:
-    import pytorch_lightning.callbacks as callbacks
-
-    return [f"pytorch_lightning.callbacks.{n}" for n in callbacks.__all__ if n != "Callback"]
+    return [f"{PACKAGE}.callbacks.{n}" for n in lightning_callbacks.__all__ if n != "Callback"]
 
 
 #: Parser key (its last part) -> (what the names are, listed names, more names to match, hint).
@@ -76,7 +78,7 @@ _KINDS: dict[str, tuple[str, Callable[[], list[str]], Callable[[], list[str]], s
                  "or a torchvision model such as torchvision.models.resnet50, or the import "
                  "path of any nn.Module"),
     "callbacks": ("callbacks", lambda: _public_classes(pl.Callback), _lightning_callbacks,
-                  "or pytorch_lightning.callbacks.<Name>, or the import path of any Callback"),
+                  f"or {PACKAGE}.callbacks.<Name>, or the import path of any Callback"),
 }
 
 
@@ -97,6 +99,8 @@ _UNKNOWN_CLASS = (
     re.compile(r"module '([\w.]+)' has no attribute '(\w+)'"),
 )
 _PARSER_KEY = re.compile(r'Parser key "([\w.]+)"')
+#: The key jsonargparse puts before a line's own message (``Parser key "config": File ...``).
+_PARSER_KEY_PREFIX = re.compile(r'^Parser key "[\w.]+":\s*')
 
 
 def _unknown_class(message: str) -> str | None:
@@ -205,15 +209,16 @@ def clean_parser_message(message: str, parser: Any = None) -> str:
         return unknown
     lines: list[str] = []
     for line in message.splitlines():
-        text = line.strip().removeprefix("- ")
+        text = _PARSER_KEY_PREFIX.sub("", line.strip().removeprefix("- "))
         if not text or text.startswith(_BOILERPLATE) or text in lines:
             continue
         if text.startswith("Given value:") and ("Namespace(" in text or "NestedArg(" in text
                                                 or len(text) > 120):
             continue
-        lines.append(text)
+        lines.append(text.replace("Given value:", "Got value:", 1))
     keys = _PARSER_KEY.findall(message)
-    return f"--{'.'.join(keys)}: {' '.join(lines)}" if keys else " ".join(lines)
+    text = " ".join(lines) or "the value was refused (JSONARGPARSE_DEBUG=true shows why)"
+    return f"--{'.'.join(keys)}: {text}" if keys else text
 
 
 class ReadableArgumentParser(LightningArgumentParser):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ssl_lightning.commands import shipped_configs
+from ssl_lightning.commands import shared_config_pieces, shipped_configs
 
 OUR_BACKBONES = {
     "ResNet": "ResNet-18/34/50/... with an optional CIFAR stem (--model.backbone ResNet "
@@ -48,7 +48,9 @@ def first_comment(path: Path) -> str:
 
 
 def config_rows() -> list[tuple[str, str]]:
-    return [(path.name, f"{model}: {first_comment(path)}") for path, model in config_models()]
+    rows = [(path.name, f"{model}: {first_comment(path)}") for path, model in config_models()]
+    return rows + [(f"shared/{path.name}", f"piece: {first_comment(path)}")
+                   for path in shared_config_pieces()]
 
 
 def backbone_rows(pattern: str | None) -> list[tuple[str, str]]:

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
+from ssl_lightning._lightning import rank_zero_warn
 from ssl_lightning.cli.errors import CLIError
 from ssl_lightning.deprecation import rename_hyperparameters, rename_state_keys
 from ssl_lightning.evaluation.checkpoint import load_checkpoint

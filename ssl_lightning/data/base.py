@@ -13,12 +13,11 @@ import os
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ssl_lightning._lightning import pl, rank_zero_warn
 from ssl_lightning.data.checks import (
     balanced_order,
     check_eval_classes,

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 from PIL import Image
-from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import Dataset, Subset
+
+from ssl_lightning._lightning import rank_zero_warn
 
 
 def _base(dataset: Dataset) -> Dataset:

@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import Dataset
 from torchvision import datasets
 
+from ssl_lightning._lightning import rank_zero_info, rank_zero_warn
 from ssl_lightning.data.base import SSLDataModule
 from ssl_lightning.data.datasets import ImageFolderDataset
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform

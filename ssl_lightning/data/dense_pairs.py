@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.data.dense_layouts import (
     IGNORE_INDEX,
     DepthLayout,

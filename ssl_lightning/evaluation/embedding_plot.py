@@ -13,11 +13,10 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loggers import TensorBoardLogger
 from torch import Tensor
 
+from ssl_lightning._lightning import TensorBoardLogger, pl
 from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.callbacks.features import ValFeatureCollector
 from ssl_lightning.evaluation.projection import ProjectionName, check_projection, project_2d

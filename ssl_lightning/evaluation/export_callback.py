@@ -14,10 +14,10 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.backbones import backbone_spec
 from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.data.preprocessing import preprocessing_record

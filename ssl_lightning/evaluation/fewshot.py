@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import math
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.callbacks.knn import gather_variable, knn_predict_grid, val_sampler
 from ssl_lightning.evaluation.checkpoint import (
     DEFAULT_PREFIX,

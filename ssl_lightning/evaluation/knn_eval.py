@@ -11,9 +11,9 @@ module attaches itself, so the offline number is computed by exactly the code th
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.callbacks.knn import KNNCallback
 from ssl_lightning.evaluation.checkpoint import (
     DEFAULT_PREFIX,

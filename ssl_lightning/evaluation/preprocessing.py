@@ -8,8 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pytorch_lightning.utilities import rank_zero_only, rank_zero_warn
-
+from ssl_lightning._lightning import rank_zero_only, rank_zero_warn
 from ssl_lightning.backbones.checkpoint import load_checkpoint
 from ssl_lightning.data.checks import train_view_size
 from ssl_lightning.data.preprocessing import (

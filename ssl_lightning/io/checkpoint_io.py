@@ -17,10 +17,8 @@ import os
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
-from lightning_fabric.plugins import CheckpointIO, TorchCheckpointIO
-from lightning_fabric.utilities.cloud_io import get_filesystem
-from lightning_fabric.utilities.types import _PATH
 
+from ssl_lightning._lightning import _PATH, CheckpointIO, TorchCheckpointIO, get_filesystem
 from ssl_lightning.io.atomic import atomic_torch_save
 
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytorch_lightning as pl
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from ssl_lightning._lightning import CSVLogger, TensorBoardLogger, pl
 
 
 def local_run_directory(trainer: pl.Trainer) -> str:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 
-import pytorch_lightning as pl
 from filelock import FileLock, Timeout
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.io.run_directory import run_directory
 
 #: Name of the lock file in the run directory.

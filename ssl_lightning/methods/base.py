@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, cast
 
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import rank_zero_warn
 from ssl_lightning.backbones import backbone_spec, feature_dim
+from ssl_lightning.backbones.recorded import checkpoint_source, recorded_backbone
 from ssl_lightning.data.preprocessing import PREPROCESSING_KEY, preprocessing_record
 from ssl_lightning.deprecation import rename_hyperparameters
 from ssl_lightning.distributed import (
@@ -30,7 +31,6 @@ from ssl_lightning.distributed import (
     rank,
 )
 from ssl_lightning.heads import build_mlp
-from ssl_lightning.backbones.recorded import checkpoint_source, recorded_backbone
 from ssl_lightning.optim import (
     LRScaling,
     OptimizerName,

@@ -31,10 +31,9 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.utilities import rank_zero_info
-from pytorch_lightning.utilities.seed import isolate_rng
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import isolate_rng, rank_zero_info
 from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.clustering import DatasetBank
 from ssl_lightning.data.seeding import sample_indices, sample_seed

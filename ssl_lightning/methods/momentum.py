@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.callbacks.ema import EMACallback
 from ssl_lightning.deprecation import rename_state_keys_hook
 from ssl_lightning.methods.base import SSLMethod

@@ -24,7 +24,8 @@ from ssl_lightning.training.support_set import NearestNeighbourSupport
     paper=Paper("With a Little Help from My "
                 "Friends: Nearest-Neighbor Contrastive Learning of Visual Representations",
                 2021, "2104.14548"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/losses/test_nearest_neighbour_losses.py",
+    family="non-contrastive", views=TWO_VIEWS,
+    tests="tests/losses/test_nearest_neighbour_losses.py",
     small=lambda backbone, **kw: NNBYOL(backbone, projection_hidden_dim=16, projection_dim=8,
                                         head_batch_norm=False, momentum_base=0.9, queue_size=16,
                                         **kw),

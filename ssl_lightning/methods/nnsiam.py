@@ -23,7 +23,8 @@ from ssl_lightning.training.support_set import NearestNeighbourSupport
     paper=Paper("With a Little Help from My "
                 "Friends: Nearest-Neighbor Contrastive Learning of Visual Representations",
                 2021, "2104.14548"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/losses/test_nearest_neighbour_losses.py",
+    family="non-contrastive", views=TWO_VIEWS,
+    tests="tests/losses/test_nearest_neighbour_losses.py",
     small=lambda backbone, **kw: NNSiam(backbone, projection_hidden_dim=16, projection_dim=16,
                                         predictor_hidden_dim=8, head_batch_norm=False,
                                         queue_size=16, **kw),

@@ -10,10 +10,10 @@ sees non-finite weights and the last good checkpoint is never overwritten.
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.sharding import is_sharded, local_tensor
 
 ADVICE = (

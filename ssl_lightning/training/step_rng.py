@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.data.seeding import mix64
 from ssl_lightning.training.sample_rng import SampleKeys
 

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.data.seeding import EpochSampler
 
 

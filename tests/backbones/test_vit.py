@@ -111,7 +111,7 @@ def test_invalid_arguments_raise(kwargs):
 
 
 def test_rejects_image_not_multiple_of_patch():
-    with pytest.raises(ValueError, match="multiple of patch"):
+    with pytest.raises(ValueError, match="not a multiple of the ViT.s patch_size"):
         tiny_vit()(torch.randn(1, 3, 20, 20))
 
 
@@ -150,3 +150,19 @@ def test_forward_tokens_mask_token_and_registers() -> None:
     with pytest.raises(ValueError, match="mask_token=True"):
         ViT(depth=1, embed_dim=32, num_heads=2).forward_tokens(x, mask=mask)
     assert "register_tokens" not in ViT(depth=1, embed_dim=32, num_heads=2).state_dict()
+
+
+def test_a_patch_size_mismatch_names_the_transform_the_settings_and_valid_sizes() -> None:
+    vit = ViT("tiny", image_size=28, patch_size=14, embed_dim=8, depth=1, num_heads=2)
+    images = torch.zeros(1, 3, 32, 32)
+    with pytest.raises(ValueError) as training:
+        vit.train()(images)
+    message = str(training.value)
+    assert message.startswith("Image size (32, 32) is not a multiple of the ViT's patch_size 14.")
+    assert "train_transform: crop_size of SimCLRViews" in message
+    assert "global_size and local_size of MultiCropViews" in message
+    assert "(nearest valid sizes: 32 -> 28 or 42)" in message
+    assert message.endswith("choose a patch_size that divides them (2, 4, 8, 16, 32).")
+    with pytest.raises(ValueError, match=r"eval_transform: crop_size and resize_size of "
+                                         r"EvalTransform.*30 -> 28 or 42, 45 -> 42 or 56"):
+        vit.eval()(torch.zeros(1, 3, 30, 45))

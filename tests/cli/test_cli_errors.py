@@ -257,3 +257,20 @@ def test_our_error_re_raised_from_a_loader_worker_is_its_own_message() -> None:
     assert "Original Traceback" not in str(raised.value)  # CorruptImageError drops it itself
     assert run_error_message(raised.value) == (
         "CorruptImageError: Cannot decode image 'a.jpg': truncated file.")
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--trainer.max_steps", "abc"),  # int
+    ("--model.temperature", "abc"),  # float
+    ("--trainer.enable_checkpointing", "maybe"),  # bool
+    ("--config", "no/such/file"),  # path
+    ("--model.betas", "[0.9, x]"),  # list / tuple
+    ("--model.backbone", "NoSuchNet"),  # class path
+    ("--trainer.callbacks", "NoSuchCallback"),  # list of class paths
+])
+def test_every_option_kind_refuses_a_malformed_value_by_name(fit, capsys, option,
+                                                             value) -> None:
+    err = _stderr(capsys, fit, option, value, code=2).splitlines()[0]
+    named = re.match(r"error: (\S+): (.*)", err)
+    assert named is not None and named.group(1) == option, err
+    assert len(named.group(2).strip()) > 10, err

@@ -87,3 +87,28 @@ def test_every_listing_of_configs_reads_one_folder(monkeypatch, tmp_path: Path) 
     assert method_names() == ["mine"]
     assert f"Configs ({shipped}): linear.yaml, mine.yaml." in commands.project_description()
     assert resolve_config_names(["fit", "--config", "mine"])[2] == str(shipped / "mine.yaml")
+
+
+@pytest.mark.parametrize("piece", ["fsdp", "streaming"])
+def test_a_shared_piece_is_named_from_any_folder(elsewhere, capsys, piece) -> None:
+    path = commands.CONFIGS_DIR / "shared" / f"{piece}.yaml"
+    assert resolve_config_names(["fit", "--config", "simclr", "--config", f"shared/{piece}",
+                                 f"--config=shared/{piece}.yaml"])[4:] == [
+        str(path), f"--config={path}"]
+    expected = _printed_config(capsys, "--config", "simclr", "--config", str(path))
+    assert _printed_config(capsys, "--config", "simclr", "--config", f"shared/{piece}") == expected
+
+
+def test_a_piece_named_without_its_folder_is_suggested(elsewhere, capsys) -> None:
+    with pytest.raises(SystemExit):
+        resolve_config_names(["fit", "--config", "fsdp"])
+    err = capsys.readouterr().err
+    assert "Did you mean 'shared/fsdp'?" in err and "shared/streaming" in err
+
+
+def test_list_configs_lists_the_shared_pieces(capsys) -> None:
+    from ssl_lightning.cli.listing import config_rows
+
+    names = [name for name, _ in config_rows()]
+    assert {"shared/fsdp.yaml", "shared/streaming.yaml"} <= set(names)
+    assert "shared/pretrain_callbacks.yaml" not in names  # the value of trainer.callbacks

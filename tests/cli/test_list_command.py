@@ -33,8 +33,10 @@ def test_methods_lists_every_method_with_its_config() -> None:
 
 def test_configs_lists_every_shipped_config() -> None:
     rows = dict(main(["list", "configs"]))
-    assert set(rows) == {path.name for path in (ROOT / "configs").glob("*.yaml")}
+    assert set(rows) == {path.name for path in (ROOT / "configs").glob("*.yaml")} | {
+        "shared/fsdp.yaml", "shared/streaming.yaml"}
     assert rows["linear.yaml"].startswith("LinearEval: ")
+    assert rows["shared/fsdp.yaml"].startswith("piece: Sharded (FSDP2) training")
 
 
 def test_backbones_filter_reaches_torchvision_and_timm() -> None:

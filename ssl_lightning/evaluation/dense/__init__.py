@@ -1,6 +1,7 @@
 """Dense probes of a frozen backbone's patch features (``forward_dense``): linear semantic
 segmentation and linear depth (DINOv2/DINOv3's protocols) and dense kNN segmentation (the
-Hummingbird protocol), also online during pre-training (``DenseKNNProbe``); data from :mod:`ssl_lightning.data.dense_pairs`. See docs/evaluation.md.
+Hummingbird protocol), also online during pre-training (``DenseKNNProbe``); data from
+:mod:`ssl_lightning.data.dense_pairs`. See docs/evaluation.md.
 """
 
 from ssl_lightning.evaluation.dense.depth_linear import DepthLinearProbe

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.backbones.dense import dense_features
 from ssl_lightning.callbacks.knn import padding_mask, val_sampler
 from ssl_lightning.evaluation.checkpoint import backbone_from_checkpoint, resolve_checkpoint

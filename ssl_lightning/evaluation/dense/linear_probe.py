@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.evaluation.dense.frozen import (
     frozen_backbone,
     patch_features,

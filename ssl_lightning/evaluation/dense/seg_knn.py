@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.callbacks.knn import gather_variable
 from ssl_lightning.data.dense_layouts import IGNORE_INDEX
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX
