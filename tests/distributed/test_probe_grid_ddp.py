@@ -108,7 +108,7 @@ def test_probe_grids_on_two_processes_equal_one_process() -> None:
     single = _fit(1, Subset(_data(), ddp_global_order(SAMPLES, WORLD, BATCH)), BATCH * WORLD)
     metrics = _validate(1)
     assert len(metrics) == 2 * 6 + 2 + 2 * 2 * 3  # kNN pairs, knn_top1/5, few-shot means/stds
-    for rank, rank_metrics in ranks:
+    for _rank, rank_metrics in ranks:
         assert rank_metrics == pytest.approx(metrics, abs=1e-9)
     assert len(single["linear_metrics"]) == 16 + 3  # every head's top-1; the best's 3 metrics
     for rank, _ in ranks:
