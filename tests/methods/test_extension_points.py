@@ -137,13 +137,14 @@ def _help_entries(out: str) -> dict[str, str]:
     for line in out.splitlines():
         if line.startswith("  --"):
             option, _, text = line.strip().partition(" ")
+            option = option.rstrip(",")  # a list argument: "--model.x, --model.x+"
             entries[option] = text
         elif option and line.startswith("    "):
             entries[option] += " " + line.strip()
     return {option: " ".join(text.split()) for option, text in entries.items()}
 
 
-@pytest.mark.parametrize("method", ["DINOv2", "SimCLR", "BYOL"])
+@pytest.mark.parametrize("method", ["DINOv2", "DINOv3", "SimCLR", "BYOL"])
 def test_model_help_is_short_and_names_every_argument(
     method: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
