@@ -237,7 +237,6 @@ class DINO(MomentumMethod):
             elif isinstance(module, RotaryPositionEmbedding):  # DINOv3: nor RoPE augmentation
                 module.shift, module.jitter, module.rescale = 0.0, 1.0, 1.0
         self.teacher_head = momentum_teacher(self.head)
-        self.criterion = self.build_criterion()
         self.patch_head: DINOHead | None = None
         self.teacher_patch_head: nn.Module | None = None
         if patch_distillation:

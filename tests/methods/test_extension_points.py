@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -51,6 +52,28 @@ def test_dcl_and_ibot_build_their_loss_through_the_hook() -> None:
                 centering="sinkhorn", sinkhorn_iterations=5)
     assert isinstance(ibot.criterion, DINOLoss)
     assert (ibot.criterion.centering, ibot.criterion.sinkhorn_iterations) == ("sinkhorn", 5)
+
+
+def test_the_base_class_builds_the_criterion_after_every_init() -> None:
+    class WeightedSimCLR(SimCLR):
+        def __init__(self, backbone: nn.Module, loss_weight: float = 2.0, **kwargs: Any) -> None:
+            super().__init__(backbone, **kwargs)
+            self.loss_weight = loss_weight  # set after SimCLR's __init__, read by the hook
+
+        def build_criterion(self) -> nn.Module:
+            return LossTimes(self.loss_weight)
+
+    model = WeightedSimCLR(SmallConvNet(widths=WIDTHS), projection_hidden_dim=8,
+                           projection_dim=4, loss_weight=3.0)
+    assert isinstance(model.criterion, LossTimes) and model.criterion.weight == 3.0
+
+
+class LossTimes(nn.Module):
+    """A stand-in loss module holding a weight."""
+
+    def __init__(self, weight: float) -> None:
+        super().__init__()
+        self.weight = weight
 
 
 def test_no_method_assigns_its_criterion_but_through_the_hook() -> None:
