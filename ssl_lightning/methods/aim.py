@@ -95,7 +95,6 @@ class AIM(SSLMethod):
         self.patch_size, self.num_prefix_tokens = vit.patch_size, vit.num_prefix_tokens
         self.head = build_mlp(self.feature_dim, head_hidden_dim, self.patch_size ** 2 * 3,
                               head_layers, batch_norm=False, activation=nn.GELU)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return AIMLoss(self.hparams["norm_pix_loss"])

@@ -120,7 +120,6 @@ class All4One(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.support_set = NearestNeighbourSupport(queue_size, projection_dim)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         hp = self.hparams

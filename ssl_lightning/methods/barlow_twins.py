@@ -74,7 +74,6 @@ class BarlowTwins(SSLMethod):
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm,
             last_bias=False)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return BarlowTwinsLoss(self.hparams["lambda_offdiag"])

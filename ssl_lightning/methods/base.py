@@ -62,7 +62,21 @@ Batch = tuple[Sequence[Tensor], Tensor] | tuple[Sequence[Tensor], Tensor, Tensor
 INJECTED_HEADS = ("projector", "predictor", "expander")
 
 
-class SSLMethod(SeededSteps):
+class _BuildsCriterion(type):
+    """Metaclass of :class:`SSLMethod`: once the whole constructor chain has run (heads,
+    teachers and every subclass's attributes are set), set ``criterion`` from
+    :meth:`SSLMethod.build_criterion` unless a constructor set it (or the method has none)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        method = super().__call__(*args, **kwargs)
+        if "criterion" not in method._modules:
+            criterion = method.build_criterion()
+            if criterion is not None:
+                method.criterion = criterion
+        return method
+
+
+class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
     """Base class of all methods.
 
     Training batches are ``(views, targets)``: a list of view tensors (B, C, H, W) and integer
@@ -210,11 +224,12 @@ class SSLMethod(SeededSteps):
                                             hparams_file, strict, **kwargs)
 
     # ----------------------------------------------------------------- to implement / override
-    def build_criterion(self) -> nn.Module:
-        """The loss module, from the hyperparameters (``self.hparams``, which hold the arguments
-        of every class in the chain). The method's ``__init__`` sets ``self.criterion`` from it
-        after building the heads; a subclass changes the loss by overriding this hook alone."""
-        raise NotImplementedError(f"{type(self).__name__} must implement build_criterion().")
+    def build_criterion(self) -> nn.Module | None:
+        """The loss module, from the method's hyperparameters. The base class sets
+        ``self.criterion`` from it after the whole constructor chain has run (so it may read
+        what any ``__init__`` set); a subclass changes the loss by overriding this hook alone.
+        None (the default): the method has no loss module."""
+        return None
 
     def training_loss(self, views: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """Return ``(loss, features)``: the scalar loss of this rank and the backbone features

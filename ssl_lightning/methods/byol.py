@@ -73,7 +73,6 @@ class BYOL(MomentumMethod):
         ), projection_dim, projection_dim, "projection_dim")
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return BYOLLoss()

@@ -118,7 +118,6 @@ class DeepClusterV2(SSLMethod):
         ), self.feature_dim, projection_dim, "projection_dim")
         self.prototypes = nn.ModuleList(SwAVPrototypes(projection_dim, k)
                                         for k in num_prototypes)
-        self.criterion = self.build_criterion()
         self.bank = DatasetBank(CROPS_FOR_ASSIGN, projection_dim, seed=kmeans_seed)
         self.register_buffer("assignments", torch.zeros(len(num_prototypes), 0,
                                                         dtype=torch.long))

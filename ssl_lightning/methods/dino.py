@@ -1,17 +1,30 @@
-"""DINO: Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021.
+"""DINO and its family: one self-distillation module whose loss terms are switched by arguments.
 
-Student (backbone + :class:`DINOHead`) sees all multi-crop views, the EMA teacher only the 2
-global ones (Algorithm 1); :class:`DINOLoss` compares them with a centred, sharpened teacher.
-The recipe details of the paper's code are arguments: teacher temperature warm-up (per epoch),
-last layer frozen during the first epoch(s), per-parameter gradient clipping (or DINOv2's clip of
-each module's gradient norm), teacher momentum 0.996 → 1 (cosine, through :class:`EMACallback`);
-the cosine weight-decay schedule (0.04 → 0.4) is :class:`SSLMethod`'s ``weight_decay_end``.
+DINO (Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021):
+the student (backbone + :class:`DINOHead`) sees all multi-crop views, the EMA teacher only the 2
+global ones (Algorithm 1); :class:`DINOLoss` compares them with a centred (or Sinkhorn-Knopp),
+sharpened teacher. The other members of the family are the same module with more terms on, as
+in DINOv3's ``SSLMetaArch``, where each loss is an option of one class:
+
+- ``patch_distillation``: iBOT's masked-patch loss (:class:`IBOTPatchLoss`; the student's global
+  crops are block-masked; iBOT++ with ``patch_visible_weight``), see :mod:`.ibot`;
+- ``koleo_weight``: DINOv2's KoLeo regulariser on the student's [CLS] features, see :mod:`.dinov2`;
+- ``gram_anchoring``: DINOv3's Gram loss against a Gram teacher, see :mod:`.dinov3`.
+
+:class:`~ssl_lightning.methods.IBOT`, :class:`~ssl_lightning.methods.DINOv2` and
+:class:`~ssl_lightning.methods.DINOv3` are presets: subclasses of :class:`DINO` that only change
+defaults. The recipe details of the papers' code are arguments: teacher temperature warm-up (per
+epoch), last layer frozen during the first epoch(s), per-parameter gradient clipping (or DINOv2's
+clip of each module's gradient norm), teacher momentum 0.996 → 1 (cosine, through
+:class:`EMACallback`); the cosine weight-decay schedule (0.04 → 0.4) is :class:`SSLMethod`'s
+``weight_decay_end``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -20,13 +33,27 @@ from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.backbones.rope import RotaryPositionEmbedding
 from ssl_lightning.backbones.vit import DropPath
 from ssl_lightning.heads import DINOHead
-from ssl_lightning.losses import DINOLoss
+from ssl_lightning.losses import DINOLoss, GramLoss, IBOTPatchLoss, KoLeoLoss
+from ssl_lightning.losses.centering import Centering
+from ssl_lightning.losses.gram import ClampNegatives
+from ssl_lightning.masking import BlockMasking
+from ssl_lightning.methods.dino_arguments import (
+    ClipMode,
+    GramTokens,
+    KoLeoScope,
+    check_dino_arguments,
+)
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
-from ssl_lightning.optim import epoch_linspace
+from ssl_lightning.optim import cosine_ramp, epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
+from ssl_lightning.training.grad_cache import whole_batch_draw
+from ssl_lightning.training.gram_teacher import GramTeacher
+from ssl_lightning.training.mixed_resolution import MixedResolution
+from ssl_lightning.training.sample_rng import active_keys
+from ssl_lightning.training.step_rng import step_seed
 
-ClipMode = Literal["per_parameter", "per_module"]
+__all__ = ["DINO", "ClipMode", "GramTokens", "KoLeoScope"]
 
 
 @register_method(
@@ -38,11 +65,16 @@ ClipMode = Literal["per_parameter", "per_module"]
                                       warmup_teacher_temperature_epochs=0, **kw),
 )
 class DINO(MomentumMethod):
-    """DINO self-distillation with multi-crop.
+    """DINO self-distillation with multi-crop, and the terms of iBOT, DINOv2 and DINOv3.
 
     Training batches hold ``[global_1, global_2, local_1, ...]`` views
     (:class:`~ssl_lightning.data.multicrop.MultiCropViews`); the number of local crops V is set
-    there.
+    there. With ``patch_distillation`` the backbone must be a :class:`~ssl_lightning.backbones.ViT`
+    built with ``mask_token=True``; masks are drawn per sample from the sample's key (batches
+    with sample seeds, :mod:`~ssl_lightning.training.sample_rng`), else from torch's RNG
+    reseeded per ``(rng_seed, epoch, batch index, rank)``. With ``gram_anchoring`` the views are
+    ``[global_1, global_2, local_1 … local_V]`` and, optionally, two Gram-teacher crops of the
+    global crops at a higher resolution (:class:`~ssl_lightning.data.gram_crops.GramCropViews`).
 
     Args:
         backbone: Feature extractor (ViT or ResNet; see :class:`SSLMethod`).
@@ -57,12 +89,64 @@ class DINO(MomentumMethod):
         warmup_teacher_temperature_epochs: Epochs of the linear τ_t warm-up (30 for ViT-S/300 ep):
             ``linspace(warm-up value, final, epochs)``, the final value reached in the last.
         center_momentum: Momentum of the centre EMA (0.9).
-        freeze_last_layer_epochs: Epochs during which the head's last layer is not updated (1).
+        centering: ``"center"`` (EMA centres, DINO and iBOT) or ``"sinkhorn"`` (DINOv2) for the
+            [CLS] and patch losses.
+        sinkhorn_iterations: Sinkhorn-Knopp rounds (3).
+        freeze_last_layer_epochs: Epochs during which the heads' last layers are not updated (1).
         clip_grad: Gradient-norm clip (3.0), or None for no clipping.
         clip_grad_mode: ``"per_parameter"``: each parameter's gradient norm (DINO's code);
             ``"per_module"``: the norm of all gradients of each trainable module (backbone,
             head, iBOT head) together (DINOv2's code).
         momentum_base: Teacher EMA momentum at step 0 (0.996), cosine to ``momentum_end`` (1).
+        num_local_crops: Local crops the data must provide (checked before training and at
+            every step); None: any number.
+        patch_distillation: iBOT's masked-patch loss (:class:`IBOT`): the student's global crops
+            are block-masked and predict, at every masked patch, the teacher's patch
+            distribution of the unmasked crop. Off: DINO's [CLS] loss alone.
+        patch_out_dim: Prototypes of the patch head (None: ``head_out_dim``; must equal it with
+            a shared head).
+        shared_head: Use the [CLS] head for the patch tokens too (iBOT) or a separate head
+            of the same widths (DINOv2).
+        patch_hidden_dim: Hidden width of the separate patch head (None: ``head_hidden_dim``;
+            DINOv3: 4096 beside the [CLS] head's 8192).
+        patch_bottleneck_dim: Bottleneck of the separate patch head (None:
+            ``head_bottleneck_dim``; DINOv3: 384 beside 512).
+        patch_student_temperature: τ_s of the patch loss (0.1).
+        patch_teacher_temperature: Final τ_t of the patch loss (0.07) ...
+        warmup_patch_teacher_temperature: ... warmed up from this value (0.04) over
+            ``warmup_teacher_temperature_epochs``, like the [CLS] τ_t.
+        patch_center_momentum: Momentum of the patch centre (0.9).
+        patch_loss_weight: λ of the patch loss (1.0).
+        patch_visible_weight: iBOT++ visible-patch weight (0: iBOT).
+        mask_ratio: Range of the per-image mask ratio ((0.1, 0.5)).
+        mask_probability: Fraction of global-crop images that are masked (0.5).
+        mask_min_patches: Smallest masking rectangle in patches (4).
+        mask_ratio_stratified: DINOv2's ratios: of the step's global-crop images,
+            ``int(n · mask_probability)`` are masked, with ratios from consecutive equal slices
+            of ``mask_ratio`` in a random order drawn from the step seed (the same on every
+            rank; docs/ibot_dinov2.md). False: each image is masked with ``mask_probability``
+            and a uniform ratio (iBOT).
+        koleo_weight: Weight of DINOv2's KoLeo term on the student's L2-normalised [CLS]
+            backbone features of each global crop (DINOv2: 0.1); 0 disables it.
+        koleo_scope: ``"global"`` (neighbours among all ranks' samples: N processes equal one)
+            or ``"local"`` (each rank's own batch, like the official code).
+        gram_anchoring: DINOv3's Gram anchoring (:class:`DINOv3`): a Gram teacher (a snapshot
+            of the EMA teacher) and :class:`~ssl_lightning.losses.GramLoss` on the student's
+            patch tokens; needs ``patch_distillation`` and ``num_local_crops``.
+        gram_weight: Weight of the Gram loss once ramped up (2.0 in the Gram stage, 1.5 in
+            the high-resolution stage); 0 switches the loss off.
+        gram_start_step: Optimiser step of the first Gram-teacher snapshot; the Gram loss is
+            off before it.
+        gram_refresh_every: Steps between Gram-teacher refreshes (10,000); 0: never.
+        gram_max_refreshes: Most refreshes (3); None: no limit.
+        gram_weight_ramp_steps: Steps of the cosine ramp 0 → ``gram_weight`` after the start.
+        gram_tokens: Patches in the Gram matrices: ``"all"`` (DINOv3), ``"masked"`` or
+            ``"unmasked"`` (by the student's iBOT mask).
+        gram_clamp_negatives: ``"none"`` (DINOv3), ``"both"`` or ``"teacher"``.
+        mixed_resolution_sizes: ``[global, local, gram]`` crop sides, one set drawn per step
+            (DINOv3's high-resolution stage, :class:`~ssl_lightning.training.mixed_resolution.
+            MixedResolution`); needs ``num_local_crops``; None: the data's sizes.
+        mixed_resolution_ratios: Frequency of each set (default: equal).
         **kwargs: Other arguments of :class:`MomentumMethod` / :class:`SSLMethod`, e.g.
             ``weight_decay_end`` (the paper's 0.04 → 0.4 cosine schedule with AdamW).
     """
@@ -82,27 +166,68 @@ class DINO(MomentumMethod):
         warmup_teacher_temperature: float = 0.04,
         warmup_teacher_temperature_epochs: int = 30,
         center_momentum: float = 0.9,
+        centering: Centering = "center",
+        sinkhorn_iterations: int = 3,
         freeze_last_layer_epochs: int = 1,
         clip_grad: float | None = 3.0,
         clip_grad_mode: ClipMode = "per_parameter",
         momentum_base: float = 0.996,
+        num_local_crops: int | None = None,
+        patch_distillation: bool = False,
+        patch_out_dim: int | None = None,
+        shared_head: bool = True,
+        patch_hidden_dim: int | None = None,
+        patch_bottleneck_dim: int | None = None,
+        patch_student_temperature: float = 0.1,
+        patch_teacher_temperature: float = 0.07,
+        warmup_patch_teacher_temperature: float = 0.04,
+        patch_center_momentum: float = 0.9,
+        patch_loss_weight: float = 1.0,
+        patch_visible_weight: float = 0.0,
+        mask_ratio: tuple[float, float] = (0.1, 0.5),
+        mask_probability: float = 0.5,
+        mask_min_patches: int = 4,
+        mask_ratio_stratified: bool = False,
+        koleo_weight: float = 0.0,
+        koleo_scope: KoLeoScope = "global",
+        gram_anchoring: bool = False,
+        gram_weight: float = 2.0,
+        gram_start_step: int = 0,
+        gram_refresh_every: int = 10000,
+        gram_max_refreshes: int | None = 3,
+        gram_weight_ramp_steps: int = 0,
+        gram_tokens: GramTokens = "all",
+        gram_clamp_negatives: ClampNegatives = "none",
+        mixed_resolution_sizes: list[list[int]] | None = None,
+        mixed_resolution_ratios: list[float] | None = None,
         **kwargs: Any,
     ) -> None:
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "backbone", "kwargs",
+                                                                    "__class__")}
+        check_dino_arguments(type(self).__name__, backbone, {**arguments, **kwargs},
+                             {n: p.default for n, p in _SIGNATURE.parameters.items()})
+        mixed = (None if mixed_resolution_sizes is None else MixedResolution(  # before the heads
+            mixed_resolution_sizes, mixed_resolution_ratios,
+            patch_size=getattr(backbone, "patch_size", None)))
         super().__init__(backbone, momentum_base=momentum_base, **kwargs)
-        for name, value in (("teacher_temperature", teacher_temperature),
-                            ("warmup_teacher_temperature", warmup_teacher_temperature)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}.")
-        for name, value in (("warmup_teacher_temperature_epochs",
-                             warmup_teacher_temperature_epochs),
-                            ("freeze_last_layer_epochs", freeze_last_layer_epochs)):
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}.")
-        if clip_grad is not None and not clip_grad > 0:
-            raise ValueError(f"clip_grad must be > 0 or None, got {clip_grad}.")
-        if clip_grad_mode not in ("per_parameter", "per_module"):
-            raise ValueError(f"clip_grad_mode must be 'per_parameter' or 'per_module', got "
-                             f"{clip_grad_mode!r}.")
+        self.head_out_dim, self.student_temperature = head_out_dim, student_temperature
+        self.center_momentum = center_momentum
+        self.centering, self.sinkhorn_iterations = centering, sinkhorn_iterations
+        self.teacher_temperatures = (warmup_teacher_temperature, teacher_temperature)
+        self.warmup_teacher_temperature_epochs = warmup_teacher_temperature_epochs
+        self.freeze_last_layer_epochs = freeze_last_layer_epochs
+        self.clip_grad, self.clip_grad_mode = clip_grad, clip_grad_mode
+        self.num_local_crops = num_local_crops
+        self.patch_distillation = patch_distillation
+        self.patch_teacher_temperatures = (warmup_patch_teacher_temperature,
+                                           patch_teacher_temperature)
+        self.patch_loss_weight = patch_loss_weight
+        self.mask_ratio_stratified = mask_ratio_stratified
+        self.koleo_weight, self.koleo_scope = koleo_weight, koleo_scope
+        self.gram_anchoring, self.gram_tokens = gram_anchoring, gram_tokens
+        self.gram_weight_max, self.gram_start_step = gram_weight, gram_start_step
+        self.gram_weight_ramp_steps = gram_weight_ramp_steps
+
         self.head = DINOHead(self.feature_dim, head_out_dim, head_hidden_dim, head_bottleneck_dim,
                              batch_norm=head_batch_norm, norm_last_layer=norm_last_layer)
         self.teacher_backbone = momentum_teacher(self.backbone)
@@ -112,46 +237,227 @@ class DINO(MomentumMethod):
             elif isinstance(module, RotaryPositionEmbedding):  # DINOv3: nor RoPE augmentation
                 module.shift, module.jitter, module.rescale = 0.0, 1.0, 1.0
         self.teacher_head = momentum_teacher(self.head)
-        self.criterion = self.build_criterion()
+        self.patch_head: DINOHead | None = None
+        self.teacher_patch_head: nn.Module | None = None
+        if patch_distillation:
+            self.masking = BlockMasking(mask_ratio, mask_probability, mask_min_patches)
+            patch_dim = patch_out_dim or head_out_dim
+            if not shared_head:
+                self.patch_head = DINOHead(self.feature_dim, patch_dim,
+                                           patch_hidden_dim or head_hidden_dim,
+                                           patch_bottleneck_dim or head_bottleneck_dim,
+                                           norm_last_layer=norm_last_layer)
+                self.teacher_patch_head = momentum_teacher(self.patch_head)
+            self.patch_criterion = IBOTPatchLoss(patch_dim, patch_student_temperature,
+                                                 patch_center_momentum, centering,
+                                                 sinkhorn_iterations, patch_visible_weight)
+        self.koleo = KoLeoLoss() if koleo_weight > 0 else None
+        self.mixed_resolution = mixed
+        self.step_sizes: tuple[int, int, int] | None = None
+        self.gram_teacher: GramTeacher | None = None
+        if gram_anchoring:
+            self.gram_loss = GramLoss(clamp_negatives=gram_clamp_negatives)
+            self.gram_teacher = GramTeacher(self.teacher_backbone, gram_start_step,
+                                            gram_refresh_every, gram_max_refreshes)
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return DINOLoss(hp["head_out_dim"], hp["student_temperature"], hp["center_momentum"])
+        """DINO's [CLS] loss with this method's ``centering`` (centre or Sinkhorn)."""
+        return DINOLoss(self.head_out_dim, self.student_temperature, self.center_momentum,
+                        self.centering, self.sinkhorn_iterations)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        return [(self.backbone, self.teacher_backbone), (self.head, self.teacher_head)]
+        pairs = [(self.backbone, self.teacher_backbone), (self.head, self.teacher_head)]
+        if self.patch_head is not None and self.teacher_patch_head is not None:
+            pairs.append((self.patch_head, self.teacher_patch_head))
+        return pairs
 
+    def trainable_modules(self) -> list[nn.Module]:
+        return [m for m in super().trainable_modules() if m is not self.gram_teacher]
+
+    # --------------------------------------------------------------------------- schedules
     def teacher_temperature(self, epoch: int) -> float:
         """τ_t of ``epoch``: the official per-epoch linear space from the warm-up value to the
         final one over ``warmup_teacher_temperature_epochs``, then constant."""
-        hp = self.hparams
-        return epoch_linspace(epoch, hp["warmup_teacher_temperature_epochs"],
-                              hp["warmup_teacher_temperature"], hp["teacher_temperature"])
+        return epoch_linspace(epoch, self.warmup_teacher_temperature_epochs,
+                              *self.teacher_temperatures)
+
+    def patch_teacher_temperature(self, epoch: int) -> float:
+        """Patch τ_t of ``epoch``: the [CLS] warm-up schedule between the patch values."""
+        return epoch_linspace(epoch, self.warmup_teacher_temperature_epochs,
+                              *self.patch_teacher_temperatures)
+
+    def gram_weight(self, step: int) -> float:
+        """Weight of the Gram loss at optimiser step ``step``: 0 without Gram anchoring or
+        before ``gram_start_step``, then a cosine ramp to ``gram_weight`` over
+        ``gram_weight_ramp_steps``."""
+        start, ramp = self.gram_start_step, self.gram_weight_ramp_steps
+        if not self.gram_anchoring or step < start:
+            return 0.0
+        if ramp == 0:
+            return self.gram_weight_max
+        return cosine_ramp(step - start, ramp, 0.0, self.gram_weight_max)
+
+    def refresh_gram_teacher(self, step: int) -> bool:
+        """Snapshot the EMA teacher into the Gram teacher if ``step`` is on its schedule."""
+        return self.gram_teacher is not None and self.gram_teacher.refresh(
+            step, self.teacher_backbone)
+
+    # ------------------------------------------------------------------------------ forward
+    def draw_masks(self, batch: int, grid: tuple[int, int]) -> Tensor:
+        """Block masks (B, 2, grid_h · grid_w) for the two global crops: from each sample's key
+        inside a keyed forward, else from torch's RNG (stratified over this rank's batch; once
+        for the whole batch under gradient caching)."""
+        keys, stratified = active_keys(), self.mask_ratio_stratified
+        if keys is None:
+            def draw(n: int) -> Tensor:
+                order = torch.randperm(2 * n) if stratified else None
+                masks = self.masking(2 * n, grid, order=order, total=2 * n)
+                return masks.view(2, n, -1).transpose(0, 1)
+
+            return whole_batch_draw("ibot_masks", batch, draw)
+        seeds = torch.cat([keys.streams(crop) for crop in range(2)]).cpu()
+        order = keys.global_order(2, stream=0).flatten() if stratified else None
+        masks = self.masking(2 * batch, grid, seeds, order, 2 * keys.global_batch)
+        return masks.view(2, batch, -1).transpose(0, 1)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        gram_crops: Sequence[Tensor] = ()
+        if self.gram_anchoring:
+            n_views = 2 + int(self.num_local_crops or 0)
+            if len(views) not in (n_views, n_views + 2):
+                raise ValueError(f"{type(self).__name__} needs 2 global + {n_views - 2} local "
+                                 f"views (+ 2 Gram-teacher crops), got {len(views)} views.")
+        if self.step_sizes is not None:
+            views = MixedResolution.resize(views, int(self.num_local_crops or 0), self.step_sizes)
+        if self.gram_anchoring:
+            views, gram_crops = views[:n_views], views[n_views:]
+        if not self.patch_distillation:
+            return self.forward_cls(views)
+        outputs = self.forward_masked(views)
+        if self.gram_weight(self.global_step) > 0:
+            patch = cast(Any, self.backbone).patch_size
+            grid = (views[0].shape[-2] // patch, views[0].shape[-1] // patch)
+            outputs["gram_teacher_patches"] = torch.stack(  # (B, 2, N, D), per sample
+                [self.gram_teacher.patch_features(c, grid)  # type: ignore[union-attr]
+                 for c in (gram_crops or views[:2])], dim=1)
+        return outputs
+
+    def forward_cls(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        """DINO's forward: the student on every view, the teacher on the 2 global ones."""
         if len(views) < 2:
             raise ValueError(f"DINO needs 2 global views (+ local views), got {len(views)}.")
+        self.check_view_count(views)
         batch = views[0].shape[0]
         with torch.no_grad():
             teacher_out = self.teacher_head(forward_by_resolution(self.teacher_backbone, views[:2]))
         features = forward_by_resolution(self.backbone, views)
         student_out = self.head(features)
-        return {"student": list(student_out.chunk(len(views))),
-                "teacher": list(teacher_out.chunk(2)), "features": features[:batch]}
+        outputs = {"student": list(student_out.chunk(len(views))),
+                   "teacher": list(teacher_out.chunk(2)), "features": features[:batch]}
+        if self.koleo is not None:
+            outputs["global_features"] = features[:2 * batch].unflatten(0, (2, batch)
+                                                                        ).transpose(0, 1)
+        return outputs
 
+    def check_view_count(self, views: Sequence[Tensor]) -> None:
+        """``ValueError`` when the views are not 2 global + ``num_local_crops`` local ones."""
+        expected = self.num_local_crops
+        if len(views) < 2 or (expected is not None and len(views) != 2 + expected):
+            want = "2 global + any number of local" if expected is None else f"2 + {expected}"
+            raise ValueError(f"{type(self).__name__} needs {want} views, got {len(views)}.")
+
+    def forward_masked(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        """iBOT's forward: the student on its block-masked global crops (tokens) and the local
+        crops, the teacher on the unmasked global crops; outputs per sample (B, V, ...)."""
+        self.check_view_count(views)
+        if views[0].shape != views[1].shape:
+            raise ValueError(f"The 2 global views must have one shape, got "
+                             f"{tuple(views[0].shape)} and {tuple(views[1].shape)}.")
+        vit: Any = self.backbone
+        batch, patch, prefix = views[0].shape[0], vit.patch_size, vit.num_prefix_tokens
+        crops = torch.cat(list(views[:2]))
+        grid = (crops.shape[-2] // patch, crops.shape[-1] // patch)
+        masks = self.draw_masks(batch, grid).to(crops.device)
+        tokens = vit.forward_tokens(crops, mask=masks.transpose(0, 1).flatten(0, 1))
+        student_cls = self.head(tokens[:, 0])
+        if len(views) > 2:
+            local = self.head(forward_by_resolution(self.backbone, views[2:]))
+            student_cls = torch.cat([student_cls, local])
+        student_patch = (self.patch_head or self.head)(tokens[:, prefix:])
+        with torch.no_grad():
+            teacher_tokens = self.teacher_backbone.forward_tokens(crops)  # type: ignore[operator]
+            teacher_cls = self.teacher_head(teacher_tokens[:, 0])
+            teacher_patch = (self.teacher_patch_head or self.teacher_head)(
+                teacher_tokens[:, prefix:])
+
+        def per_sample(x: Tensor) -> Tensor:  # (V·B, ...) view-major -> (B, V, ...)
+            return x.unflatten(0, (-1, batch)).transpose(0, 1)
+
+        return {"student_cls": per_sample(student_cls), "teacher_cls": per_sample(teacher_cls),
+                "student_patch": per_sample(student_patch),
+                "teacher_patch": per_sample(teacher_patch), "masks": masks,
+                "patch_tokens": per_sample(tokens[:, prefix:]),
+                "global_features": per_sample(tokens[:, 0]), "features": tokens[:batch, 0]}
+
+    # --------------------------------------------------------------------------------- loss
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
-        temperature = self.teacher_temperature(self.current_epoch)
-        loss = self.criterion(outputs["student"], outputs["teacher"], temperature)
-        if self._trainer is not None:
-            self.log("train/teacher_temperature", temperature, on_step=False, on_epoch=True)
+        """The [CLS] loss, plus each term that is on: patch, KoLeo, Gram."""
+        epoch = self.current_epoch
+        if not self.patch_distillation:
+            temperature = self.teacher_temperature(epoch)
+            loss = self.criterion(outputs["student"], outputs["teacher"], temperature)
+            if self._trainer is not None:
+                self.log("train/teacher_temperature", temperature, on_step=False, on_epoch=True)
+        else:
+            cls_loss = self.criterion(outputs["student_cls"].unbind(1),
+                                      outputs["teacher_cls"].unbind(1),
+                                      self.teacher_temperature(epoch))
+            patch_loss = self.patch_criterion(outputs["student_patch"], outputs["teacher_patch"],
+                                              outputs["masks"],
+                                              self.patch_teacher_temperature(epoch))
+            self.log_terms(cls_loss=cls_loss, patch_loss=patch_loss,
+                           mask_ratio=outputs["masks"].float().mean(),
+                           teacher_temperature=self.teacher_temperature(epoch))
+            loss = cls_loss + self.patch_loss_weight * patch_loss
+        if self.koleo_weight != 0:
+            koleo = self.koleo_loss(outputs["global_features"])
+            self.log_terms(koleo=koleo)
+            loss = loss + self.koleo_weight * koleo
+        weight = self.gram_weight(self.global_step)
+        if weight != 0:
+            tokens = self.gram_tokens
+            masks = outputs["masks"].flatten(0, 1)
+            token_mask = None if tokens == "all" else masks if tokens == "masked" else ~masks
+            gram = self.gram_loss(outputs["patch_tokens"].flatten(0, 1),
+                                  outputs["gram_teacher_patches"].flatten(0, 1), token_mask)
+            self.log_terms(gram_loss=gram, gram_weight=weight)
+            loss = loss + weight * gram
         return loss
+
+    def koleo_loss(self, global_features: Tensor) -> Tensor:
+        """Sum over the global crops of KoLeo on the student [CLS] features (B, 2, D)."""
+        assert self.koleo is not None
+        total = global_features.new_zeros(())
+        for local in global_features.unbind(1):
+            if self.koleo_scope == "global":
+                total = total + self.koleo(local, self.gather(local),
+                                           self.rank_offset(local.shape[0]))
+            else:
+                total = total + self.koleo(local)
+        return total
+
+    def log_terms(self, **terms: Tensor | float) -> None:
+        """Log ``train/<name>`` epoch means (when a trainer is attached)."""
+        if self._trainer is not None:
+            for key, value in terms.items():
+                self.log(f"train/{key}", value, on_step=False, on_epoch=True)
 
     # ------------------------------------------------------------- optimiser-step adjustments
     def adjust_gradients_(self, epoch: int) -> None:
-        """Clip the gradients (``clip_grad_mode``), then drop the last layer's gradients while
-        it is frozen."""
-        clip = self.hparams["clip_grad"]
-        if clip is not None and self.hparams["clip_grad_mode"] == "per_module":
+        """Clip the gradients (``clip_grad_mode``), then drop the last layers' gradients while
+        they are frozen."""
+        clip = self.clip_grad
+        if clip is not None and self.clip_grad_mode == "per_module":
             for module in self.trainable_modules():
                 grads = [p for p in module.parameters() if p.requires_grad and p.grad is not None]
                 if grads:
@@ -161,9 +467,10 @@ class DINO(MomentumMethod):
                 if p.grad is not None:
                     scale = clip / (torch.linalg.vector_norm(p.grad) + 1e-6)
                     p.grad.mul_(scale.clamp(max=1.0))
-        if epoch < self.hparams["freeze_last_layer_epochs"]:
-            for p in self.head.last_layer_parameters():
-                p.grad = None  # skipped by the optimiser: no momentum, no weight decay
+        if epoch < self.freeze_last_layer_epochs:
+            for head in (self.head, self.patch_head):
+                for p in head.last_layer_parameters() if head is not None else ():
+                    p.grad = None  # skipped by the optimiser: no momentum, no weight decay
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for m in self.trainable_modules() for p in m.parameters() if p.requires_grad]
@@ -171,3 +478,30 @@ class DINO(MomentumMethod):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.adjust_gradients_(self.current_epoch)
         super().on_before_optimizer_step(optimizer)  # the weight-decay schedule
+
+    # ------------------------------------------------------------------------ Lightning hooks
+    def on_fit_start(self) -> None:
+        """Fail before the first step when the data module's crops do not match
+        ``num_local_crops`` or are smaller than the mixed-resolution sizes."""
+        super().on_fit_start()
+        transform = getattr(getattr(self.trainer, "datamodule", None), "train_transform", None)
+        expected, actual = self.num_local_crops, getattr(transform, "num_local_crops", None)
+        if expected is not None and actual is not None and actual != expected:
+            raise ValueError(f"{type(self).__name__} expects num_local_crops={expected} but the "
+                             f"data's train_transform makes {actual}; set them equal.")
+        if self.mixed_resolution is not None and transform is not None:
+            self.mixed_resolution.check_crops([getattr(transform, f"{n}_size", None)
+                                               for n in ("global", "local", "gram")])
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Reseed (see :class:`SSLMethod`), then refresh the Gram teacher on its schedule (the
+        EMA update of the previous step is done and ``global_step`` counts it), and draw the
+        step's mixed-resolution sizes."""
+        super().on_train_batch_start(batch, batch_idx)
+        self.refresh_gram_teacher(self.global_step)
+        if self.mixed_resolution is not None:
+            seed = step_seed(self.rng_seed, self.current_epoch, batch_idx, 0)  # rank-free
+            self.step_sizes = self.mixed_resolution.draw(seed)
+
+
+_SIGNATURE = inspect.signature(DINO.__init__)

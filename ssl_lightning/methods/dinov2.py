@@ -12,20 +12,21 @@ et al., "Vision Transformers Need Registers", ICLR 2024) come from the backbone:
 KoLeo's nearest neighbours are searched over the batch gathered from all ranks (``koleo_scope=
 "global"``: N processes equal one process with the global batch); ``"local"`` searches each
 rank's own batch like the official code, which makes the loss depend on the number of GPUs.
+
+:class:`DINOv2` is a preset of :class:`~ssl_lightning.methods.DINO`: the terms and their arguments
+are documented there.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-from ssl_lightning.losses import KoLeoLoss
 from ssl_lightning.losses.centering import Centering
-from ssl_lightning.methods.ibot import IBOT
+from ssl_lightning.methods.dino import DINO
+from ssl_lightning.methods.dino_arguments import require_local_crops
 from ssl_lightning.methods.registry import Paper, register_method, small_vit
-
-KoLeoScope = Literal["global", "local"]
 
 
 @register_method(
@@ -39,68 +40,41 @@ KoLeoScope = Literal["global", "local"]
                                         warmup_teacher_temperature_epochs=0, shared_head=False,
                                         patch_out_dim=12, num_local_crops=1, image_size=8, **kw),
 )
-class DINOv2(IBOT):
-    """DINOv2 self-distillation: DINO + iBOT losses, Sinkhorn centring, KoLeo.
+class DINOv2(DINO):
+    """DINOv2 self-distillation: DINO + iBOT losses, Sinkhorn centring, KoLeo (a preset of
+    :class:`DINO`).
 
     Args:
         backbone: A ViT with ``mask_token=True`` (optionally ``num_registers``).
         head_out_dim: Prototypes of the [CLS] head (65536 in DINOv2).
-        patch_out_dim: Prototypes of the separate patch head (None: ``head_out_dim``).
+        patch_distillation: iBOT's masked-patch loss (on).
         shared_head: False (DINOv2's separate iBOT head); True shares the [CLS] head.
         centering: ``"sinkhorn"`` (DINOv2) or ``"center"`` (EMA centres).
         koleo_weight: Weight of the KoLeo term (0.1); 0 disables it.
-        koleo_scope: ``"global"`` (neighbours among all ranks' samples) or ``"local"``.
         num_local_crops: Local crops the data must provide (8 in DINOv2); None: any number.
         mask_ratio_stratified: True (DINOv2's stratified mask ratios over the global batch,
-            see :class:`IBOT`).
+            see :class:`DINO`).
         momentum_base: Teacher EMA momentum at step 0 (0.992 in DINOv2), cosine to 1.
-        **kwargs: Other arguments of :class:`IBOT` / :class:`~ssl_lightning.methods.DINO`.
+        **kwargs: Other arguments of :class:`DINO`.
     """
 
     def __init__(
         self,
         backbone: nn.Module,
         head_out_dim: int = 65536,
-        patch_out_dim: int | None = None,
+        patch_distillation: bool = True,
         shared_head: bool = False,
         centering: Centering = "sinkhorn",
         koleo_weight: float = 0.1,
-        koleo_scope: KoLeoScope = "global",
         num_local_crops: int | None = 8,
         mask_ratio_stratified: bool = True,
         momentum_base: float = 0.992,
         **kwargs: Any,
     ) -> None:
-        if koleo_weight < 0:
-            raise ValueError(f"koleo_weight must be >= 0, got {koleo_weight}.")
-        if koleo_scope not in ("global", "local"):
-            raise ValueError(f"koleo_scope must be 'global' or 'local', got {koleo_scope!r}.")
-        if num_local_crops is not None and num_local_crops < 1:
-            raise ValueError(f"DINOv2 trains with local crops: num_local_crops must be >= 1 "
-                             f"(or None), got {num_local_crops}.")
-        super().__init__(backbone, head_out_dim=head_out_dim, patch_out_dim=patch_out_dim,
-                         shared_head=shared_head, centering=centering,
+        require_local_crops(type(self).__name__, num_local_crops)
+        super().__init__(backbone, head_out_dim=head_out_dim,
+                         patch_distillation=patch_distillation, shared_head=shared_head,
+                         centering=centering, koleo_weight=koleo_weight,
                          num_local_crops=num_local_crops,
                          mask_ratio_stratified=mask_ratio_stratified,
                          momentum_base=momentum_base, **kwargs)
-        self.koleo = KoLeoLoss()
-
-    def koleo_loss(self, global_features: Tensor) -> Tensor:
-        """Sum over the global crops of KoLeo on the student [CLS] features (B, 2, D)."""
-        total = global_features.new_zeros(())
-        for local in global_features.unbind(1):
-            if self.hparams["koleo_scope"] == "global":
-                total = total + self.koleo(local, self.gather(local),
-                                           self.rank_offset(local.shape[0]))
-            else:
-                total = total + self.koleo(local)
-        return total
-
-    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
-        loss = super().loss_from_outputs(outputs)
-        weight = self.hparams["koleo_weight"]
-        if weight == 0:
-            return loss
-        koleo = self.koleo_loss(outputs["global_features"])
-        self.log_terms(koleo=koleo)
-        return loss + weight * koleo

@@ -58,7 +58,6 @@ class DirectCLR(SSLMethod):
         if not 1 <= loss_dim <= self.feature_dim:
             raise ValueError(f"DirectCLR loss_dim must be in [1, {self.feature_dim}] (the "
                              f"backbone's feature size), got {loss_dim}; lower it.")
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return NTXentLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])

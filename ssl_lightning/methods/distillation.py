@@ -135,7 +135,6 @@ class Distillation(SSLMethod):
         size, student_size = teacher_image_size or self.hparams["image_size"], \
             self.hparams["image_size"]
         teacher_dim = feature_dim(self.teacher, size)
-        self.criterion = self.build_criterion()
         if variant != "patch_mse":
             self.global_head = nn.Linear(self.feature_dim, teacher_dim)
             self.queue = FeatureQueue(queue_size, teacher_dim)

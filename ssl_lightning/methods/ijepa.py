@@ -124,7 +124,6 @@ class IJEPA(MomentumMethod):
         for module in self.teacher_backbone.modules():
             if isinstance(module, DropPath):  # the target encoder has no stochastic depth
                 module.drop_prob = 0.0
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return IJEPALoss(self.hparams["distance"])

@@ -78,7 +78,6 @@ class LeJEPA(SSLMethod):
         super().__init__(backbone, **kwargs)
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> LeJEPALoss:
         hp = self.hparams

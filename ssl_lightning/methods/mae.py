@@ -95,7 +95,6 @@ class MAE(SSLMethod):
         self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
         self.decoder = MaskedPredictor(self.feature_dim, self.patch_size ** 2 * 3, self.grid,
                                        decoder_dim, decoder_depth, decoder_heads)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return MAELoss(self.hparams["norm_pix_loss"])

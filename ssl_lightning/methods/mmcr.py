@@ -63,7 +63,6 @@ class MMCR(SSLMethod):
         super().__init__(backbone, **kwargs)
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> MMCRLoss:
         return MMCRLoss(self.hparams["lambda_views"])

@@ -98,7 +98,6 @@ class MoCoV2(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.queue = FeatureQueue(queue_size, projection_dim)
-        self.criterion = self.build_criterion()
         self.symmetric = symmetric
         self.shuffle_bn = shuffle_bn
         self.register_buffer("shuffle_step", torch.zeros((), dtype=torch.long))

@@ -84,7 +84,6 @@ class MoCoV3(MomentumMethod):
         ), projection_dim, projection_dim, "projection_dim")
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return MoCoV3Loss(self.hparams["temperature"])

@@ -127,7 +127,6 @@ class MSN(MomentumMethod):
             if isinstance(module, DropPath):  # the target encoder has no stochastic depth
                 module.drop_prob = 0.0
         self.teacher_projector = momentum_teacher(self.projector)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         hp = self.hparams

@@ -95,7 +95,6 @@ class NNCLR(SSLMethod):
             projection_dim, predictor_hidden_dim, projection_dim, batch_norm=head_batch_norm,
         ), projection_dim, projection_dim, "projection_dim")
         self.support_set = NearestNeighbourSupport(queue_size, projection_dim)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return NNCLRLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])

@@ -91,7 +91,6 @@ class ReSSL(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.queue = FeatureQueue(queue_size, projection_dim)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return ReSSLLoss(self.hparams["student_temperature"], self.hparams["teacher_temperature"])

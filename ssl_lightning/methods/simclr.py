@@ -86,7 +86,6 @@ class SimCLR(SSLMethod):
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         hp = self.hparams

@@ -89,7 +89,6 @@ class SimMIM(SSLMethod):
                              f"patch_size ({self.patch_size}).")
         self.masking = RandomUnitMasking(grid, unit // self.patch_size, mask_ratio)
         self.decoder = nn.Linear(self.feature_dim, self.patch_size ** 2 * 3)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return SimMIMLoss()

@@ -77,7 +77,6 @@ class SimSiam(SSLMethod):
         self.predictor = self.build_head("predictor", predictor, lambda: PredictionHead(
             projection_dim, predictor_hidden_dim, projection_dim, 2, batch_norm=head_batch_norm
         ), projection_dim, projection_dim, "projection_dim")
-        self.criterion = self.build_criterion()
         self.fixed_predictor_lr = fixed_predictor_lr
 
     def build_criterion(self) -> nn.Module:

@@ -71,7 +71,6 @@ class SupCon(SSLMethod):
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         return SupConLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])

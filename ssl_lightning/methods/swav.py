@@ -118,7 +118,6 @@ class SwAV(SSLMethod):
             batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
         self.prototypes = SwAVPrototypes(projection_dim, num_prototypes)
-        self.criterion = self.build_criterion()
         self.register_buffer("queue", torch.zeros(len(CROPS_FOR_ASSIGN), queue_size,
                                                   projection_dim))
         self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))

@@ -67,7 +67,6 @@ class TiCo(MomentumMethod):
         ), self.feature_dim, projection_dim, "projection_dim")
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> nn.Module:
         hp = self.hparams

@@ -81,7 +81,6 @@ class VICReg(SSLMethod):
         self.expander = self.build_head("expander", expander, lambda: self.default_expander(
             expander_hidden_dim, expander_dim, expander_layers, head_batch_norm,
         ), self.feature_dim, expander_dim, "expander_dim")
-        self.criterion = self.build_criterion()
 
     def default_expander(self, hidden_dim: int, out_dim: int, layers: int,
                          batch_norm: bool) -> nn.Module:

@@ -76,7 +76,6 @@ class WMSE(SSLMethod):
         self.min_global_batch = whitening_size
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
-        self.criterion = self.build_criterion()
 
     def build_criterion(self) -> WMSELoss:
         return WMSELoss(self.hparams["whitening_size"], self.hparams["whitening_eps"])

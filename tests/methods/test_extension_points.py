@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -51,6 +52,28 @@ def test_dcl_and_ibot_build_their_loss_through_the_hook() -> None:
                 centering="sinkhorn", sinkhorn_iterations=5)
     assert isinstance(ibot.criterion, DINOLoss)
     assert (ibot.criterion.centering, ibot.criterion.sinkhorn_iterations) == ("sinkhorn", 5)
+
+
+def test_the_base_class_builds_the_criterion_after_every_init() -> None:
+    class WeightedSimCLR(SimCLR):
+        def __init__(self, backbone: nn.Module, loss_weight: float = 2.0, **kwargs: Any) -> None:
+            super().__init__(backbone, **kwargs)
+            self.loss_weight = loss_weight  # set after SimCLR's __init__, read by the hook
+
+        def build_criterion(self) -> nn.Module:
+            return LossTimes(self.loss_weight)
+
+    model = WeightedSimCLR(SmallConvNet(widths=WIDTHS), projection_hidden_dim=8,
+                           projection_dim=4, loss_weight=3.0)
+    assert isinstance(model.criterion, LossTimes) and model.criterion.weight == 3.0
+
+
+class LossTimes(nn.Module):
+    """A stand-in loss module holding a weight."""
+
+    def __init__(self, weight: float) -> None:
+        super().__init__()
+        self.weight = weight
 
 
 def test_no_method_assigns_its_criterion_but_through_the_hook() -> None:
@@ -137,13 +160,14 @@ def _help_entries(out: str) -> dict[str, str]:
     for line in out.splitlines():
         if line.startswith("  --"):
             option, _, text = line.strip().partition(" ")
+            option = option.rstrip(",")  # a list argument: "--model.x, --model.x+"
             entries[option] = text
         elif option and line.startswith("    "):
             entries[option] += " " + line.strip()
     return {option: " ".join(text.split()) for option, text in entries.items()}
 
 
-@pytest.mark.parametrize("method", ["DINOv2", "SimCLR", "BYOL"])
+@pytest.mark.parametrize("method", ["DINOv2", "DINOv3", "SimCLR", "BYOL"])
 def test_model_help_is_short_and_names_every_argument(
     method: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

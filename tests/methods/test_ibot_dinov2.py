@@ -4,6 +4,8 @@ and exact resume (centres, teachers, schedules, masks, frozen last layers)."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -12,7 +14,7 @@ from multicrop_utils import multicrop_loader
 
 from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.data import MultiCropViews
-from ssl_lightning.methods import IBOT, DINOv2
+from ssl_lightning.methods import DINO, IBOT, DINOv2, DINOv3
 
 SMALL = dict(head_out_dim=32, head_hidden_dim=16, head_bottleneck_dim=8, optimizer="adamw",
              lr=1e-3, lr_scaling="none", warmup_epochs=0, weight_decay=0.04,
@@ -152,3 +154,34 @@ def test_exact_resume_centres_teachers_schedules_and_masks(tmp_path):
     assert full["patch_criterion.center"].abs().sum() > 0
     torch.manual_seed(0)
     assert not torch.equal(full["patch_head.last_layer_v"], make().patch_head.last_layer_v)
+
+
+@pytest.mark.parametrize("preset", [IBOT, DINOv2, DINOv3])
+def test_presets_are_dino_with_their_defaults(preset: type[DINO]) -> None:
+    """A preset is DINO with its defaults passed explicitly: the same modules, weights, loss."""
+    extra: dict = dict(num_local_crops=2)
+    if preset is DINOv3:
+        extra.update(patch_hidden_dim=12, patch_bottleneck_dim=6, patch_out_dim=24)
+    torch.manual_seed(0)
+    made = preset(tiny_vit(), **SMALL, **extra)
+    defaults = {name: parameter.default
+                for name, parameter in inspect.signature(preset.__init__).parameters.items()
+                if name not in ("self", "backbone", "kwargs") and name not in SMALL | extra}
+    torch.manual_seed(0)
+    plain = DINO(tiny_vit(), **SMALL, **extra, **defaults)
+    assert DINO in preset.__bases__ and type(plain) is DINO
+    made.refresh_gram_teacher(0), plain.refresh_gram_teacher(0)  # DINOv3's first snapshot
+    assert made.state_dict().keys() == plain.state_dict().keys()
+    for key, value in made.state_dict().items():
+        assert torch.equal(value, plain.state_dict()[key]), key
+    torch.manual_seed(1)
+    loss = made.training_loss(views())[0]
+    torch.manual_seed(1)
+    assert torch.equal(loss, plain.training_loss(views())[0])
+
+
+def test_an_argument_of_a_switched_off_term_is_refused() -> None:
+    with pytest.raises(ValueError, match="mask_ratio only apply with patch_distillation=True"):
+        DINO(tiny_vit(), **SMALL, mask_ratio=(0.2, 0.4))
+    with pytest.raises(ValueError, match="gram_weight only apply with gram_anchoring=True"):
+        DINOv2(tiny_vit(), **SMALL, gram_weight=1.0)
