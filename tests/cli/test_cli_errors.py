@@ -97,7 +97,8 @@ def test_unknown_class_path_suggests_the_closest_name(fit, capsys, args, suggest
      "Arguments of ModelCheckpoint: "),
     (["--seed_everythin", "3"],
      "unknown argument 'seed_everythin'. Did you mean 'seed_everything'?",
-     "Arguments of fit: ckpt_path, config, data, model, print_config, resume_in_place, seed_everything, "),
+     "Arguments of fit: ckpt_path, config, data, model, print_config, resume_in_place, "
+     "seed_everything, "),
 ])
 def test_an_unknown_argument_suggests_the_closest_one(fit, capsys, args, message,
                                                       listed) -> None:
