@@ -45,6 +45,14 @@ def test_the_layout_page_names_every_command() -> None:
     assert listed == set(EXTRA_COMMANDS), (listed, sorted(EXTRA_COMMANDS))
 
 
+def test_the_layout_page_names_every_test_folder() -> None:
+    entry = paragraph(ROOT / "docs" / "layout.md", "tests/  ")
+    listed = set(re.findall(r"\b([a-z_]+)/", entry))
+    folders = {path.name for path in (ROOT / "tests").iterdir()
+               if path.is_dir() and path.name != "__pycache__" and not path.name.startswith(".")}
+    assert folders <= listed, f"docs/layout.md's tests/ entry lacks {sorted(folders - listed)}"
+
+
 def test_the_help_text_names_every_command() -> None:
     commands = project_description().partition("Commands: ")[2]
     missing = [name for name in EXTRA_COMMANDS if not re.search(rf"\b{name} \(`", commands)]
