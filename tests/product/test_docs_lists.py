@@ -1,16 +1,19 @@
 """The lists the docs keep by hand agree with the lists of the code: the commands (the CLI's
-subcommand map, :data:`ssl_lightning.commands.EXTRA_COMMANDS`) and the shipped configs
-(``configs/``). The lists of methods are checked against the registry in
-``tests/methods/test_registry.py`` (the README row, the docs sections) and in
-``tests/product/test_docs_messages.py`` (the unknown-method message); the other pages name no
-full list of methods, they point to ``python -m ssl_lightning list methods``."""
+subcommand map, :data:`ssl_lightning.commands.EXTRA_COMMANDS`), the shipped configs
+(``configs/``), the test folders and the data modules' shared arguments. The lists of methods
+are checked against the registry in ``tests/methods/test_registry.py`` (the README row, the
+docs sections) and in ``tests/product/test_docs_messages.py`` (the unknown-method message); the
+other pages name no full list of methods, they point to ``python -m ssl_lightning list
+methods``."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
 from ssl_lightning.commands import EXTRA_COMMANDS, project_description
+from ssl_lightning.data.base import SSLDataModule
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
@@ -51,6 +54,13 @@ def test_the_layout_page_names_every_test_folder() -> None:
     folders = {path.name for path in (ROOT / "tests").iterdir()
                if path.is_dir() and path.name != "__pycache__" and not path.name.startswith(".")}
     assert folders <= listed, f"docs/layout.md's tests/ entry lacks {sorted(folders - listed)}"
+
+
+def test_the_configs_page_names_every_shared_data_argument() -> None:
+    text = paragraph(ROOT / "docs" / "configs.md", "Arguments shared by all (`SSLDataModule`)")
+    arguments = set(inspect.signature(SSLDataModule.__init__).parameters) - {"self"}
+    missing = sorted(name for name in arguments if f"`{name}`" not in text)
+    assert not missing, f"docs/configs.md's SSLDataModule arguments lack {missing}"
 
 
 def test_the_help_text_names_every_command() -> None:
