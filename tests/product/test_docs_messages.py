@@ -12,7 +12,9 @@ the text the code produces, which the static check cannot see (the names a messa
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
+import io
 import re
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 
+from ssl_lightning.cli import resolve_config_names
 from ssl_lightning.cli.errors import (
     automatic_option_message,
     class_arguments,
@@ -98,6 +101,14 @@ def trainer_arguments() -> list[str]:
     return sorted(set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"})
 
 
+def unknown_config_message(name: str) -> str:
+    """What ``--config NAME`` prints for a name that is neither a file nor a shipped config."""
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed), pytest.raises(SystemExit):
+        resolve_config_names(["fit", "--config", name])
+    return printed.getvalue().strip().removeprefix("error: ")
+
+
 #: docs/cli.md's messages checked against the text the code produces (the start of the quote ->
 #: the message), because they list names or put words in values, which the static check skips.
 PRODUCED: dict[str, Callable[[], str]] = {
@@ -111,6 +122,7 @@ PRODUCED: dict[str, Callable[[], str]] = {
     "error: --model (SimCLR): unknown argument": lambda: suggestion_message(
         "--model (SimCLR): ", "argument", "temprature", class_arguments("ssl_lightning.SimCLR"),
         "SimCLR"),
+    "error: --config 'simclrr'": lambda: unknown_config_message("simclrr"),
     "error: --trainer: unknown argument": lambda: suggestion_message(
         "--trainer: ", "argument", "max_epoch", trainer_arguments(), "--trainer"),
 }
@@ -133,8 +145,9 @@ def test_every_quoted_message_is_worded_as_in_the_code(doc: Path, message: str) 
 
 
 def quoted_as(message: str, produced: str) -> bool:
-    """``message`` (a quote with ``...`` for elided text) is ``produced``."""
-    pattern = ".*?".join(re.escape(part) for part in message.split("..."))
+    """``message`` (a quote with ``...`` for elided text and ``<placeholders>``) is
+    ``produced``."""
+    pattern = ".*?".join(re.escape(part) for part in ELIDED.split(message))
     return re.fullmatch(pattern, produced, re.DOTALL) is not None
 
 
