@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ssl_lightning.commands import EXTRA_COMMANDS, project_description
 from ssl_lightning.data.base import SSLDataModule
+from ssl_lightning.data.transforms import SimCLRViews
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
@@ -61,6 +62,14 @@ def test_the_configs_page_names_every_shared_data_argument() -> None:
     arguments = set(inspect.signature(SSLDataModule.__init__).parameters) - {"self"}
     missing = sorted(name for name in arguments if f"`{name}`" not in text)
     assert not missing, f"docs/configs.md's SSLDataModule arguments lack {missing}"
+
+
+def test_the_configs_page_gives_the_whole_signature_of_simclr_views() -> None:
+    text = paragraph(ROOT / "docs" / "configs.md", "- `SimCLRViews(")
+    signature = text[:text.index(")`:")]
+    arguments = set(inspect.signature(SimCLRViews.__init__).parameters) - {"self"}
+    missing = sorted(name for name in arguments if not re.search(rf"\b{name}\b", signature))
+    assert not missing, f"docs/configs.md's SimCLRViews(...) lacks {missing}"
 
 
 def test_the_help_text_names_every_command() -> None:
