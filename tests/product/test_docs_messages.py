@@ -33,18 +33,19 @@ from ssl_lightning.cli.errors import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
-CODE_SPAN = re.compile(r"`([^`]+)`")
+CODE_SPAN = re.compile(r"`((?:[^`\n]|\n(?!\n))+)`")
+CODE_BLOCK = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 #: A line that introduces a quoted message.
-MESSAGE_LINE = re.compile(r"error|warn|refus|raise|message|prints", re.IGNORECASE)
+MESSAGE_LINE = re.compile(r"error|warn|refus|raise|message|prints|logs|says", re.IGNORECASE)
 #: Clause boundaries: a message is compared clause by clause.
-CLAUSE_BREAK = re.compile(r"[.;:,()?!]")
+CLAUSE_BREAK = re.compile(r"[.;:,()?!`]")
 #: What is not compared: an elision and a placeholder.
 ELIDED = re.compile(r"\.\.\.|<[^>]*>")
 #: A word of prose (not part of a path, a file name, a quoted value or an identifier).
 PROSE = re.compile(r"(?<![\w./'=-])[a-z]{3,}(?![\w/'=(-])")
-#: Message text of other libraries that ours quote or pass on (jsonargparse, Pillow).
+#: Message text of other libraries that ours quote or pass on (jsonargparse, Pillow, the OS).
 FOREIGN_TEXT = re.compile(r"Expected a typing\.Literal\[[^\]]*\]|Got value: \S+"
-                          r"|cannot identify image file")
+                          r"|cannot identify image file|No space left on device")
 
 
 def _one_line(text: str) -> str:
@@ -52,15 +53,18 @@ def _one_line(text: str) -> str:
 
 
 def quoted_messages(text: str) -> Iterator[str]:
-    """The backticked messages of a page: ``error: ...`` spans, and spans of six words or more
-    starting with a word or an option on a line about an error, a warning or a refusal."""
-    for line in text.splitlines():
-        for span in (_one_line(span.replace("\\|", "|")) for span in CODE_SPAN.findall(line)):
-            if span.startswith(("error: ", "... ")) or (
-                    len(span.split()) >= 6 and MESSAGE_LINE.search(line)
-                    and (span[0].isalpha() or span.startswith("--"))
-                    and not span.startswith("python")):
-                yield span
+    """The backticked messages of a page (outside code blocks; a span may wrap lines):
+    ``error: ...`` spans, and spans of six words or more starting with a word or an option on
+    lines about an error, a warning or a refusal."""
+    text = CODE_BLOCK.sub("", text)
+    for match in CODE_SPAN.finditer(text):
+        span = _one_line(re.sub(r"\n\s*>", " ", match.group(1)).replace("\\|", "|"))
+        lines = text[text.rfind("\n", 0, match.start()) + 1:text.find("\n", match.end())]
+        if span.startswith(("error: ", "... ")) or (
+                len(span.split()) >= 6 and MESSAGE_LINE.search(lines)
+                and (span[0].isalpha() or span.startswith("--"))
+                and not span.startswith("python")):
+            yield span
 
 
 @cache
