@@ -41,8 +41,12 @@ MESSAGE_LINE = re.compile(r"error|warn|refus|raise|message|prints|logs|says", re
 CLAUSE_BREAK = re.compile(r"[.;:,()?!`]")
 #: What is not compared: an elision and a placeholder.
 ELIDED = re.compile(r"\.\.\.|<[^>]*>")
-#: A word of prose (not part of a path, a file name, a quoted value or an identifier).
-PROSE = re.compile(r"(?<![\w./'=-])[a-z]{3,}(?![\w/'=(-])")
+#: A word of prose: four letters or more, not part of a path, a file or dotted name, a quoted
+#: value, an identifier or a ``key: value`` pair (values such as ``sgd`` or ``float`` are words
+#: too, so a word the code puts in from a value is not prose).
+PROSE = re.compile(r"(?<![\w./'=(-])[a-z]{4,}(?![\w/'=(-]|\.\w|: ?[\d'\[])")
+#: Words that the quoted messages show as values the code puts in (``read as float data``).
+VALUES = frozenset({"float"})
 #: Message text of other libraries that ours quote or pass on (jsonargparse, Pillow, the OS).
 FOREIGN_TEXT = re.compile(r"Expected a typing\.Literal\[[^\]]*\]|Got value: \S+"
                           r"|cannot identify image file|No space left on device")
@@ -68,37 +72,51 @@ def quoted_messages(text: str) -> Iterator[str]:
 
 
 @cache
-def source_clauses() -> tuple[tuple[str, ...], re.Pattern[str]]:
-    """The clauses of every string literal of the package (an f-string's literal parts count as
-    literals): those of two words or more, longest first, and one pattern matching the
-    one-word clauses as whole words."""
+def source_clauses() -> tuple[dict[str, set[int]], list[set[str]]]:
+    """The clauses of every string literal of the package (an f-string's literal parts are one
+    literal): the clauses of two words or more -> the literals holding them, and each literal's
+    one-word clauses."""
     literals: set[str] = set()
     for path in (ROOT / "ssl_lightning").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            parts = node.values if isinstance(node, ast.JoinedStr) else [node]
-            literals.update(_one_line(part.value) for part in parts
-                            if isinstance(part, ast.Constant) and isinstance(part.value, str))
-    clauses = {clause.strip() for literal in literals for clause in CLAUSE_BREAK.split(literal)}
-    words = sorted((c for c in clauses if re.fullmatch(r"[\w=>-]+", c)), key=len, reverse=True)
-    return (tuple(sorted((c for c in clauses if len(c.split()) >= 2), key=len, reverse=True)),
-            re.compile(rf"(?<!\w)(?:{'|'.join(map(re.escape, words))})(?!\w)"))
+            if isinstance(node, ast.JoinedStr):
+                literals.add("`".join(_one_line(part.value) if isinstance(part, ast.Constant)
+                                      else "" for part in node.values))  # a value ends a clause
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                literals.add(_one_line(node.value))
+    clauses: dict[str, set[int]] = {}
+    words: list[set[str]] = []
+    for number, literal in enumerate(sorted(literals)):
+        parts = {part.strip() for part in CLAUSE_BREAK.split(literal)}
+        for part in parts:
+            if len(part.split()) >= 2:
+                clauses.setdefault(part, set()).add(number)
+        words.append({part for part in parts if re.fullmatch(r"[\w=>-]+", part)})
+    return clauses, words
 
 
 def unmatched_prose(message: str) -> list[str]:
-    """The parts of ``message`` that no literal of the package covers and that hold a word."""
+    """The words of ``message`` that no literal of the package covers: covered are the clauses of
+    two words or more of any literal, then the one-word clauses (``holds``) of the literals
+    found that way."""
     text = ELIDED.sub("\0", message.removeprefix("error: "))
     text = FOREIGN_TEXT.sub("\0", text)
     clauses, words = source_clauses()
     covered = [False] * len(text)
-    for clause in clauses:
+    found: set[int] = set()
+    for clause in sorted(clauses, key=len, reverse=True):
         start = text.find(clause)
+        if start >= 0:
+            found |= clauses[clause]
         while start >= 0:
             covered[start:start + len(clause)] = [True] * len(clause)
             start = text.find(clause, start + 1)
-    for match in words.finditer(text):
-        covered[match.start():match.end()] = [True] * (match.end() - match.start())
-    rest = "".join("\0" if hit else char for hit, char in zip(covered, text, strict=True))
-    return [run for run in rest.split("\0") if PROSE.search(run)]
+    single = sorted(set().union(*(words[number] for number in found)), key=len, reverse=True)
+    if single:
+        for match in re.finditer(rf"(?<!\w)(?:{'|'.join(map(re.escape, single))})(?!\w)", text):
+            covered[match.start():match.end()] = [True] * (match.end() - match.start())
+    return [match.group(0) for match in PROSE.finditer(text)
+            if not any(covered[match.start():match.end()]) and match.group(0) not in VALUES]
 
 
 def trainer_arguments() -> list[str]:
