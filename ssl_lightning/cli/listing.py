@@ -16,7 +16,7 @@ OUR_BACKBONES = {
     "ResNet": "ResNet-18/34/50/... with an optional CIFAR stem (--model.backbone ResNet "
               "--model.backbone.init_args.depth 50)",
     "SmallConvNet": "a few-layer ConvNet for tests and CPU runs",
-    "ViT": "Vision Transformer with masking and registers (arch tiny/small/base/large)",
+    "ViT": "Vision Transformer with masking and registers (arch tiny/small/base)",
     "TorchvisionBackbone": "any torchvision classification model by name (below), classifier "
                            "removed",
     "TimmBackbone": "any timm model by name (below), classifier removed",

@@ -1,5 +1,5 @@
 """A ``pretrained_path`` whose weights hold NaN or infinite values is refused, naming the file
-and its first such tensor (issue 35: such a backbone was used without a word)."""
+and its first such tensor, before the backbone is used."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``channel-stats`` and the array reader of training (issue 35): every user error is one
+"""``channel-stats`` and the array reader of training: every user error is one
 ``error:`` line and exit status 2, and no statistic is computed from pixels that are not
 finite, from an empty image, from mixed bit depths or from a damaged ``.npy`` header."""
 

@@ -140,7 +140,7 @@ def test_the_dataset_lists_what_the_walk_lists(tree: Path, tmp_path: Path, settl
     assert indexing.cache_directory() is None
 
 
-# ------------------------------------------------------------- the cache file is data (issue 35)
+# ------------------------------------------------------------------------ the cache file is data
 def cached_content(cache: Path) -> tuple[Path, dict]:
     (cache_file,) = cache.iterdir()
     return cache_file, json.loads(cache_file.read_text())

@@ -37,7 +37,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "byol.yaml": ["--model.init_args.projection_hidden_dim", "64"],
     "nnclr.yaml": ["--model.init_args.projection_hidden_dim", "64",
                    "--model.init_args.predictor_hidden_dim", "64"],
-    # issue 26's methods: a small backbone (the ResNet-18 path is the other configs' test)
+    # the variants: a small backbone (the ResNet-18 path is the other configs' test)
     "moco_v2_plus.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64"],
     "nnbyol.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64"],
     "directclr.yaml": [*SMALL_BACKBONE, "--model.init_args.loss_dim", "8"],
@@ -45,7 +45,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.projection_dim", "64",
               "--model.init_args.predictor_hidden_dim", "32"]
        for name in ("fastsiam.yaml", "nnsiam.yaml")},
-    # issue 27's ReSSL and All4One: a small backbone, heads and queue (a 98304 x 256 support
+    # ReSSL and All4One: a small backbone, heads and queue (a 98304 x 256 support
     # set alone costs seconds per step on a CPU)
     **{name: [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
               "--model.init_args.projection_dim", "64", "--model.init_args.queue_size", "256"]
