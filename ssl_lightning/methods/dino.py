@@ -37,15 +37,15 @@ from ssl_lightning.losses import DINOLoss, GramLoss, IBOTPatchLoss, KoLeoLoss
 from ssl_lightning.losses.centering import Centering
 from ssl_lightning.losses.gram import ClampNegatives
 from ssl_lightning.masking import BlockMasking
-from ssl_lightning.methods.dino_arguments import (
+from ssl_lightning.methods.momentum import MomentumMethod
+from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
+from ssl_lightning.optim import cosine_ramp, epoch_linspace
+from ssl_lightning.training.dino_arguments import (
     ClipMode,
     GramTokens,
     KoLeoScope,
     check_dino_arguments,
 )
-from ssl_lightning.methods.momentum import MomentumMethod
-from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
-from ssl_lightning.optim import cosine_ramp, epoch_linspace
 from ssl_lightning.training.ema import momentum_teacher
 from ssl_lightning.training.grad_cache import whole_batch_draw
 from ssl_lightning.training.gram_teacher import GramTeacher

@@ -25,8 +25,8 @@ from torch import nn
 
 from ssl_lightning.losses.centering import Centering
 from ssl_lightning.methods.dino import DINO
-from ssl_lightning.methods.dino_arguments import require_local_crops
 from ssl_lightning.methods.registry import Paper, register_method, small_vit
+from ssl_lightning.training.dino_arguments import require_local_crops
 
 
 @register_method(

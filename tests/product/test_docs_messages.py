@@ -47,9 +47,11 @@ ELIDED = re.compile(r"\.\.\.|<[^>]*>")
 PROSE = re.compile(r"(?<![\w./'=(-])[a-z]{4,}(?![\w/'=(-]|\.\w|: ?[\d'\[])")
 #: Words that the quoted messages show as values the code puts in (``read as float data``).
 VALUES = frozenset({"float"})
-#: Message text of other libraries that ours quote or pass on (jsonargparse, Pillow, the OS).
+#: Message text of other libraries that ours quote or pass on (jsonargparse, Pillow, the OS,
+#: torch's FSDP2 warning about view outputs).
 FOREIGN_TEXT = re.compile(r"Expected a typing\.Literal\[[^\]]*\]|Got value: \S+"
-                          r"|cannot identify image file|No space left on device")
+                          r"|cannot identify image file|No space left on device"
+                          r"|FSDP2-wrapped module .*wrong gradients")
 
 
 def _one_line(text: str) -> str:
