@@ -167,18 +167,25 @@ class _DumpState(pl.Callback):
             torch.set_num_threads(1)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        state = {
-            "model": _clone(pl_module.state_dict()),
-            "optimizer": _clone([o.state_dict() for o in trainer.optimizers]),
-            "scheduler": _clone([c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]),
-            "callbacks": _clone(
-                {type(c).__name__: c.state_dict() for c in trainer.callbacks
-                 if not isinstance(c, _DumpState)}
-            ),
-            "global_step": trainer.global_step,
-            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
-        }
-        torch.save(state, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+        torch.save(trainer_state(trainer, pl_module),
+                   os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+
+
+def trainer_state(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+    """Copies of the states a run holds now: ``model`` (state_dict), ``optimizer`` and
+    ``scheduler`` (lists of state_dicts), ``callbacks`` (class name -> ``state_dict()``, this
+    module's dump callback left out), ``global_step`` and ``metrics``."""
+    return {
+        "model": _clone(pl_module.state_dict()),
+        "optimizer": _clone([o.state_dict() for o in trainer.optimizers]),
+        "scheduler": _clone([c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]),
+        "callbacks": _clone(
+            {type(c).__name__: c.state_dict() for c in trainer.callbacks
+             if not isinstance(c, _DumpState)}
+        ),
+        "global_step": trainer.global_step,
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+    }
 
 
 def _clone(obj: Any) -> Any:
@@ -197,6 +204,7 @@ def fit_and_dump(
     devices: int = 1,
     callbacks: Sequence[pl.Callback] = (),
     ckpt_path: str | None = None,
+    weights_only: bool | None = None,
     **trainer_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Fit on CPU (``ddp_spawn`` when ``devices > 1``) and return each rank's final states.
@@ -205,7 +213,8 @@ def fit_and_dump(
     state_dicts), ``callbacks`` (class name -> ``state_dict()``), ``global_step`` and
     ``metrics`` (``trainer.callback_metrics`` as floats). ``trainer_kwargs`` go to the Trainer
     (``max_steps``, ``max_epochs``, ``default_root_dir``, ...); logging, checkpointing,
-    progress bars and sanity validation are off unless given.
+    progress bars and sanity validation are off unless given; ``weights_only`` goes to
+    ``Trainer.fit`` (how ``ckpt_path`` is read).
     """
     with tempfile.TemporaryDirectory() as out_dir:
         settings: dict[str, Any] = dict(
@@ -220,7 +229,7 @@ def fit_and_dump(
             callbacks=[*callbacks, _DumpState(out_dir)],
             **settings,
         )
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only)
         return [
             torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
             for r in range(devices)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 from lightning_ddp_utils import KeyedViews, PrecomputedViews, TensorDataModule, fit_and_dump
+from opt_outs import skip_opted_out
 from torch import Tensor, nn
 
 import ssl_lightning.losses as losses
@@ -140,10 +141,7 @@ def _one_thread():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
 def test_the_loss_computes_in_fp32_under_autocast(entry: MethodEntry) -> None:
-    reason = entry.opt_out("autocast")
-    if reason is not None:
-        print(f"{entry.name} opts out of autocast: {reason}")
-        pytest.skip(f"{entry.name} opts out of autocast: {reason}")
+    skip_opted_out(entry, "autocast")
     calls = bf16_step_loss_calls(entry)
     assert calls, f"{entry.name}: no loss module of ssl_lightning.losses ran in the step"
     for path, call in calls.items():
