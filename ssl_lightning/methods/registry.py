@@ -29,7 +29,8 @@ Family = Literal["contrastive", "non-contrastive", "distillation", "clustering",
 #: process: ``tests/distributed/test_sharded_training.py``); a method opts out of one only with
 #: a reason (:attr:`MethodEntry.opt_outs`).
 PROPERTIES = ("micro_batching", "micro_batching_seedless", "sharded_equals_ddp", "autocast",
-              "checkpoint_weights_only", "model_help", "ddp_equals_one_process")
+              "checkpoint_weights_only", "model_help_short", "model_help_accepted",
+              "ddp_equals_one_process")
 #: Crop sides of two 8 px views, and of 2 global 8 px + 2 local 4 px crops.
 TWO_VIEWS, MULTI_CROP = (8, 8), (8, 8, 4, 4)
 

@@ -128,7 +128,8 @@ def assert_close(got: Any, want: Any, what: str) -> None:
     got, want = _floats(got), _floats(want)
     assert len(got) == len(want) and got, what
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.float(), w.float(), rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}: {m}")
+        torch.testing.assert_close(g.float(), w.float(), rtol=RTOL, atol=ATOL,
+                                   msg=lambda m: f"{what}: {m}")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,12 +1,13 @@
 """Property of every registered method: its checkpoints are plain data and restore its state.
 
-For each method of the registry, its small instance takes Trainer steps with a
-``ModelCheckpoint`` saving after each of 2 steps (the periodic files and ``last.ckpt``). Every file written
-loads with ``torch.load(weights_only=True)`` (no pickled objects: hyperparameters, callback
-states and the backbone spec are plain data), and ``Trainer.fit(ckpt_path=...,
-weights_only=True)`` on a fresh instance restores the same weights, buffers (queues, centres,
-teachers, banks), optimiser and scheduler states, callback states and step. A method that opts
-out of ``checkpoint_weights_only`` is skipped with its reason printed.
+For each method of the registry, its small instance takes 2 Trainer steps with a
+``ModelCheckpoint`` saving after each (the periodic files and ``last.ckpt``). Every file
+written loads with ``torch.load(weights_only=True)`` (no pickled objects: hyperparameters,
+callback states and the backbone spec are plain data), and ``Trainer.fit(ckpt_path=step 1,
+weights_only=True)`` on a fresh instance restores, before its next step, the states saved: the
+weights, buffers (queues, centres, teachers, banks), optimiser and scheduler states, callback
+states and step. A method that opts out of ``checkpoint_weights_only`` is skipped with its
+reason printed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from lightning_ddp_utils import (
     KeyedViews,
@@ -24,7 +26,6 @@ from lightning_ddp_utils import (
     trainer_state,
 )
 from opt_outs import skip_opted_out
-import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.methods.registry import MethodEntry, method_entries
