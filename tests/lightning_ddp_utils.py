@@ -126,10 +126,13 @@ class TensorDataModule(pl.LightningDataModule):
 
 
 def ddp_global_order(
-    num_samples: int, world_size: int, batch_size: int, epochs: int = 1, seed: int = 0
+    num_samples: int, world_size: int, batch_size: int, epochs: int = 1, seed: int = 0,
+    sampler_order: bool = False,
 ) -> list[int]:
     """Indices such that single-process batch s (of ``world_size * batch_size``) is the
-    rank-ordered concatenation of the rank batches s of a Lightning DDP run.
+    rank-ordered concatenation of the rank batches s of a Lightning DDP run, or, with
+    ``sampler_order``, the same samples in the sampler's own order (rank r holds positions r,
+    r + W, ... of it: what a 1-GPU run with that sampler order sees).
 
     Lightning replaces the train sampler by ``DistributedSampler(shuffle=True,
     seed=PL_GLOBAL_SEED)`` (even when the loader does not shuffle): each epoch e draws
@@ -147,6 +150,10 @@ def ddp_global_order(
             sampler.set_epoch(epoch)
             per_rank.append(list(sampler))
         steps = len(per_rank[0]) // batch_size
+        if sampler_order:
+            order += [rank_indices[k] for k in range(steps * batch_size)
+                      for rank_indices in per_rank]
+            continue
         order += [
             i
             for s in range(steps)
