@@ -163,6 +163,16 @@ def ddp_global_order(
     return order
 
 
+def queue_contents(queue: Tensor) -> Tensor:
+    """A queue's slots (dim -2) in a canonical order (by the first feature of the first leading
+    index, the same permutation for all: SwAV's per-view queues stay aligned), so equal contents
+    compare equal whatever slots the enqueue order gave them."""
+    if queue.dim() < 2:
+        return queue
+    slots = queue.double().reshape(-1, *queue.shape[-2:])
+    return slots[:, torch.argsort(slots[0, :, 0])]
+
+
 class _DumpState(pl.Callback):
     """Saves every rank's final states to ``out_dir/rank{r}.pt``; 1 torch thread per process."""
 

@@ -21,7 +21,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import KeyedViews, TensorDataModule, ddp_global_order
+from lightning_ddp_utils import KeyedViews, TensorDataModule, ddp_global_order, queue_contents
 from opt_outs import skip_opted_out
 from torch import Tensor
 from torch.utils.data import Subset
@@ -61,23 +61,13 @@ def _worker(rank: int, world: int) -> dict[str, dict[str, Tensor]]:
     return {entry.name: _fit(entry, BATCH, world) for entry in _checked()}
 
 
-def _contents(queue: Tensor) -> Tensor:
-    """A queue's slots (dim -2) in a canonical order (by the first feature of the first leading
-    index, the same permutation for all: SwAV's per-view queues stay aligned), so equal contents
-    compare equal whatever slots the enqueue order gave them."""
-    if queue.dim() < 2:
-        return queue
-    slots = queue.double().reshape(-1, *queue.shape[-2:])
-    return slots[:, torch.argsort(slots[0, :, 0])]
-
-
 def differences(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> dict[str, float]:
     """Entries differing by more than :data:`TOLERANCE` (relative) -> their difference."""
     problems = {}
     for key, want in expected.items():
         got = actual[key]
         if key.endswith("queue"):
-            got, want = _contents(got), _contents(want)
+            got, want = queue_contents(got), queue_contents(want)
         if got.shape != want.shape:
             problems[key] = float("inf")
         elif want.is_floating_point():
