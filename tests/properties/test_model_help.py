@@ -14,7 +14,10 @@ iBOT++'s ``patch_visible_weight`` needs ``centering='center'``). ``DCL`` offerin
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
+import io
 import warnings
 from typing import Any
 
@@ -58,23 +61,22 @@ def constructor_arguments(cls: type) -> dict[str, inspect.Parameter]:
     return found
 
 
-def model_help(cls: type, capsys: pytest.CaptureFixture) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--model.help", cls.__name__])
+@functools.cache
+def model_help(cls: type) -> str:
+    """The output of ``fit --model.help <cls>`` at 80 columns (made once per class)."""
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.setenv("COLUMNS", "80")
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--model.help", cls.__name__])
     assert exit_info.value.code == 0
-    return capsys.readouterr().out
-
-
-@pytest.fixture(autouse=True)
-def _columns(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "80")
+    return out.getvalue()
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
-def test_model_help_is_short_and_names_every_argument(entry: MethodEntry,
-                                                      capsys: pytest.CaptureFixture) -> None:
+def test_model_help_is_short_and_names_every_argument(entry: MethodEntry) -> None:
     skip_opted_out(entry, "model_help_short")
-    out = model_help(entry.cls, capsys)
+    out = model_help(entry.cls)
     arguments = sum(line.startswith("  --model.") for line in out.splitlines())
     assert arguments > 10 and len(out.splitlines()) < 20 + 3 * arguments, out
     assert "torch.nn.Linear" not in out  # no list of every nn.Module subclass
@@ -122,11 +124,10 @@ def refusal(entry: MethodEntry, name: str, value: Any) -> str | None:
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
-def test_model_help_offers_no_argument_the_class_refuses(entry: MethodEntry,
-                                                         capsys: pytest.CaptureFixture) -> None:
+def test_model_help_offers_no_argument_the_class_refuses(entry: MethodEntry) -> None:
     skip_opted_out(entry, "model_help_accepted")
-    offered = {option.removeprefix("--model.") for option in help_entries(model_help(
-        entry.cls, capsys)) if option.startswith("--model.")}
+    offered = {option.removeprefix("--model.") for option in help_entries(model_help(entry.cls))
+               if option.startswith("--model.")}
     parameters = constructor_arguments(entry.cls)
     refused = {}
     for name in sorted(offered & set(parameters)):
