@@ -61,6 +61,15 @@ def flatten_gathered(gathered: Tensor, local: Tensor) -> Tensor:
     return gathered
 
 
+def sampler_order(gathered: Tensor, world: int) -> Tensor:
+    """The rows of a rank-major gathered batch ``(world * B, ...)`` in the global batch's
+    sampler order: ``DistributedSampler`` gives rank r the positions r, r + W, ... of its order,
+    so position ``j * W + r`` holds rank r's j-th sample, as a 1-process run with that order
+    sees it. Decisions that depend on a sample's place in the batch (sub-batches, enqueue
+    order) take it from here, so an N-process run and a 1-process run agree."""
+    return gathered.unflatten(0, (world, -1)).transpose(0, 1).flatten(0, 1)
+
+
 def all_gather_with_grad(x: Tensor) -> Tensor:
     """Concatenate ``x`` from every rank along dim 0, differentiably.
 

@@ -126,10 +126,13 @@ class TensorDataModule(pl.LightningDataModule):
 
 
 def ddp_global_order(
-    num_samples: int, world_size: int, batch_size: int, epochs: int = 1, seed: int = 0
+    num_samples: int, world_size: int, batch_size: int, epochs: int = 1, seed: int = 0,
+    sampler_order: bool = False,
 ) -> list[int]:
     """Indices such that single-process batch s (of ``world_size * batch_size``) is the
-    rank-ordered concatenation of the rank batches s of a Lightning DDP run.
+    rank-ordered concatenation of the rank batches s of a Lightning DDP run, or, with
+    ``sampler_order``, the same samples in the sampler's own order (rank r holds positions r,
+    r + W, ... of it: what a 1-GPU run with that sampler order sees).
 
     Lightning replaces the train sampler by ``DistributedSampler(shuffle=True,
     seed=PL_GLOBAL_SEED)`` (even when the loader does not shuffle): each epoch e draws
@@ -147,6 +150,10 @@ def ddp_global_order(
             sampler.set_epoch(epoch)
             per_rank.append(list(sampler))
         steps = len(per_rank[0]) // batch_size
+        if sampler_order:
+            order += [rank_indices[k] for k in range(steps * batch_size)
+                      for rank_indices in per_rank]
+            continue
         order += [
             i
             for s in range(steps)
@@ -154,6 +161,16 @@ def ddp_global_order(
             for i in rank_indices[s * batch_size : (s + 1) * batch_size]
         ]
     return order
+
+
+def queue_contents(queue: Tensor) -> Tensor:
+    """A queue's slots (dim -2) in a canonical order (by the first feature of the first leading
+    index, the same permutation for all: SwAV's per-view queues stay aligned), so equal contents
+    compare equal whatever slots the enqueue order gave them."""
+    if queue.dim() < 2:
+        return queue
+    slots = queue.double().reshape(-1, *queue.shape[-2:])
+    return slots[:, torch.argsort(slots[0, :, 0])]
 
 
 class _DumpState(pl.Callback):
@@ -167,18 +184,25 @@ class _DumpState(pl.Callback):
             torch.set_num_threads(1)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        state = {
-            "model": _clone(pl_module.state_dict()),
-            "optimizer": _clone([o.state_dict() for o in trainer.optimizers]),
-            "scheduler": _clone([c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]),
-            "callbacks": _clone(
-                {type(c).__name__: c.state_dict() for c in trainer.callbacks
-                 if not isinstance(c, _DumpState)}
-            ),
-            "global_step": trainer.global_step,
-            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
-        }
-        torch.save(state, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+        torch.save(trainer_state(trainer, pl_module),
+                   os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+
+
+def trainer_state(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+    """Copies of the states a run holds now: ``model`` (state_dict), ``optimizer`` and
+    ``scheduler`` (lists of state_dicts), ``callbacks`` (class name -> ``state_dict()``, this
+    module's dump callback left out), ``global_step`` and ``metrics``."""
+    return {
+        "model": _clone(pl_module.state_dict()),
+        "optimizer": _clone([o.state_dict() for o in trainer.optimizers]),
+        "scheduler": _clone([c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]),
+        "callbacks": _clone(
+            {type(c).__name__: c.state_dict() for c in trainer.callbacks
+             if not isinstance(c, _DumpState)}
+        ),
+        "global_step": trainer.global_step,
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+    }
 
 
 def _clone(obj: Any) -> Any:
@@ -197,6 +221,7 @@ def fit_and_dump(
     devices: int = 1,
     callbacks: Sequence[pl.Callback] = (),
     ckpt_path: str | None = None,
+    weights_only: bool | None = None,
     **trainer_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Fit on CPU (``ddp_spawn`` when ``devices > 1``) and return each rank's final states.
@@ -205,7 +230,8 @@ def fit_and_dump(
     state_dicts), ``callbacks`` (class name -> ``state_dict()``), ``global_step`` and
     ``metrics`` (``trainer.callback_metrics`` as floats). ``trainer_kwargs`` go to the Trainer
     (``max_steps``, ``max_epochs``, ``default_root_dir``, ...); logging, checkpointing,
-    progress bars and sanity validation are off unless given.
+    progress bars and sanity validation are off unless given; ``weights_only`` goes to
+    ``Trainer.fit`` (how ``ckpt_path`` is read).
     """
     with tempfile.TemporaryDirectory() as out_dir:
         settings: dict[str, Any] = dict(
@@ -220,7 +246,7 @@ def fit_and_dump(
             callbacks=[*callbacks, _DumpState(out_dir)],
             **settings,
         )
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only)
         return [
             torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
             for r in range(devices)

@@ -18,6 +18,10 @@ from ssl_lightning.methods.simclr import SimCLR
     paper=Paper("Decoupled Contrastive Learning", 2022, "2110.06848"),
     family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
     tests="tests/methods/test_renamed_arguments.py",
+    opt_outs={"model_help_accepted": (
+        "--model.help DCL offers SimCLR's NT-Xent options margin, queue_size and "
+        "memory_bank_size (inherited through **kwargs) and DCL refuses them; until DCL stops "
+        "inheriting SimCLR's __init__ (issue 36 item 3), passing them is one clear error")},
     small=lambda backbone, **kw: DCL(backbone, projection_hidden_dim=16, projection_dim=8,
                                      head_batch_norm=False, **kw),
 )

@@ -12,8 +12,10 @@ student projections (a :class:`~ssl_lightning.queue.FeatureQueue`) and the teach
 student (the paper's Table 7b).
 
 Every update uses the gathered global batch, so the groups, the bank and the k-means result are
-the same on every rank (k-means sums its statistics over ranks); all are buffers, so resuming
-is exact.
+the same on every rank (k-means sums its statistics over ranks), and the bank is filled in the
+global batch's sampler order (:func:`~ssl_lightning.distributed.sampler_order`), so its slots,
+the k-means start and the groups are those of one process fed that order; all are buffers, so
+resuming is exact.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ssl_lightning.clustering import (
     spherical_kmeans,
 )
 from ssl_lightning.data.seeding import sample_seed
-from ssl_lightning.distributed import rank, world_size
+from ssl_lightning.distributed import rank, sampler_order, world_size
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
@@ -122,7 +124,7 @@ class SMoG(BYOL):
                                                 self.hparams["group_momentum"]))
         groups = F.normalize(self.groups, dim=1)
         scores = [F.normalize(outputs[k], dim=1).unsqueeze(1) @ groups.T for k in ("p1", "p2")]
-        self.bank.enqueue(s1)
+        self.bank.enqueue(sampler_order(s1, len(s1) // len(outputs["s1"])))  # 1 process's slots
         return self.criterion(scores, targets)
 
     def groups_of(self, z: Tensor) -> Tensor:

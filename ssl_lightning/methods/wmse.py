@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.multicrop import project_views_sample_major
+from ssl_lightning.distributed import sampler_order
 from ssl_lightning.losses import WMSELoss
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
@@ -30,8 +31,10 @@ class WMSE(SSLMethod):
     """W-MSE.
 
     The embeddings are gathered from all ranks with gradients; the sub-batch permutations come
-    from the step's shared seed (:meth:`step_generator`), the same on every rank, so N processes
-    whiten exactly the sub-batches of one process on the global batch. The global batch must be
+    from the step's shared seed (:meth:`step_generator`), the same on every rank, and permute the
+    samples' global sampler positions (:func:`~ssl_lightning.distributed.sampler_order`), so N
+    processes whiten exactly the sub-batches of one process fed the global batch in the
+    sampler's order. The global batch must be
     a multiple of ``whitening_size`` (checked before the first step).
 
     Args:
@@ -100,6 +103,8 @@ class WMSE(SSLMethod):
         z = outputs["z"]
         v_all = self.gather(z)
         generator = self.step_generator(WHITENING_STREAM)
-        permutations = [torch.randperm(len(v_all), generator=generator)
+        # permutations of the sampler positions, as rows of the rank-major gathered batch
+        rows = sampler_order(torch.arange(len(v_all)), len(v_all) // len(z))
+        permutations = [rows[torch.randperm(len(v_all), generator=generator)]
                         for _ in range(self.hparams["whitening_iters"])]
         return self.criterion(v_all, permutations, self.rank_offset(len(z)), len(z))

@@ -1,6 +1,6 @@
 """LeJEPA, TiCo, MMCR, W-MSE and VIbCReg trained by Lightning on 2 CPU processes (strategy ddp,
-gloo, ``precision="64-true"``) end with the weights and buffers of one process trained on the
-concatenated rank batches, to 1e-9 (float64; the runs differ only by summation order, ~1e-15).
+gloo, ``precision="64-true"``) end with the weights and buffers of one process fed the global
+batch in the sampler's order, to 1e-9 (float64; the runs differ only by summation order, ~1e-15).
 
 One spawn serves every method (and its known-bad variants): the two processes join one gloo
 group and run a Trainer per method in it, as ``tests/product_matrix.py`` does for the configs.
@@ -191,7 +191,7 @@ def _relative_difference(actual: dict[str, Tensor], expected: dict[str, Tensor])
 @pytest.fixture(scope="module")
 def runs() -> tuple[list[dict], dict[str, dict[str, Tensor]], dict[str, dict[str, Tensor]]]:
     ranks = run_in_processes(_worker, 2)
-    order = ddp_global_order(SAMPLES, 2, BATCH)
+    order = ddp_global_order(SAMPLES, 2, BATCH, sampler_order=True)
     single, initial = {}, {}
     for name, (make, sizes, good) in CASES.items():
         if good:

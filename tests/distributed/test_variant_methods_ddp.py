@@ -1,9 +1,10 @@
 """MoCo v2+, FastSiam, NNSiam, NNBYOL, DirectCLR, iBOT++, ReSSL, All4One, DeepCluster v2 and SMoG
 trained by Lightning on 2 CPU processes (``strategy="ddp"``, gloo, float64) end with the weights,
-teachers, queues and pointers (DeepCluster v2: dataset bank, k-means assignments, prototypes;
-SMoG: groups, bank) of one process trained on the concatenated rank batches, to 1e-9 (DeepCluster
-v2 with its initial forward pass filling the bank from each rank's share); spherical k-means on
-the ranks' row shares gives the centroids of one process on all rows.
+teachers, queues (as contents: their slots follow the enqueue order) and pointers (DeepCluster
+v2: dataset bank, k-means assignments, prototypes; SMoG: groups, bank) of one process fed the
+global batch in the sampler's order, to 1e-9 (DeepCluster v2 with its initial forward pass
+filling the bank from each rank's share); spherical k-means on the ranks' row shares gives the
+centroids of one process on all rows.
 
 One spawn (``run_in_processes``) runs every method: each worker already holds the process group,
 so Lightning's DDP strategy joins it (``LOCAL_RANK`` / ``WORLD_SIZE`` set: processes launched
@@ -25,7 +26,13 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import KeyedViews, PrecomputedViews, TensorDataModule, ddp_global_order
+from lightning_ddp_utils import (
+    KeyedViews,
+    PrecomputedViews,
+    TensorDataModule,
+    ddp_global_order,
+    queue_contents,
+)
 from torch import Tensor
 from torch.utils.data import Subset
 
@@ -98,13 +105,12 @@ class _LocalGroupsSMoG(SMoG):
 
 
 class _FixedMasksIBOT(IBOT):
-    """iBOT++ with masks that are a function of the sample's place in the global batch (the
-    same in both runs; the method's own masks come from a per-rank stream)."""
+    """iBOT++ with masks that are a function of the sample's sampler position in the global
+    batch (the same in both runs; the method's own masks come from a per-rank stream)."""
 
     def draw_masks(self, batch: int, grid: tuple[int, int]) -> Tensor:
         patches = grid[0] * grid[1]
-        first = self.rank_offset(batch)
-        index = torch.arange(first, first + batch)[:, None, None]
+        index = (torch.arange(batch) * self.trainer.world_size + self.global_rank)[:, None, None]
         view, patch = torch.arange(2)[None, :, None], torch.arange(patches)[None, None, :]
         return (index + view + patch) % 3 == 0
 
@@ -207,10 +213,13 @@ def _differences(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> dict
     for key, want in expected.items():
         if key == "shuffle_step":  # MoCo's shuffle-BN counter only moves under DDP
             continue
-        if actual[key].shape != want.shape:  # DeepCluster's bank is sized when fit starts
+        got = actual[key]
+        if key.endswith(".queue"):  # contents: the slots follow the enqueue order
+            got, want = queue_contents(got), queue_contents(want)
+        if got.shape != want.shape:  # DeepCluster's bank is sized when fit starts
             problems[key] = float("inf")
             continue
-        difference = float((actual[key].double() - want.double()).abs().max())
+        difference = float((got.double() - want.double()).abs().max())
         if difference > 1e-9:
             problems[key] = difference
     return problems
@@ -219,7 +228,7 @@ def _differences(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> dict
 @pytest.fixture(scope="module")
 def runs() -> tuple[list[dict], dict]:
     ranks = run_in_processes(_worker, 2)
-    order = ddp_global_order(SAMPLES, 2, BATCH)
+    order = ddp_global_order(SAMPLES, 2, BATCH, sampler_order=True)
     single = {name: _fit(name, 2 * BATCH, 1, order) for name in METHODS if name not in KNOWN_BAD}
     single["kmeans"] = _kmeans(0, 1)
     return ranks, single

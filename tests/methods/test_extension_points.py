@@ -1,10 +1,10 @@
 """Extension points of a method: the ``build_criterion`` hook, heads injected as modules (from
-Python and from a config), and ``--model.help`` listing every argument in a short help."""
+Python and from a config). ``--model.help`` of every method:
+``tests/properties/test_model_help.py``."""
 
 from __future__ import annotations
 
 import ast
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,6 @@ from torch import Tensor, nn
 from ssl_lightning import BYOL, DCL, IBOT, SimCLR, SmallConvNet, VICReg, ViT
 from ssl_lightning.cli import main
 from ssl_lightning.losses import DCLLoss, DINOLoss
-from ssl_lightning.methods import SSLMethod
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = [8, 16]  # SmallConvNet(widths=WIDTHS) has 16 features
@@ -138,58 +137,3 @@ def test_a_config_injects_a_projector_by_class_path(
     cli = main(["fit", "--config", str(path)])
     assert type(cli.model.projector) is nn.Linear and cli.model.projector.out_features == 8
     assert cli.trainer.global_step == 1
-
-
-def _constructor_arguments(cls: type) -> list[str]:
-    """Every argument ``cls`` accepts, through the ``**kwargs`` chain down to SSLMethod."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        if not (isinstance(klass, type) and issubclass(klass, SSLMethod)):
-            continue
-        for name, parameter in inspect.signature(klass.__init__).parameters.items():
-            if name != "self" and parameter.kind is not parameter.VAR_KEYWORD \
-                    and name not in names:
-                names.append(name)
-    return names
-
-
-def _help_entries(out: str) -> dict[str, str]:
-    """``{option: its help on one line}`` of a ``--model.help`` output."""
-    entries: dict[str, str] = {}
-    option = ""
-    for line in out.splitlines():
-        if line.startswith("  --"):
-            option, _, text = line.strip().partition(" ")
-            option = option.rstrip(",")  # a list argument: "--model.x, --model.x+"
-            entries[option] = text
-        elif option and line.startswith("    "):
-            entries[option] += " " + line.strip()
-    return {option: " ".join(text.split()) for option, text in entries.items()}
-
-
-@pytest.mark.parametrize("method", ["DINOv2", "DINOv3", "SimCLR", "BYOL"])
-def test_model_help_is_short_and_names_every_argument(
-    method: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import ssl_lightning
-
-    monkeypatch.setenv("COLUMNS", "80")
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--model.help", method])
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    # One short entry per argument (at most 3 lines at 80 columns), not a list of classes:
-    # the help before cli/help.py was 1,673 lines for SimCLR's ~30 arguments.
-    arguments = sum(line.startswith("  --model.") for line in out.splitlines())
-    assert arguments > 10 and len(out.splitlines()) < 20 + 3 * arguments, out
-    assert "torch.nn.Linear" not in out  # no list of every nn.Module subclass
-    entries = _help_entries(out)
-    cls = getattr(ssl_lightning, method)
-    for name in _constructor_arguments(cls):
-        entry = entries.get(f"--model.{name}")
-        assert entry is not None, f"--model.{name} is not in the help"
-        default = inspect.signature(cls).parameters.get(name)
-        assert ("required" if name == "backbone" else "default:") in entry, entry
-        if default is not None and isinstance(default.default, float):
-            assert f"default: {default.default})" in entry, entry
-    assert "default: 0.9)" in entries["--model.momentum"]  # an inherited optimiser argument

@@ -28,6 +28,7 @@ from lightning_ddp_utils import (
     fit_and_dump,
     max_relative_difference,
 )
+from opt_outs import skip_opted_out
 from torch import Tensor
 
 from ssl_lightning.methods.registry import MethodEntry, method_entries
@@ -75,14 +76,6 @@ def fit(entry: MethodEntry, seeded: bool, batch_size: int, micro: int | None,
     state = fit_and_dump(model, TensorDataModule(data, batch_size), callbacks=[recorder],
                          max_steps=3, precision="64-true", **trainer_kwargs)[0]
     return {**state, "features": recorder.features, "losses": recorder.losses}
-
-
-def skip_opted_out(entry: MethodEntry, prop: str) -> None:
-    """Skip, printing the registry's reason, when ``entry`` opts out of ``prop``."""
-    reason = entry.opt_out(prop)
-    if reason is not None:
-        print(f"{entry.name} opts out of {prop}: {reason}")
-        pytest.skip(f"{entry.name} opts out of {prop}: {reason}")
 
 
 @pytest.fixture(scope="module")
