@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("ours", "ours_dense", "lightly")
+VARIANTS = ("ours", "ours_dense", "lightly", "matmul_bound")
 
 
 def _memory_kib() -> dict[str, int]:
@@ -38,7 +38,27 @@ def _memory_kib() -> dict[str, int]:
     return fields
 
 
+def _matmul_bound(z1, z2):  # type: ignore[no-untyped-def]
+    """Only the four products of the chunked kernel (logits, their recomputation, both
+    gradients) in blocks of the kernel's rows: a lower bound for any exact fp32 NT-Xent."""
+    import torch
+
+    from ssl_lightning.losses.chunked_contrastive import block_rows
+
+    a = torch.cat([z1, z2]).detach()
+    rows = block_rows(1024, len(a), len(a), a.element_size())
+    block, grad_a, grad_c = a.new_empty(rows, len(a)), torch.empty_like(a), torch.zeros_like(a)
+    for start in range(0, len(a), rows):
+        torch.mm(a[start:start + rows], a.T, out=block)
+        torch.mm(a[start:start + rows], a.T, out=block)
+        torch.mm(block, a, out=grad_a[start:start + rows])
+        grad_c.addmm_(block.T, a[start:start + rows])
+    return (grad_a.sum() + grad_c.sum()).requires_grad_()
+
+
 def _make_loss(variant: str, temperature: float):  # type: ignore[no-untyped-def]
+    if variant == "matmul_bound":
+        return _matmul_bound
     if variant == "ours":  # the default: row-chunked log-sum-exp (chunk_size=1024)
         from ssl_lightning.losses import NTXentLoss
 

@@ -78,23 +78,38 @@ def block_rows(chunk_size: int, num_anchors: int, num_candidates: int, itemsize:
     return max(1, min(chunk_size, cache_rows, num_anchors))
 
 
+# A block row whose sum of exp(logit - shift) is below this is recomputed with its exact max:
+# the bound shift was too far above the row's largest logit for the small terms to be exact.
+_UNDERFLOW = 2.0**-64
+
+
+def _shifted_operands(anchors: Tensor, candidates: Tensor, scale: float,
+                      shift: Tensor) -> tuple[Tensor, Tensor]:
+    """``[anchors * scale, -shift]`` and ``[candidates, 1]``: their product is the logit matrix
+    minus ``shift`` per row, so no pass over a block subtracts it."""
+    return (torch.cat([anchors * scale, -shift[:, None]], dim=1),
+            torch.cat([candidates, candidates.new_ones(len(candidates), 1)], dim=1))
+
+
 def _block_logits(
-    out: Tensor, scaled_anchors: Tensor, candidates: Tensor, exclude: Tensor | None,
-    classes: ClassMask | None, start: int,
+    out: Tensor, left: Tensor, right: Tensor, exclude: Tensor | None, classes: ClassMask | None,
+    start: int,
 ) -> Tensor:
-    """``out <- scaled_anchors[start:start + len(out)] @ candidates.T``, masked by
-    :func:`_mask_` (the temperature is already in ``scaled_anchors``: no pass over ``out``)."""
-    torch.mm(scaled_anchors[start:start + out.shape[0]], candidates.T, out=out)
+    """``out <- left[start:start + len(out)] @ right.T``, the shifted logits of
+    :func:`_shifted_operands`, masked by :func:`_mask_`."""
+    torch.mm(left[start:start + out.shape[0]], right.T, out=out)
     return _mask_(out, exclude, classes, start)
 
 
 class _ChunkedLogSumExp(torch.autograd.Function):
     """Row log-sum-exp of ``anchors @ candidates.T * scale``, one block of rows at a time.
 
-    Each block is written once by a matrix product and then changed in place (mask, shift by the
-    row max, exp); the backward pass recomputes it, turns it into the softmax with the saved
-    log-sum-exp and applies the incoming gradient to the (rows × D) operands of the two
-    products instead of to the block.
+    Each block is written once by a matrix product that already subtracts a per-row shift, then
+    masked and exponentiated in place. The forward shift is the Cauchy-Schwarz bound
+    ``scale · |a_i| · max_k |c_k|`` (no max over the block; a row far below its bound is redone
+    with its exact max), the backward shift the saved log-sum-exp, which turns the recomputed
+    block into the row softmax; the incoming gradient scales the (rows × D) operands of the two
+    gradient products instead of the block.
     """
 
     @staticmethod
@@ -109,15 +124,22 @@ class _ChunkedLogSumExp(torch.autograd.Function):
     ) -> Tensor:
         num_anchors = anchors.shape[0]
         rows = block_rows(chunk_size, num_anchors, candidates.shape[0], anchors.element_size())
-        scaled = anchors * scale
+        bound = anchors.norm(dim=1) * (candidates.norm(dim=1).max() * scale)
+        left, right = _shifted_operands(anchors, candidates, scale, bound)
         block = anchors.new_empty(rows, candidates.shape[0])
         lse = anchors.new_empty(num_anchors)
         for start in range(0, num_anchors, rows):
             stop = min(start + rows, num_anchors)
-            logits = _block_logits(block[: stop - start], scaled, candidates, exclude, classes,
-                                   start)
-            row_max = logits.amax(dim=1, keepdim=True)
-            lse[start:stop] = logits.sub_(row_max).exp_().sum(dim=1).log_().add_(row_max[:, 0])
+            logits = _block_logits(block[: stop - start], left, right, exclude, classes, start)
+            sums = logits.exp_().sum(dim=1)
+            shift = bound[start:stop]
+            if bool((sums < _UNDERFLOW).any()):  # rare: recompute the block with its row max
+                logits = _block_logits(block[: stop - start], left, right, exclude, classes,
+                                       start)
+                row_max = logits.amax(dim=1, keepdim=True)
+                sums = logits.sub_(row_max).exp_().sum(dim=1)
+                shift = shift + row_max[:, 0]
+            lse[start:stop] = sums.log_().add_(shift)
         ctx.save_for_backward(anchors, candidates, exclude, lse)  # type: ignore[arg-type]
         ctx.classes = classes  # type: ignore[attr-defined]
         ctx.scale = scale  # type: ignore[attr-defined]
@@ -130,7 +152,7 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         anchors, candidates, exclude, lse = ctx.saved_tensors  # type: ignore[attr-defined]
         classes, scale, rows = ctx.classes, ctx.scale, ctx.rows  # type: ignore[attr-defined]
         num_anchors = anchors.shape[0]
-        scaled = anchors * scale  # bit-identical to the forward's
+        left, right = _shifted_operands(anchors, candidates, scale, lse)
         block = anchors.new_empty(rows, candidates.shape[0])
         need_anchors, need_candidates = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
         grad_anchors = torch.empty_like(anchors) if need_anchors else None
@@ -138,9 +160,8 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         weight = (grad_lse * scale)[:, None]
         for start in range(0, num_anchors, rows):
             stop = min(start + rows, num_anchors)
-            logits = _block_logits(block[: stop - start], scaled, candidates, exclude, classes,
-                                   start)
-            probs = logits.sub_(lse[start:stop, None]).exp_()  # the row softmax
+            probs = _block_logits(block[: stop - start], left, right, exclude, classes,
+                                  start).exp_()  # the row softmax
             if grad_anchors is not None:
                 torch.mm(probs, candidates, out=grad_anchors[start:stop])
                 grad_anchors[start:stop].mul_(weight[start:stop])
