@@ -10,7 +10,7 @@ is ``results.md`` between its markers (``--readme`` copies it there).
 
 Usage::
 
-    python benchmarks/suite.py --readme          # full sizes, ~15 min on one busy core
+    python benchmarks/suite.py --readme          # full sizes, ~10 min on one busy core
     python benchmarks/suite.py --tiny --output /tmp/suite   # seconds: checks that all run
 """
 
@@ -34,8 +34,8 @@ import views_speed  # noqa: E402
 
 README = HERE.parent / "README.md"
 BEGIN, END = "<!-- benchmarks/suite.py: begin -->", "<!-- benchmarks/suite.py: end -->"
-FULL = {"loss": {"batch": 4096, "repeats": 3, "rounds": 2},
-        "views": {"images": 2048, "batch": 256, "rounds": 3}}
+FULL = {"loss": {"batch": 4096, "repeats": 3, "rounds": 1},
+        "views": {"images": 1024, "batch": 256, "rounds": 2}}
 TINY = {"loss": {"batch": 64, "repeats": 1, "rounds": 1},
         "views": {"images": 16, "batch": 8, "rounds": 1}}
 
