@@ -14,9 +14,9 @@
   CPU loader worker runs with ``device_transform: DeviceViews``. The ratio seeded / unseeded is
   the cost of making augmentations a pure function of (seed, epoch, index, view).
 
-The row marked ``[default]`` is the path ``configs/simclr.yaml`` configures (read from it).
-
-Every pipeline includes the JPEG decode and returns 2 normalised float views per image.
+Every pipeline includes the JPEG decode and returns 2 normalised float views per image. Rates
+are per CPU second (the process' user + system time, steadier on a shared machine) and per wall
+second.
 
 Usage:
     python benchmarks/views_speed.py --root /work/data/cifar10 --images 2048 --rounds 3
@@ -115,18 +115,15 @@ def configured_path() -> str:
     return "batched" if data.get("device_transform") else "per-image"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default="/work/data/cifar10")
-    parser.add_argument("--images", type=int, default=2048)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", help="write the results to this file")
-    args = parser.parse_args()
+def measure(root: str, images: int = 2048, batch: int = 256,
+            rounds: int = 3) -> dict[str, dict[str, float]]:
+    """Images per CPU second and per wall second of each pipeline (medians over interleaved
+    rounds, so load changes hit every pipeline; CPU time is the steadier figure on a shared
+    machine)."""
     torch.set_num_threads(1)
-    all_paths = find_images(Path(args.root) / "train")
-    step = max(1, len(all_paths) // args.images)
-    paths = all_paths[::step][: args.images]  # spread over the classes
+    all_paths = find_images(Path(root) / "train")
+    step = max(1, len(all_paths) // images)
+    paths = all_paths[::step][:images]  # spread over the classes
     pipelines: dict[str, Callable[[list[str]], int]] = {}
     try:
         from lightly.transforms import SimCLRTransform
@@ -136,31 +133,46 @@ def main() -> None:
         pipelines["lightly SimCLRTransform"] = per_image(lightly)
     except ImportError:
         print("lightly is not installed (pip install -e .[benchmark]); skipping it")
-    default = configured_path()
-    tag = {name: " [default]" if name == default else "" for name in ("per-image", "batched")}
     pipelines["ours SimCLRViews"] = per_image(SimCLRViews("cifar"))
-    pipelines["ours SimCLRViews seeded" + tag["per-image"]] = per_image_seeded(SimCLRViews("cifar"))
-    pipelines[f"ours DeviceViews on CPU (batch {args.batch})"] = batched(args.batch)
-    pipelines[f"ours DeviceViews on CPU seeded (batch {args.batch}){tag['batched']}"] = \
-        batched_seeded(args.batch)
-    rates: dict[str, list[float]] = {name: [] for name in pipelines}
-    for _ in range(args.rounds):  # interleaved rounds, so load changes hit every pipeline
+    pipelines["ours SimCLRViews seeded"] = per_image_seeded(SimCLRViews("cifar"))
+    pipelines[f"ours DeviceViews on CPU (batch {batch})"] = batched(batch)
+    pipelines[f"ours DeviceViews on CPU seeded (batch {batch})"] = batched_seeded(batch)
+    cpu: dict[str, list[float]] = {name: [] for name in pipelines}
+    wall: dict[str, list[float]] = {name: [] for name in pipelines}
+    for _ in range(rounds):
         for name, run in pipelines.items():
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             count = run(paths)
-            rates[name].append(count / (time.perf_counter() - start))
-    results = {name: statistics.median(r) for name, r in rates.items()}
-    baseline = results.get("lightly SimCLRTransform")
+            cpu[name].append(count / (time.process_time() - cpu_start))
+            wall[name].append(count / (time.perf_counter() - start))
+    return {name: {"images_per_cpu_s": statistics.median(cpu[name]),
+                   "images_per_s": statistics.median(wall[name])} for name in pipelines}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="/work/data/cifar10")
+    parser.add_argument("--images", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args()
+    results = measure(args.root, args.images, args.batch, args.rounds)
+    default = configured_path()
     print(f"configs/simclr.yaml's loader path: {default}")
+    baseline = results.get("lightly SimCLRTransform")
     for name, rate in results.items():
-        ratio = f"  ({rate / baseline:.2f}x lightly)" if baseline else ""
-        print(f"{name:60s} {rate:8.0f} images/s{ratio}")
+        ratio = (f"  ({rate['images_per_cpu_s'] / baseline['images_per_cpu_s']:.2f}x lightly)"
+                 if baseline else "")
+        print(f"{name:52s} {rate['images_per_cpu_s']:8.0f} images/CPU s "
+              f"{rate['images_per_s']:8.0f} images/s{ratio}")
     names = list(results)
     for plain, seeded in ((names[-4], names[-3]), (names[-2], names[-1])):
-        print(f"seeding cost, {plain}: {1 - results[seeded] / results[plain]:+.1%}")
+        cost = 1 - results[seeded]["images_per_cpu_s"] / results[plain]["images_per_cpu_s"]
+        print(f"seeding cost (CPU time), {plain}: {cost:+.1%}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"images_per_s": results, "images": len(paths), "threads": 1,
+            json.dump({"results": results, "images": args.images, "threads": 1,
                        "default_path": default}, f, indent=2)
 
 

@@ -90,6 +90,36 @@ def test_chunked_logsumexp_matches_torch(with_exclude: bool, chunk_size: int):
         torch.testing.assert_close(a, b, atol=EXACT, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_rows_far_below_the_norm_bound_are_exact(dtype: torch.dtype):
+    """At T = 0.01 anchors opposite every kept candidate have logits ~ -100 against a bound
+    shift of +100: exp(logit - shift) underflows and the kernel must redo those rows with their
+    exact max (float64 reference; fp32 to its rounding)."""
+    g = torch.Generator().manual_seed(3)
+    candidates = torch.nn.functional.normalize(torch.randn(12, 5, generator=g, dtype=F64), dim=1)
+    anchors = torch.cat([-candidates[:4] + 0.01 * torch.randn(4, 5, generator=g, dtype=F64),
+                         torch.randn(4, 5, generator=g, dtype=F64)])
+    anchors = torch.nn.functional.normalize(anchors, dim=1)
+    kept = torch.zeros(8, 12, dtype=torch.bool)
+    kept[:4, :4] = torch.eye(4, dtype=torch.bool)  # rows 0-3 keep only their opposite column
+    kept[4:] = True
+    exclude = torch.stack([(~row).nonzero()[:, 0] for row in kept[:4]] * 2)  # (8, 11)
+    exclude[4:] = 0  # rows 4-7 leave out column 0 only
+    kept[4:, 0] = False
+    a, c = anchors.to(dtype).requires_grad_(), candidates.to(dtype).requires_grad_()
+    weights = torch.randn(8, generator=g, dtype=F64)
+    lse = chunked_logsumexp(a, c, 0.01, exclude, 4)
+    grads = torch.autograd.grad((lse.double() * weights).sum(), [a, c])
+    a64, c64 = a.detach().double().requires_grad_(), c.detach().double().requires_grad_()
+    logits = (a64 @ c64.T / 0.01).masked_fill(~kept, -math.inf)
+    expected = torch.logsumexp(logits, dim=1)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), [a64, c64])
+    assert expected[:4].max() < -90
+    tolerance = EXACT if dtype == F64 else 1e-5  # relative to the largest entry
+    for got, want in zip([lse, *grads], [expected, *expected_grads], strict=True):
+        assert ((got.double() - want).abs().max() / want.abs().max()).item() < tolerance
+
+
 def test_detached_candidates_get_no_gradient_and_anchors_the_same_one():
     anchors = torch.randn(6, 4, dtype=F64, requires_grad=True)
     candidates = torch.randn(9, 4, dtype=F64)
