@@ -18,6 +18,7 @@ it must be a module-level function (it is pickled to the processes by reference)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from ssl_lightning._lightning import ModelCheckpoint, pl
 from ssl_lightning.testing.differences import describe, state_differences
+from ssl_lightning.testing.process_pool import pool
 from ssl_lightning.testing.trainer_runs import (
     ddp_global_order,
     fit_and_dump,
@@ -45,7 +47,7 @@ class BatchesDataModule(pl.LightningDataModule):
         self.batches = list(batches)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.batches, batch_size=None, shuffle=False)
+        return DataLoader(self.batches, batch_size=None, shuffle=False)  # type: ignore[arg-type]
 
 
 class _RecordLosses(pl.Callback):
@@ -101,8 +103,6 @@ def assert_micro_batches_equal_whole_batch(
 def _fit_all(rank: int, world: int, makers: Sequence[MethodFactory], dataset: Dataset,
              batch_size: int, steps: int, seed: int) -> list[dict[str, Tensor]]:
     """A pool job: every maker's weights after ``steps`` DDP steps on this rank."""
-    import os
-
     os.environ.update(LOCAL_RANK=str(rank), WORLD_SIZE=str(world), NODE_RANK="0")
     torch.set_num_threads(1)
     return [_fit_one(maker, dataset, batch_size, world, steps, seed) for maker in makers]
@@ -136,8 +136,6 @@ def assert_two_processes_equal_one(
         tolerance: Largest relative difference allowed.
         seed: ``pl.seed_everything`` before each run (the sampler's shuffling seed too).
     """
-    from ssl_lightning.testing.process_pool import pool
-
     makers = [make_method] if callable(make_method) else list(make_method)
     world = 2
     if len(dataset) < world * batch_size * steps:  # type: ignore[arg-type]
