@@ -3,7 +3,8 @@
 ``run_in_processes(fn, world_size, *args)`` runs ``fn(rank, world_size, *args)`` on each of
 ``world_size`` processes with the default process group initialised, and returns the list of
 their (picklable) return values ordered by rank. ``fn`` must be a module-level function. The
-processes are the session's :mod:`process_pool` (started once, each job from a fresh state).
+processes are the session's :mod:`ssl_lightning.testing.process_pool` (started once, each job
+from a fresh state).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from process_pool import pool
+
+from ssl_lightning.testing.process_pool import pool
 
 
 def run_in_processes(fn: Callable[..., Any], world_size: int = 2, *args: Any) -> list[Any]:

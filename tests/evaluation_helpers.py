@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytorch_lightning as pl
-from lightning_ddp_utils import PrecomputedViews
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ssl_lightning.methods import SimCLR
+from ssl_lightning.testing.trainer_runs import PrecomputedViews
 
 
 def tiny_trainer(**kwargs: Any) -> pl.Trainer:

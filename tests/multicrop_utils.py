@@ -3,9 +3,10 @@ deterministic multi-crop data (the stop-and-resume harness is ``momentum_utils.f
 
 from __future__ import annotations
 
-from lightning_ddp_utils import PrecomputedViews
 from torch import nn
 from torch.utils.data import DataLoader
+
+from ssl_lightning.testing.trainer_runs import PrecomputedViews
 
 #: 2 global crops of 16 px and 2 local crops of 8 px.
 VIEW_SIZES = (16, 16, 8, 8)

@@ -39,8 +39,6 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from lightning_ddp_utils import KeyedViews, TensorDataModule, ddp_global_order
-from process_pool import free_port
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import DistributedSampler, Subset
 
@@ -50,6 +48,8 @@ from ssl_lightning.data import GramCropViews, ImageFolderDataModule, SimCLRViews
 from ssl_lightning.methods import BYOL, DINOv3, SimCLR, VIbCReg
 from ssl_lightning.methods.registry import method_entries, method_entry, small_convnet, small_vit
 from ssl_lightning.sharding import ShardedStrategy
+from ssl_lightning.testing.process_pool import free_port
+from ssl_lightning.testing.trainer_runs import KeyedViews, TensorDataModule, ddp_global_order
 
 SAMPLES, BATCH, WORLD, STEPS = 24, 4, 2, 3
 OPT = dict(lr_scaling="none", warmup_epochs=0)

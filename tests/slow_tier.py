@@ -44,7 +44,7 @@ def _recording_process_starts(starts: list[str]) -> Iterator[None]:
     """Record in ``starts`` each process start (or pool job) inside the block that counts."""
     import multiprocessing.process
 
-    import process_pool
+    from ssl_lightning.testing import process_pool
 
     popen_init = subprocess.Popen.__init__
     process_start = multiprocessing.process.BaseProcess.start

@@ -21,13 +21,18 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from evaluation_helpers import tiny_trainer
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule, ddp_global_order, fit_and_dump
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.callbacks import CollapseMonitor
 from ssl_lightning.evaluation import EmbeddingPlot, LinearEval
 from ssl_lightning.methods import SimCLR
+from ssl_lightning.testing.trainer_runs import (
+    PrecomputedViews,
+    TensorDataModule,
+    ddp_global_order,
+    fit_and_dump,
+)
 from ssl_lightning.training.divergence import TrainingDivergedError
 
 pytestmark = pytest.mark.slow

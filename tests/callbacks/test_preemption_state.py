@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import assert_states_close
 from momentum_utils import cpu_trainer, views_loader
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.callbacks import OnlineProbe, PreemptionCheckpoint
 from ssl_lightning.methods import BYOL
+from ssl_lightning.testing.trainer_runs import assert_states_close
 
 STOP_AT = 2  # the flag is set before this step; the run stops after it (global_step 3)
 

@@ -26,7 +26,6 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule, ddp_global_order
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
@@ -37,6 +36,7 @@ from ssl_lightning.losses.mmcr import centroids
 from ssl_lightning.losses.sigreg import sigreg_directions
 from ssl_lightning.methods import MMCR, WMSE, LeJEPA, SSLMethod, TiCo, VIbCReg
 from ssl_lightning.methods.wmse import WHITENING_STREAM
+from ssl_lightning.testing.trainer_runs import PrecomputedViews, TensorDataModule, ddp_global_order
 
 pytestmark = pytest.mark.slow
 

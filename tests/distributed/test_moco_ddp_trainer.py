@@ -4,17 +4,17 @@ Lightning gather path, shuffle-BN and the method's own EMA callback under DDP.""
 
 import pytest
 import pytorch_lightning as pl
-from lightning_ddp_utils import (
+from torch.utils.data import Subset
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.methods import MoCoV2
+from ssl_lightning.testing.trainer_runs import (
     PrecomputedViews,
     TensorDataModule,
     assert_states_close,
     ddp_global_order,
     fit_and_dump,
 )
-from torch.utils.data import Subset
-
-from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.methods import MoCoV2
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import pytorch_lightning as pl
 import torch.distributed as dist
-from lightning_ddp_utils import KeyedViews, TensorDataModule
 from pytorch_lightning.strategies import ModelParallelStrategy
 from sharding_harness import VIEWS, make_method
+
+from ssl_lightning.testing.trainer_runs import KeyedViews, TensorDataModule
 
 
 def test_lightnings_model_parallel_strategy_is_refused_before_training() -> None:

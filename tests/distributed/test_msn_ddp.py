@@ -24,7 +24,6 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import KeyedViews, fit_weights
 from torch import Tensor
 from torch.utils.data import DistributedSampler, Subset
 
@@ -32,6 +31,7 @@ import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.losses import MSNLoss
 from ssl_lightning.methods import MSN, PMSN
+from ssl_lightning.testing.trainer_runs import KeyedViews, fit_weights
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from process_pool import free_port
+
+from ssl_lightning.testing.process_pool import free_port
 
 pytestmark = pytest.mark.slow
 

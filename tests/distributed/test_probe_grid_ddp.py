@@ -11,13 +11,13 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import TensorDataModule, ddp_global_order
 from torch import Tensor, nn
 from torch.utils.data import Subset, TensorDataset
 
 from ssl_lightning.backbones import ViT
 from ssl_lightning.callbacks import OnlineProbe
 from ssl_lightning.evaluation import FewShotEval, KNNEval, LinearEval
+from ssl_lightning.testing.trainer_runs import TensorDataModule, ddp_global_order
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,6 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import KeyedViews, fit_weights
 from torch import Tensor
 from torch.utils.data import DistributedSampler, Subset
 
@@ -31,6 +30,7 @@ import ssl_lightning.losses.ibot_patch as ibot_patch_module
 import ssl_lightning.losses.sinkhorn as sinkhorn_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import DINO, IBOT, DINOv2, DINOv3
+from ssl_lightning.testing.trainer_runs import KeyedViews, fit_weights
 
 pytestmark = pytest.mark.slow
 

@@ -10,18 +10,18 @@ duplicates) equal the single-process values.
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import (
+from torch.utils.data import Subset, TensorDataset
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.callbacks import KNNCallback, OnlineProbe
+from ssl_lightning.methods import SimCLR
+from ssl_lightning.testing.trainer_runs import (
     PrecomputedViews,
     TensorDataModule,
     assert_states_close,
     ddp_global_order,
     fit_and_dump,
 )
-from torch.utils.data import Subset, TensorDataset
-
-from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.callbacks import KNNCallback, OnlineProbe
-from ssl_lightning.methods import SimCLR
 
 pytestmark = pytest.mark.slow
 

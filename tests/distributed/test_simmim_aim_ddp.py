@@ -19,12 +19,12 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import KeyedViews, fit_weights
 from torch import Tensor
 from torch.utils.data import DistributedSampler, Subset
 
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import AIM, SimMIM
+from ssl_lightning.testing.trainer_runs import KeyedViews, fit_weights
 
 pytestmark = pytest.mark.slow
 

@@ -26,13 +26,6 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import (
-    KeyedViews,
-    PrecomputedViews,
-    TensorDataModule,
-    ddp_global_order,
-    queue_contents,
-)
 from torch import Tensor
 from torch.utils.data import Subset
 
@@ -50,6 +43,13 @@ from ssl_lightning.methods import (
     ReSSL,
     SMoG,
     SSLMethod,
+)
+from ssl_lightning.testing.trainer_runs import (
+    KeyedViews,
+    PrecomputedViews,
+    TensorDataModule,
+    ddp_global_order,
+    queue_contents,
 )
 
 pytestmark = pytest.mark.slow

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from evaluation_helpers import tiny_trainer
-from lightning_ddp_utils import PrecomputedViews
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ssl_lightning.backbones import SmallConvNet, TimmBackbone
 from ssl_lightning.evaluation import ExportBackbone
 from ssl_lightning.methods import SimCLR
+from ssl_lightning.testing.trainer_runs import PrecomputedViews
 
 
 def fit_simclr(backbone: nn.Module, root: Path, callback: ExportBackbone, model_class=SimCLR,

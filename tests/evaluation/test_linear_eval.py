@@ -246,9 +246,8 @@ def test_a_non_finite_loss_stops_linear_eval_at_that_step(tmp_path):
 
 def test_a_wrong_prefix_lists_the_checkpoints_backbones_before_training(tmp_path):
     # BYOL holds its student under backbone. and its EMA teacher under teacher_backbone.
-    from lightning_ddp_utils import PrecomputedViews
-
     from ssl_lightning.methods import BYOL
+    from ssl_lightning.testing.trainer_runs import PrecomputedViews
 
     byol = BYOL(SmallConvNet((8, 16), norm="group"), projection_hidden_dim=16, projection_dim=8,
                 optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)

@@ -14,7 +14,6 @@ import pytest
 import torch
 from disk_utils import SMALL_DISK_BYTES, small_tmpfs
 from evaluation_helpers import tiny_trainer
-from lightning_ddp_utils import PrecomputedViews
 from torch.utils.data import DataLoader
 
 from ssl_lightning.backbones import SmallConvNet
@@ -28,6 +27,7 @@ from ssl_lightning.io import (
     with_atomic_checkpoint_io,
 )
 from ssl_lightning.methods import SimCLR
+from ssl_lightning.testing.trainer_runs import PrecomputedViews
 
 REPO = Path(__file__).resolve().parents[2]
 

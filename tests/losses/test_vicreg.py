@@ -7,19 +7,19 @@ import math
 import numpy as np
 import pytest
 import torch
-from lightning_ddp_utils import (
-    PrecomputedViews,
-    TensorDataModule,
-    assert_states_close,
-    ddp_global_order,
-    fit_and_dump,
-)
 from momentum_utils import fit_and_resume, views_loader
 from torch.utils.data import Subset
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.losses import VICRegLoss
 from ssl_lightning.methods import VICReg
+from ssl_lightning.testing.trainer_runs import (
+    PrecomputedViews,
+    TensorDataModule,
+    assert_states_close,
+    ddp_global_order,
+    fit_and_dump,
+)
 
 
 def vicreg_reference(z1: np.ndarray, z2: np.ndarray, lam=25.0, mu=25.0, nu=1.0, eps=1e-4):

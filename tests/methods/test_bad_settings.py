@@ -84,7 +84,7 @@ def test_lejepa_needs_its_global_views_and_uses_every_crop() -> None:
 
 
 def test_wmse_refuses_a_global_batch_its_whitening_size_does_not_divide() -> None:
-    from lightning_ddp_utils import PrecomputedViews, TensorDataModule, fit_and_dump
+    from ssl_lightning.testing.trainer_runs import PrecomputedViews, TensorDataModule, fit_and_dump
 
     with pytest.raises(ValueError, match="whitening_size=16 must divide the global batch "
                                          r"\(batch_size=24 x 1 process"):

@@ -10,11 +10,11 @@ from collections.abc import Callable
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import KeyedViews, TensorDataModule, assert_states_close
 
 import ssl_lightning.methods as methods
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.methods import DeepClusterV2, SSLMethod
+from ssl_lightning.testing.trainer_runs import KeyedViews, TensorDataModule, assert_states_close
 
 #: A small instance of every method with data-sized state.
 SMALL: dict[type, Callable[[], SSLMethod]] = {

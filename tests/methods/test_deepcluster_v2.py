@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import KeyedViews, PrecomputedViews, TensorDataModule
 from torch import Tensor
 
 from ssl_lightning.backbones import SmallConvNet
@@ -22,6 +21,7 @@ from ssl_lightning.clustering import DatasetBank
 from ssl_lightning.data import ImageFolderDataModule, MultiCropViews
 from ssl_lightning.data.seeding import SeededDataset, sample_index, sample_indices, sample_seed
 from ssl_lightning.methods import DeepClusterV2
+from ssl_lightning.testing.trainer_runs import KeyedViews, PrecomputedViews, TensorDataModule
 
 
 def _method(**kwargs) -> DeepClusterV2:  # type: ignore[no-untyped-def]

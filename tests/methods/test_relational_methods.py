@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.data import SimCLRViews
 from ssl_lightning.methods import All4One, ReSSL
+from ssl_lightning.testing.trainer_runs import PrecomputedViews, TensorDataModule
 
 HEADS = dict(projection_hidden_dim=16, projection_dim=8, queue_size=16, head_batch_norm=False)
 SMALL = dict(neighbours=3, transformer_layers=1, transformer_heads=2, predictor_hidden_dim=8)

@@ -17,7 +17,6 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import yaml
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule, fit_and_dump
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet
@@ -40,6 +39,7 @@ from ssl_lightning.methods import (
     SwAV,
     VICReg,
 )
+from ssl_lightning.testing.trainer_runs import PrecomputedViews, TensorDataModule, fit_and_dump
 
 HEADS = {"projection_hidden_dim": 8, "projection_dim": 4}
 #: (class, small arguments, old name, new name, a value other than the default).

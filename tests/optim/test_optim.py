@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import PrecomputedViews, TensorDataModule
 from torch import nn
 
 from ssl_lightning.backbones import SmallConvNet
@@ -22,6 +21,7 @@ from ssl_lightning.optim import (
     scale_lr,
     split_decay_groups,
 )
+from ssl_lightning.testing.trainer_runs import PrecomputedViews, TensorDataModule
 
 
 def _net() -> nn.Sequential:

@@ -38,7 +38,8 @@ FOREIGN_NAMES = frozenset({
     "VmHWM", "VmRSS", "KMeans",
 })
 #: Files a run writes beside its logs, or that a user writes (examples), not files of the tree.
-OUTPUT_FILES = frozenset({"config.yaml", "my.yaml", "my_methods.py", "stats.yaml"})
+OUTPUT_FILES = frozenset({"config.yaml", "my.yaml", "my_methods.py", "stats.yaml",
+                          "test_my_methods.py", "train_my_data.py"})
 #: Modules searched for a class name the docs mention that is not ssl_lightning's.
 EXTERNAL_MODULES = (
     "torch", "torch.nn", "torch.optim", "torch.optim.lr_scheduler", "torch.utils.data",

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 import torch
-from process_pool import free_port
 from product_matrix import COMPOSED, CONFIGS, ROOT, STREAMING_RUN, SUBCOMMANDS, shrink_args
+
+from ssl_lightning.testing.process_pool import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -99,3 +99,18 @@ def _single() -> tuple[float, list[torch.Tensor]]:
     loss = model.loss_from_outputs(model.forward_views(_views()))
     loss.backward()
     return float(loss), [p.grad.clone() for p in model.parameters()]
+
+
+def test_the_pages_checks_pass_on_the_example(my_methods: Path, tmp_path: Path) -> None:
+    """The page's test module (the ``ssl_lightning.testing`` checks) passes on the example;
+    the known-bad variant without gathers is ``test_the_example_is_exact_under_ddp``'s."""
+    block = next(block for block in PYTHON_BLOCKS if block.startswith("# test_my_methods.py"))
+    (my_methods / "test_my_methods.py").write_text(block)
+    import test_my_methods
+
+    try:
+        test_my_methods.test_micro_batches_equal_the_whole_batch()
+        test_my_methods.test_two_processes_equal_one()
+        test_my_methods.test_resume_is_exact(tmp_path / "checkpoints")
+    finally:
+        sys.modules.pop("test_my_methods", None)

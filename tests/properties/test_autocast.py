@@ -20,12 +20,17 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_ddp_utils import KeyedViews, PrecomputedViews, TensorDataModule, fit_and_dump
 from opt_outs import skip_opted_out
 from torch import Tensor, nn
 
 import ssl_lightning.losses as losses
 from ssl_lightning.methods.registry import MethodEntry, method_entries
+from ssl_lightning.testing.trainer_runs import (
+    KeyedViews,
+    PrecomputedViews,
+    TensorDataModule,
+    fit_and_dump,
+)
 
 ENTRIES = method_entries()
 OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)

@@ -17,7 +17,11 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import (
+from opt_outs import skip_opted_out
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from ssl_lightning.methods.registry import MethodEntry, method_entries
+from ssl_lightning.testing.trainer_runs import (
     KeyedViews,
     PrecomputedViews,
     TensorDataModule,
@@ -25,10 +29,6 @@ from lightning_ddp_utils import (
     fit_and_dump,
     trainer_state,
 )
-from opt_outs import skip_opted_out
-from pytorch_lightning.callbacks import ModelCheckpoint
-
-from ssl_lightning.methods.registry import MethodEntry, method_entries
 
 ENTRIES = method_entries()
 OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)

@@ -21,12 +21,17 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from distributed_utils import run_in_processes
-from lightning_ddp_utils import KeyedViews, TensorDataModule, ddp_global_order, queue_contents
 from opt_outs import skip_opted_out
 from torch import Tensor
 from torch.utils.data import Subset
 
 from ssl_lightning.methods.registry import MethodEntry, method_entries
+from ssl_lightning.testing.differences import state_differences
+from ssl_lightning.testing.trainer_runs import (
+    KeyedViews,
+    TensorDataModule,
+    ddp_global_order,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -61,25 +66,6 @@ def _worker(rank: int, world: int) -> dict[str, dict[str, Tensor]]:
     return {entry.name: _fit(entry, BATCH, world) for entry in _checked()}
 
 
-def differences(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> dict[str, float]:
-    """Entries differing by more than :data:`TOLERANCE` (relative) -> their difference."""
-    problems = {}
-    for key, want in expected.items():
-        got = actual[key]
-        if key.endswith("queue"):
-            got, want = queue_contents(got), queue_contents(want)
-        if got.shape != want.shape:
-            problems[key] = float("inf")
-        elif want.is_floating_point():
-            norm = float(want.double().norm()) or 1.0
-            difference = float((got.double() - want.double()).norm()) / norm
-            if difference > TOLERANCE:
-                problems[key] = difference
-        elif not torch.equal(got, want) and not key.endswith(("ptr", "shuffle_step")):
-            problems[key] = float("inf")  # pointers follow the enqueue order, like the slots
-    return problems
-
-
 @pytest.fixture(scope="module")
 def runs() -> tuple[list[dict], dict]:
     """The 2-process runs (one pool job) and the 1-process runs in the sampler's order."""
@@ -93,5 +79,5 @@ def test_two_processes_equal_one_process_in_sampler_order(entry: MethodEntry, ru
     skip_opted_out(entry, "ddp_equals_one_process")
     ranks, single = runs
     for rank, state in enumerate(ranks):
-        problems = differences(state[entry.name], single[entry.name])
+        problems = state_differences(state[entry.name], single[entry.name], TOLERANCE)
         assert not problems, f"{entry.name}, rank {rank}: {problems}"

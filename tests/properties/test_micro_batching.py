@@ -21,17 +21,17 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import (
+from opt_outs import skip_opted_out
+from torch import Tensor
+
+from ssl_lightning.methods.registry import MethodEntry, method_entries
+from ssl_lightning.testing.trainer_runs import (
     KeyedViews,
     PrecomputedViews,
     TensorDataModule,
     fit_and_dump,
     max_relative_difference,
 )
-from opt_outs import skip_opted_out
-from torch import Tensor
-
-from ssl_lightning.methods.registry import MethodEntry, method_entries
 
 OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)
 ENTRIES = method_entries()

@@ -12,16 +12,16 @@ import os
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import (
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.methods import NNBYOL, NNCLR, All4One, MoCoV2Plus, NNSiam, ReSSL, SimCLR, SupCon
+from ssl_lightning.testing.trainer_runs import (
     PrecomputedViews,
     TensorDataModule,
     assert_states_close,
     fit_and_dump,
 )
-from pytorch_lightning.callbacks import ModelCheckpoint
-
-from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.methods import NNBYOL, NNCLR, All4One, MoCoV2Plus, NNSiam, ReSSL, SimCLR, SupCon
 
 pytestmark = pytest.mark.slow
 

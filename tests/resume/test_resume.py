@@ -9,18 +9,18 @@ import os
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_ddp_utils import (
-    PrecomputedViews,
-    TensorDataModule,
-    assert_states_close,
-    fit_and_dump,
-)
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import TensorDataset
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.callbacks import KNNCallback, OnlineProbe
 from ssl_lightning.methods import SimCLR
+from ssl_lightning.testing.trainer_runs import (
+    PrecomputedViews,
+    TensorDataModule,
+    assert_states_close,
+    fit_and_dump,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -9,12 +9,12 @@ import os
 
 import pytest
 import torch
-from lightning_ddp_utils import assert_states_close, fit_and_dump
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.data import ImageFolderDataModule, SimCLRViews
 from ssl_lightning.methods import SimCLR
+from ssl_lightning.testing.trainer_runs import assert_states_close, fit_and_dump
 
 pytestmark = pytest.mark.slow
 

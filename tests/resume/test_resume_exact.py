@@ -37,7 +37,8 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_ddp_utils import assert_states_close
+
+from ssl_lightning.testing.trainer_runs import assert_states_close
 
 pytestmark = pytest.mark.slow
 

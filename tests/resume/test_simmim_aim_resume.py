@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_ddp_utils import assert_states_close
 from test_resume_exact import RESUME_POINTS, straight_and_resumed
+
+from ssl_lightning.testing.trainer_runs import assert_states_close
 
 pytestmark = pytest.mark.slow
 

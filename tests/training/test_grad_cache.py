@@ -20,13 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_ddp_utils import (
-    PrecomputedViews,
-    TensorDataModule,
-    ddp_global_order,
-    fit_and_dump,
-    max_relative_difference,
-)
 from momentum_utils import fit_and_resume, views_loader
 from torch import Tensor
 from torch.utils.data import Subset
@@ -34,6 +27,13 @@ from torch.utils.data import Subset
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import SimCLR
 from ssl_lightning.methods.registry import method_entry, small_convnet
+from ssl_lightning.testing.trainer_runs import (
+    PrecomputedViews,
+    TensorDataModule,
+    ddp_global_order,
+    fit_and_dump,
+    max_relative_difference,
+)
 from ssl_lightning.training.grad_cache import grad_cached_loss
 
 OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)

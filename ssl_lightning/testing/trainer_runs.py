@@ -1,4 +1,4 @@
-"""Reusable parts of the end-to-end (Lightning Trainer) DDP-equivalence and resume tests.
+"""Building blocks of the end-to-end (Lightning Trainer) DDP-equivalence and resume checks.
 
 - :class:`PrecomputedViews`: a dataset of fixed, precomputed views (deterministic, so two runs
   see exactly the same pixels), with integer targets.
@@ -31,11 +31,11 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ssl_lightning._lightning import pl
 from ssl_lightning.data.seeding import sample_seed
 
 

@@ -1,0 +1,110 @@
+"""The public checks of :mod:`ssl_lightning.testing` pass on a registered method and fail,
+naming what differs, on a known-bad user method of each kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.methods import SSLMethod
+from ssl_lightning.methods.registry import method_entries
+from ssl_lightning.testing import (
+    KeyedViews,
+    PrecomputedViews,
+    TensorDataModule,
+    assert_micro_batches_equal_whole_batch,
+    assert_resume_is_exact,
+    assert_two_processes_equal_one,
+)
+
+SIMCLR = next(e for e in method_entries() if e.name == "simclr")
+OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():  # type: ignore[no-untyped-def]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Aligned(SSLMethod):
+    """A user's method: the two views' projections pulled together, the batch's mean
+    projection pushed to zero; ``flaw`` makes it break one property."""
+
+    def __init__(self, backbone: nn.Module, flaw: str = "", **kwargs: Any) -> None:
+        super().__init__(backbone, **kwargs)
+        self.head = nn.Linear(self.feature_dim, 8)
+        self.flaw = flaw
+        self.steps_seen = 0  # "resume": algorithm state kept outside the checkpoint
+
+    def forward_views(self, views: list[Tensor]) -> dict[str, Any]:
+        features = self.backbone(views[0])
+        z1, z2 = self.head(features), self.head(self.backbone(views[1]))
+        if self.flaw == "micro":  # one random scale per forward call: per micro-batch
+            z1 = z1 * (1 + torch.rand((), dtype=z1.dtype))
+        return {"z1": z1, "z2": z2, "features": features}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z1, z2 = outputs["z1"], outputs["z2"]
+        mean = z1 if self.flaw == "ddp" else self.gather(z1)  # "ddp": this rank's mean only
+        loss = (z1 - z2).pow(2).sum(1).mean() + mean.mean(0).pow(2).sum()
+        if self.flaw == "resume":
+            self.steps_seen += 1
+            loss = loss * self.steps_seen
+        return loss
+
+
+def make_simclr(**kwargs: Any) -> SSLMethod:
+    return SIMCLR.small(**OPTIM, **kwargs)
+
+
+def make_aligned(flaw: str = "", **kwargs: Any) -> SSLMethod:
+    return Aligned(SmallConvNet(widths=(4, 8)), flaw=flaw, **OPTIM, **kwargs)
+
+
+def make_ddp_flawed() -> SSLMethod:
+    return make_aligned("ddp")
+
+
+def _data(seeded: bool = True) -> TensorDataModule:
+    return TensorDataModule((KeyedViews if seeded else PrecomputedViews)(16, SIMCLR.views), 8)
+
+
+def test_micro_batches_pass_on_a_registered_method_with_data_module_or_batches() -> None:
+    assert_micro_batches_equal_whole_batch(make_simclr, _data())
+    assert_micro_batches_equal_whole_batch(make_aligned, list(_data(False).train_dataloader()))
+
+
+def test_micro_batches_fail_on_randomness_per_micro_batch() -> None:
+    with pytest.raises(AssertionError, match=r"micro_batch_size=2 differs.*\n  (model|loss)"):
+        assert_micro_batches_equal_whole_batch(
+            lambda **kwargs: make_aligned("micro", **kwargs), _data())
+
+
+def test_resume_passes_on_a_registered_method(tmp_path: Path) -> None:
+    assert_resume_is_exact(make_simclr, _data(), str(tmp_path))
+
+
+def test_resume_fails_on_state_outside_the_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError,
+                       match=r"resuming after epoch 1 differs.*\n  (model|optimizer)"):
+        assert_resume_is_exact(lambda: make_aligned("resume"), _data(), str(tmp_path))
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_passes_and_names_the_method_using_rank_statistics() -> None:
+    """One pool job: the registered method and a loss on this rank's batch mean only."""
+    with pytest.raises(AssertionError) as caught:
+        assert_two_processes_equal_one([make_simclr, make_aligned, make_ddp_flawed],
+                                       KeyedViews(24, SIMCLR.views))
+    message = str(caught.value)
+    assert "make_ddp_flawed, rank 0" in message and "make_ddp_flawed, rank 1" in message
+    assert "make_simclr" not in message and "make_aligned," not in message
+    assert "head.weight: " in message
