@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler
 from ssl_lightning._lightning import pl
 from ssl_lightning.backbones.dense import dense_features
 from ssl_lightning.callbacks.knn import padding_mask, val_sampler
-from ssl_lightning.distributed import is_distributed, rank
+from ssl_lightning.distributed import all_reduce_sum_no_grad, is_distributed, rank
 from ssl_lightning.evaluation.checkpoint import backbone_from_checkpoint, resolve_checkpoint
 
 
@@ -79,12 +79,13 @@ def real_samples(trainer: pl.Trainer | None, dataloader_idx: int, start: int,
     Raises:
         ValueError: the sampler's rank is not this process's (a Trainer started inside a
             process group without ``LOCAL_RANK``/``RANK``: every process would score rank 0's
-            share).
+            share); checked at the first batch of each loader, a collective.
     """
     sampler = val_sampler(trainer, dataloader_idx) if trainer is not None else None
-    if isinstance(sampler, DistributedSampler) and is_distributed() \
-            and sampler.rank != rank():
-        raise ValueError(f"The val sampler of process {rank()} is rank {sampler.rank}'s: set "
-                         f"LOCAL_RANK, RANK and WORLD_SIZE before starting the Trainer in a "
-                         f"process group of your own.")
+    if isinstance(sampler, DistributedSampler) and is_distributed() and start == 0:
+        wrong = torch.tensor([float(sampler.rank != rank())], device=device)
+        if float(all_reduce_sum_no_grad(wrong)[0]) > 0:  # every rank raises, none waits
+            raise ValueError("A val sampler's rank is not its process's: set LOCAL_RANK, RANK "
+                             "and WORLD_SIZE before starting the Trainer in a process group "
+                             "of your own.")
     return padding_mask(start + count, sampler, device)[start:]
