@@ -151,7 +151,7 @@ def _knn_ranks(rank: int, world: int, root: str) -> torch.Tensor:
         matrix.counts.zero_()
     for i in range(rank, len(bank), world):
         image, mask = bank[i]
-        knn.add_to_bank(image[None], mask[None], i)
+        knn.add_to_bank(image[None], mask[None], [i])
     for i in range(rank, len(queries), world):
         image, mask = queries[i]
         for k, dist in knn.label_maps(image[None]).items():
@@ -168,3 +168,51 @@ def test_dense_knn_on_two_processes_gives_the_scores_of_one(data_root: Path) -> 
     one = _knn_ranks(0, 1, str(data_root / "seg"))
     for result in run_in_processes(_knn_ranks, 2, str(data_root / "seg")):
         torch.testing.assert_close(result, one, rtol=0, atol=1e-9)
+
+
+def _validate_probes(rank: int, world: int, seg_root: str, depth_root: str) -> torch.Tensor:
+    """Every dense probe's val scores (float64 metrics) through ``Trainer.validate``: ``ddp``
+    in the pool's process group on 2 processes (its ranks told to Lightning), one process
+    otherwise. 5 bank and 5 val images, so rank 1's last batches are DistributedSampler's
+    padding; the kNN keeps a random subset of each bank image's patches."""
+    import os
+    import tempfile
+
+    if world > 1:  # Lightning reads the ranks from here; without them all would be rank 0
+        os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
+    common = {"checkpoint": "random", "crop_size": 32, "stride": 16, "image_size": 32}
+    runs = [(SegLinearProbe(_backbone(), num_classes=3, lrs=[0.1, 0.2], **common),
+             SegmentationDataModule(seg_root, num_classes=3, bank_images=0, **TINY)),
+            (DepthLinearProbe(_backbone(), num_bins=8, lrs=[0.1], **common),
+             DepthDataModule(depth_root, bank_images=0, **TINY)),
+            (DenseKNNSegmentation(_backbone(), num_classes=3, checkpoint="random", ks=[1, 10],
+                                  patches_per_image=8),
+             SegmentationDataModule(seg_root, num_classes=3, **TINY))]
+    torch.set_num_threads(1)  # the same kernels as the one-process run
+    generator = torch.Generator().manual_seed(1)
+    for probe, _ in runs[:2]:  # untrained heads of std 1: no near-ties between outputs
+        for head in probe.heads:
+            head[1].weight.data.normal_(generator=generator)
+    values = []
+    for probe, data in runs:
+        with tempfile.TemporaryDirectory() as root:
+            trainer = pl.Trainer(accelerator="cpu", devices=world,
+                                 strategy="ddp" if world > 1 else "auto", logger=False,
+                                 enable_progress_bar=False, enable_model_summary=False,
+                                 default_root_dir=root)
+            trainer.validate(probe, data, verbose=False)
+        values += [v.double().flatten() for scores in probe.results.values()
+                   for v in scores.values()]
+    return torch.cat(values)
+
+
+@pytest.mark.slow
+def test_every_dense_probe_validates_on_two_processes_as_on_one(tmp_path: Path) -> None:
+    from distributed_utils import run_in_processes
+
+    seg = str(make_segmentation_folder(tmp_path / "seg", train=5, val=5))
+    depth = str(make_depth_folder(tmp_path / "depth", train=5, val=5))
+    one = _validate_probes(0, 1, seg, depth)
+    assert len(one) == 23  # 2 + 1 heads' scores, 2 ks' scores
+    for result in run_in_processes(_validate_probes, 2, seg, depth):
+        torch.testing.assert_close(result, one, rtol=0, atol=1e-9, equal_nan=True)

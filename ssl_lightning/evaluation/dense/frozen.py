@@ -8,10 +8,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import DistributedSampler
 
 from ssl_lightning._lightning import pl
 from ssl_lightning.backbones.dense import dense_features
 from ssl_lightning.callbacks.knn import padding_mask, val_sampler
+from ssl_lightning.distributed import all_reduce_sum_no_grad, is_distributed, rank
 from ssl_lightning.evaluation.checkpoint import backbone_from_checkpoint, resolve_checkpoint
 
 
@@ -72,6 +74,18 @@ def sliding_window(predict: Callable[[Tensor], Tensor], image: Tensor, crop: int
 def real_samples(trainer: pl.Trainer | None, dataloader_idx: int, start: int,
                  count: int, device: torch.device) -> Tensor:
     """Which of a val batch's ``count`` samples (this rank's samples ``start ..``) are real and
-    not the duplicates ``DistributedSampler`` pads the last batch with."""
+    not the duplicates ``DistributedSampler`` pads the last batch with.
+
+    Raises:
+        ValueError: the sampler's rank is not this process's (a Trainer started inside a
+            process group without ``LOCAL_RANK``/``RANK``: every process would score rank 0's
+            share); checked at the first batch of each loader, a collective.
+    """
     sampler = val_sampler(trainer, dataloader_idx) if trainer is not None else None
+    if isinstance(sampler, DistributedSampler) and is_distributed() and start == 0:
+        wrong = torch.tensor([float(sampler.rank != rank())], device=device)
+        if float(all_reduce_sum_no_grad(wrong)[0]) > 0:  # every rank raises, none waits
+            raise ValueError("A val sampler's rank is not its process's: set LOCAL_RANK, RANK "
+                             "and WORLD_SIZE before starting the Trainer in a process group "
+                             "of your own.")
     return padding_mask(start + count, sampler, device)[start:]

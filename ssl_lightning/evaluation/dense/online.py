@@ -12,13 +12,12 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ssl_lightning._lightning import pl
-from ssl_lightning.callbacks.knn import gather_variable
 from ssl_lightning.data.dense_layouts import IGNORE_INDEX, SegLayout
 from ssl_lightning.data.dense_pairs import SegmentationDataModule
 from ssl_lightning.distributed import rank, world_size
 from ssl_lightning.evaluation.dense.frozen import patch_features
 from ssl_lightning.evaluation.dense.metrics import ConfusionMatrix
-from ssl_lightning.evaluation.dense.seg_knn import bank_patches, knn_label_maps
+from ssl_lightning.evaluation.dense.seg_knn import bank_patches, gather_bank, knn_label_maps
 
 
 def dense_knn_scores(backbone: nn.Module, bank: Dataset, queries: Dataset, num_classes: int,
@@ -31,18 +30,19 @@ def dense_knn_scores(backbone: nn.Module, bank: Dataset, queries: Dataset, num_c
     rank must call it)."""
     device = device or torch.device("cpu")
     world, me = world_size(), rank()
-    rows, dists = [], []
+    rows, dists, owners = [], [], []
     for i in range(me, len(bank), world):  # type: ignore[arg-type]
         image, mask = bank[i]
-        feats, dist = bank_patches(patch_features(backbone, image[None].to(device)),
-                                   mask[None].to(device), num_classes, patches_per_image, i)
+        feats, dist, owner = bank_patches(patch_features(backbone, image[None].to(device)),
+                                          mask[None].to(device), num_classes,
+                                          patches_per_image, [i])
         rows.append(feats)
         dists.append(dist)
-    features = gather_variable(torch.cat(rows)) if rows else None
-    labels = gather_variable(torch.cat(dists)) if dists else None
-    if features is None or labels is None:
+        owners.append(owner)
+    if not rows:
         raise ValueError("The dense kNN bank of a process is empty: use at least as many bank "
                          "images as processes.")
+    features, labels = gather_bank(torch.cat(rows), torch.cat(dists), torch.cat(owners))
     matrices = {k: ConfusionMatrix(num_classes, IGNORE_INDEX) for k in ks}
     for i in range(me, len(queries), world):  # type: ignore[arg-type]
         image, mask = queries[i]

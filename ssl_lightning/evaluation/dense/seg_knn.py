@@ -13,11 +13,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning._lightning import pl
-from ssl_lightning.callbacks.knn import gather_variable
+from ssl_lightning.callbacks.knn import gather_variable, val_sampler
 from ssl_lightning.data.dense_layouts import IGNORE_INDEX
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX
 from ssl_lightning.evaluation.dense.frozen import frozen_backbone, patch_features, real_samples
 from ssl_lightning.evaluation.dense.metrics import ConfusionMatrix
+from ssl_lightning.evaluation.fewshot import dataset_positions
 
 
 def patch_label_distributions(masks: Tensor, grid: tuple[int, int], num_classes: int) -> Tensor:
@@ -31,27 +32,37 @@ def patch_label_distributions(masks: Tensor, grid: tuple[int, int], num_classes:
 
 
 def bank_patches(features: Tensor, masks: Tensor, num_classes: int,
-                 patches_per_image: int | None, first_index: int) -> tuple[Tensor, Tensor]:
+                 patches_per_image: int | None, indices: Sequence[int]
+                 ) -> tuple[Tensor, Tensor, Tensor]:
     """The memory-bank rows of a batch: L2-normalised patch features ``(N, C)`` of the
-    ``(B, C, h, w)`` map and their class shares ``(N, num_classes)``, without the patches that
-    have no labelled pixel; ``patches_per_image`` keeps a random subset of each image, drawn
-    from its dataset index (``first_index + i``)."""
+    ``(B, C, h, w)`` map, their class shares ``(N, num_classes)`` and the dataset index of
+    their image ``(N,)``, without the patches that have no labelled pixel;
+    ``patches_per_image`` keeps a random subset of each image, drawn from its dataset index
+    (``indices[i]``, so that any split over processes draws the same subsets)."""
     features = F.normalize(features, dim=1)
     grid = (features.shape[-2], features.shape[-1])
     labels = patch_label_distributions(masks, grid, num_classes)
     features = features.permute(0, 2, 3, 1)
-    rows, dists = [], []
-    for i in range(len(features)):
+    rows, dists, owners = [], [], []
+    for i, index in enumerate(indices):
         feats, dist = features[i].flatten(0, 1), labels[i].flatten(0, 1)
         keep = dist.sum(dim=1) > 0
         feats, dist = feats[keep], dist[keep]
         if patches_per_image is not None and len(feats) > patches_per_image:
-            generator = torch.Generator().manual_seed(first_index + i)
+            generator = torch.Generator().manual_seed(int(index))
             pick = torch.randperm(len(feats), generator=generator)[:patches_per_image]
             feats, dist = feats[pick.to(feats.device)], dist[pick.to(feats.device)]
         rows.append(feats)
         dists.append(dist)
-    return torch.cat(rows), torch.cat(dists)
+        owners.append(torch.full((len(feats),), int(index), device=feats.device))
+    return torch.cat(rows), torch.cat(dists), torch.cat(owners)
+
+
+def gather_bank(features: Tensor, labels: Tensor, owners: Tensor) -> tuple[Tensor, Tensor]:
+    """The bank rows of every rank in dataset order (the order of one process, so that the
+    neighbours' ties break alike): stably sorted by their image's dataset index ``owners``."""
+    order = torch.sort(gather_variable(owners), stable=True).indices
+    return gather_variable(features)[order], gather_variable(labels)[order]
 
 
 def knn_label_maps(features: Tensor, bank: Tensor, labels: Tensor, ks: Sequence[int],
@@ -111,6 +122,7 @@ class DenseKNNSegmentation(pl.LightningModule):
         self.results: dict[str, dict[str, Tensor]] = {}
         self._bank: list[Tensor] = []
         self._labels: list[Tensor] = []
+        self._owners: list[Tensor] = []
         self._bank_ready: tuple[Tensor, Tensor] | None = None
         self._seen = [0, 0]
 
@@ -120,16 +132,18 @@ class DenseKNNSegmentation(pl.LightningModule):
         return self
 
     def on_validation_epoch_start(self) -> None:
-        self._bank, self._labels, self._bank_ready, self._seen = [], [], None, [0, 0]
+        self._bank, self._labels, self._owners, self._bank_ready = [], [], [], None
+        self._seen = [0, 0]
         for matrix in self.matrices.values():
             matrix.counts.zero_()
 
-    def add_to_bank(self, images: Tensor, masks: Tensor, first_index: int) -> None:
-        """Add the labelled patches of a bank batch (images ``first_index ..`` of this rank)."""
-        feats, dists = bank_patches(patch_features(self.backbone, images), masks,
-                                    self.num_classes, self.patches_per_image, first_index)
+    def add_to_bank(self, images: Tensor, masks: Tensor, indices: Sequence[int]) -> None:
+        """Add the labelled patches of a bank batch (the images of dataset ``indices``)."""
+        feats, dists, owners = bank_patches(patch_features(self.backbone, images), masks,
+                                            self.num_classes, self.patches_per_image, indices)
         self._bank.append(feats)
         self._labels.append(dists)
+        self._owners.append(owners)
 
     def bank(self) -> tuple[Tensor, Tensor]:
         """The bank of every rank (a collective; built once per validation)."""
@@ -138,7 +152,9 @@ class DenseKNNSegmentation(pl.LightningModule):
             feats = torch.cat(self._bank) if self._bank else torch.zeros(0, 1, device=device)
             labels = torch.cat(self._labels) if self._labels else torch.zeros(
                 0, self.num_classes, device=device)
-            self._bank_ready = (gather_variable(feats), gather_variable(labels))
+            owners = torch.cat(self._owners) if self._owners else torch.zeros(
+                0, dtype=torch.int64, device=device)
+            self._bank_ready = gather_bank(feats, labels, owners)
         return self._bank_ready
 
     def label_maps(self, images: Tensor) -> dict[int, Tensor]:
@@ -155,7 +171,9 @@ class DenseKNNSegmentation(pl.LightningModule):
         self._seen[dataloader_idx] += len(images)
         if dataloader_idx == 0:
             if keep.any():
-                self.add_to_bank(images[keep], masks[keep], start)
+                indices = dataset_positions(start + len(images),
+                                            val_sampler(self.trainer, 0))[start:]
+                self.add_to_bank(images[keep], masks[keep], indices[keep.cpu()].tolist())
             return
         maps = self.label_maps(images)  # every rank takes part in the bank's gather
         for k, dist in maps.items():
@@ -170,4 +188,4 @@ class DenseKNNSegmentation(pl.LightningModule):
             self.log(f"val/miou_{name}", scores["miou"].float(), sync_dist=True)
         best = max(self.results.values(), key=lambda s: float(torch.nan_to_num(s["miou"], -1)))
         self.log("val/miou", best["miou"].float(), prog_bar=True, sync_dist=True)
-        self._bank, self._labels, self._bank_ready = [], [], None
+        self._bank, self._labels, self._owners, self._bank_ready = [], [], [], None
