@@ -20,8 +20,9 @@ from ssl_lightning.methods.simclr import SimCLR
     tests="tests/methods/test_renamed_arguments.py",
     opt_outs={"model_help_accepted": (
         "--model.help DCL offers SimCLR's NT-Xent options margin, queue_size and "
-        "memory_bank_size (inherited through **kwargs) and DCL refuses them; until DCL stops "
-        "inheriting SimCLR's __init__ (issue 36 item 3), passing them is one clear error")},
+        "memory_bank_size (inherited through **kwargs) and DCL refuses them, since old "
+        "checkpoints pass them back at their fixed values; until DCL stops inheriting "
+        "SimCLR's __init__, passing another value is one clear error")},
     small=lambda backbone, **kw: DCL(backbone, projection_hidden_dim=16, projection_dim=8,
                                      head_batch_norm=False, **kw),
 )
