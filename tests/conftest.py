@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,30 @@ from slow_tier import pytest_runtest_call, pytest_runtest_setup
 __all__ = ["pytest_runtest_call", "pytest_runtest_setup"]
 
 ImageFolderMaker = Callable[..., Path]
+
+#: The rendezvous variables a process group in this process reads. Lightning's launchers write
+#: them into ``os.environ`` (``MASTER_PORT`` stays set after a ddp_spawn fit or an in-process
+#: sharded fit), so the next test's process group, or a subprocess inheriting the environment,
+#: would bind the same port while an earlier store may still listen on it (EADDRINUSE).
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+_SESSION_RENDEZVOUS = {name: os.environ.get(name) for name in RENDEZVOUS}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rendezvous() -> Iterator[None]:
+    """Every test starts with the session's rendezvous variables (normally none), so each
+    process group it starts picks a free port of its own."""
+    _restore_rendezvous()
+    yield
+    _restore_rendezvous()
+
+
+def _restore_rendezvous() -> None:
+    for name, value in _SESSION_RENDEZVOUS.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 # The suite's image indexes (ssl_lightning/data/indexing.py) are cached in a temporary folder of
 # its own (inherited by the CLI subprocesses), not in ~/.cache; under pytest-xdist, one per worker.
