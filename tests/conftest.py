@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from PIL import Image
 
@@ -44,6 +45,16 @@ def _fresh_rendezvous() -> Iterator[None]:
     _restore_rendezvous()
     yield
     _restore_rendezvous()
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for a module of tiny-tensor tests (``pytestmark =
+    pytest.mark.usefixtures("one_thread")``): faster there, and fair to a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _restore_rendezvous() -> None:

@@ -36,12 +36,8 @@ ALPHA = 1e-4
 DRAWS = 2000
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: Tiny tensors: one intra-op thread is faster (and fair to a shared machine).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # (recipe, image height, width): CIFAR as the configs (simclr, dcl, supcon, moco_v2; simsiam's
 # crop scale), the ImageNet recipe (blur, s=1) at 32 px on non-square images with

@@ -137,12 +137,8 @@ def assert_close(got: Any, want: Any, what: str) -> None:
                                    msg=lambda m: f"{what}: {m}")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: Tiny tensors: one intra-op thread is faster (and fair to a shared machine).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])

@@ -44,13 +44,8 @@ TOLERANCE = 1e-10
 SEEDS = {"sample_seeds": True, "no_seeds": False}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: one intra-op thread is faster (and fair to a shared machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: Tiny tensors: one intra-op thread is faster (and fair to a shared machine).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class RecordSteps(pl.Callback):

@@ -39,13 +39,8 @@ from ssl_lightning.training.grad_cache import grad_cached_loss
 OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: one intra-op thread is faster (and fair to a shared machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: Tiny tensors: one intra-op thread is faster (and fair to a shared machine).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 #: float64 exactness (see tests/properties/test_micro_batching.py).
