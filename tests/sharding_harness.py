@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from pytorch_lightning.callbacks import ModelCheckpoint
-from torch.utils.data import DistributedSampler, Subset
+from torch.utils.data import Subset
 
 import ssl_lightning.callbacks.ema as ema_module
 from ssl_lightning.backbones import ViT
@@ -68,12 +68,6 @@ DINOV3_SGD = dict(optimizer="sgd", lr=0.05, clip_grad=0.5)
 #: j * WORLD + r. The others see the rank batches concatenated, the order of the gathered batch
 #: (and of a queue, whose slots are compared here directly).
 BY_POSITION = ("dinov2", "dinov3", "wmse", "smog")
-
-
-def sampler_order() -> list[int]:
-    """One process's sample order: DistributedSampler's with one replica (the DDP ranks take
-    every WORLD-th index of it)."""
-    return list(DistributedSampler(range(SAMPLES), num_replicas=1, rank=0, seed=0))
 
 
 def vit(**kwargs: Any) -> ViT:
@@ -161,8 +155,8 @@ def fit_tensors(name: str, strategy: Any, devices: int, save_to: Path | None = N
     process) and return its full state; optionally save a checkpoint at the end."""
     data = KeyedViews(SAMPLES, VIEWS.get(name, (16, 16)), dtype=torch.float64)
     if devices == 1:
-        data = Subset(data, sampler_order() if name in BY_POSITION
-                      else ddp_global_order(SAMPLES, WORLD, BATCH))
+        data = Subset(data, ddp_global_order(SAMPLES, WORLD, BATCH,
+                                             sampler_order=name in BY_POSITION))
     model = make_method(name)
     trainer = _trainer(strategy, devices)
     trainer.fit(model, TensorDataModule(data, BATCH * WORLD // devices))
