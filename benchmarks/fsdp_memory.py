@@ -2,10 +2,11 @@
 
 DINO (student + EMA teacher) with a ViT-S/4 (width 384, 12 blocks, 6 heads; 2 x 24M
 parameters with the heads) on 32 px views, AdamW, fitted a few steps through the CLI's strategy
-(:class:`ssl_lightning.sharding.ShardedStrategy`) and Lightning's Trainer. Each process reports
-the bytes it holds of parameters (student and teacher), gradients and AdamW state (its local
-shards), its peak resident set size (``ru_maxrss``: activations, buffers, the Python / torch
-baseline) and the seconds per step; with and without activation checkpointing of the blocks.
+(:class:`ssl_lightning.distributed.sharding.ShardedStrategy`) and Lightning's Trainer. Each
+process reports the bytes it holds of parameters (student and teacher), gradients and AdamW
+state (its local shards), its peak resident set size (``ru_maxrss``: activations, buffers, the
+Python / torch baseline) and the seconds per step; with and without activation checkpointing of the
+blocks.
 
     python benchmarks/fsdp_memory.py                      # 1, 2, 4 processes, both settings
     python benchmarks/fsdp_memory.py --processes 2 --steps 3 --batch-size 16
@@ -38,8 +39,8 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset
 
 from ssl_lightning.backbones import ViT
+from ssl_lightning.distributed.sharding import ShardedStrategy, local_tensor
 from ssl_lightning.methods import DINO
-from ssl_lightning.sharding import ShardedStrategy, local_tensor
 
 MiB = 2**20
 

@@ -9,6 +9,7 @@ from ssl_lightning._lightning import NAMESPACE as LIGHTNING_NAMESPACE  # noqa: F
 from ssl_lightning.backbones import ResNet, SmallConvNet, TimmBackbone, TorchvisionBackbone, ViT
 from ssl_lightning.callbacks import *  # noqa: F401,F403
 from ssl_lightning.callbacks import __all__ as _callbacks
+from ssl_lightning.cli.pretrain import PretrainResult, pretrain
 from ssl_lightning.data import *  # noqa: F401,F403
 from ssl_lightning.data import __all__ as _data
 from ssl_lightning.evaluation import *  # noqa: F401,F403
@@ -17,7 +18,6 @@ from ssl_lightning.losses import *  # noqa: F401,F403
 from ssl_lightning.losses import __all__ as _losses
 from ssl_lightning.methods import *  # noqa: F401,F403
 from ssl_lightning.methods import __all__ as _methods
-from ssl_lightning.pretraining import PretrainResult, pretrain
 
 __version__ = "0.1.0"
 __all__ = [

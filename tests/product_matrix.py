@@ -162,7 +162,7 @@ def _saved_step(checkpoint: str) -> int:
     """``global_step`` of a checkpoint file or of a sharded checkpoint directory."""
     import torch
 
-    from ssl_lightning.sharding import META_FILE, is_sharded_checkpoint
+    from ssl_lightning.distributed.sharding import META_FILE, is_sharded_checkpoint
 
     path = Path(checkpoint) / META_FILE if is_sharded_checkpoint(checkpoint) else checkpoint
     return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
@@ -176,7 +176,7 @@ def run_config(config: Path, workdir: Path, data_root: Path, world_size: int,
     it (``own_strategy``: they select the strategy), on ``shards`` if given; returns what the
     test checks."""
     from ssl_lightning.cli import main
-    from ssl_lightning.sharding import is_sharded_checkpoint
+    from ssl_lightning.distributed.sharding import is_sharded_checkpoint
 
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)

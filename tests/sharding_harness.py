@@ -9,13 +9,13 @@ their own.
 :func:`run_all` spawns 2 CPU processes. Before joining a process group, rank r fits the
 single-process references (the global batch of 8 on one process) of every other method; then
 both join one gloo group and every method is fitted with Lightning's DDP and with
-:class:`~ssl_lightning.sharding.ShardedStrategy` inside that group (the product matrix's trick:
-one start-up for all fits). Tiny ViTs (depth 1, width 16, 8 px), 24 precomputed samples (3
-optimiser steps of 4 per rank), float64 through ``torch.set_default_dtype`` (Lightning refuses
-``precision="64-true"`` for ``ModelParallelStrategy``; under ``32-true`` a float64 model and
-float64 data stay float64). Every sample carries its seed (:class:`KeyedViews`, as the data
-modules' batches do), so the masks of iBOT, DINOv2, MAE and I-JEPA are drawn per sample, the same
-on 1 process, under DDP and sharded.
+:class:`~ssl_lightning.distributed.sharding.ShardedStrategy` inside that group (the product
+matrix's trick: one start-up for all fits). Tiny ViTs (depth 1, width 16, 8 px), 24
+precomputed samples (3 optimiser steps of 4 per rank), float64 through
+``torch.set_default_dtype`` (Lightning refuses ``precision="64-true"`` for
+``ModelParallelStrategy``; under ``32-true`` a float64 model and float64 data stay float64). Every
+sample carries its seed (:class:`KeyedViews`, as the data modules' batches do), so the masks of
+iBOT, DINOv2, MAE and I-JEPA are drawn per sample, the same on 1 process, under DDP and sharded.
 
 The resume check uses the real image-folder data module (random augmentations, its stateful
 loader) in fp32: a straight sharded run writes a distributed checkpoint after every step (3 per
@@ -45,9 +45,9 @@ from torch.utils.data import Subset
 import ssl_lightning.callbacks.ema as ema_module
 from ssl_lightning.backbones import ViT
 from ssl_lightning.data import GramCropViews, ImageFolderDataModule, SimCLRViews
+from ssl_lightning.distributed.sharding import ShardedStrategy
 from ssl_lightning.methods import BYOL, DINOv3, SimCLR, VIbCReg
 from ssl_lightning.methods.registry import method_entries, method_entry, small_convnet, small_vit
-from ssl_lightning.sharding import ShardedStrategy
 from ssl_lightning.testing.process_pool import free_port
 from ssl_lightning.testing.trainer_runs import KeyedViews, TensorDataModule, ddp_global_order
 
@@ -223,7 +223,7 @@ def _teacher_wrapped_whole() -> str:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from ssl_lightning.sharding import check_same_sharding, shard_units
+    from ssl_lightning.distributed.sharding import check_same_sharding, shard_units
 
     model, mesh = make_method("dino"), init_device_mesh("cpu", (WORLD,))
     for unit in list(shard_units(model.backbone)):

@@ -21,14 +21,15 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ssl_lightning.backbones.pretrained import load_torch_data, state_differences
+from ssl_lightning.backbones.pretrained import state_differences
 from ssl_lightning.backbones.spec import build_backbone
-from ssl_lightning.deprecation import rename_state_keys, renamed_prefix
-from ssl_lightning.sharding import (
+from ssl_lightning.compat.renamed import rename_state_keys, renamed_prefix
+from ssl_lightning.distributed.sharding import (
     incomplete_checkpoint_directory,
     is_sharded_checkpoint,
     load_sharded_checkpoint,
 )
+from ssl_lightning.io.torch_files import load_torch_data
 
 DEFAULT_PREFIX = "backbone."
 #: Checkpoint entry with the backbone's ``{"class_path", "init_args"}`` (written by SSLMethod).
@@ -46,7 +47,7 @@ def load_checkpoint(path: str | os.PathLike, what: str = "Checkpoint",
     The file is read with ``torch.load(weights_only=True)``: tensors and plain containers
     only, so a file that pickles other Python objects (which could run code) is refused. A
     sharded checkpoint directory (``ShardedStrategy``) is read whole, its shards assembled
-    (:func:`ssl_lightning.sharding.load_sharded_checkpoint`).
+    (:func:`ssl_lightning.distributed.sharding.load_sharded_checkpoint`).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -82,7 +83,7 @@ def backbone_state_dict(
 ) -> dict[str, Tensor]:
     """The backbone weights of a checkpoint, with ``prefix`` stripped from their names. Teacher
     prefixes resolve under their old names too (``key_backbone.``, ``target_backbone.``: see
-    :mod:`ssl_lightning.deprecation`), in the request and in the checkpoint.
+    :mod:`ssl_lightning.compat.renamed`), in the request and in the checkpoint.
 
     Raises:
         FileNotFoundError, ValueError: See :func:`load_checkpoint_state_dict`; also a

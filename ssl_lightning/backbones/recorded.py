@@ -1,7 +1,7 @@
 """``Method.load_from_checkpoint(path)`` without arguments: the backbone of a checkpoint rebuilt
 from its recorded ``backbone_spec`` (:mod:`ssl_lightning.backbones.spec`, under the same class
 allow-list as evaluation, ``embed`` and ``export``), and a sharded checkpoint directory read
-whole (:func:`ssl_lightning.sharding.load_sharded_checkpoint`)."""
+whole (:func:`ssl_lightning.distributed.sharding.load_sharded_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch import nn
 
 from ssl_lightning.backbones.checkpoint import SPEC_KEY, load_checkpoint
 from ssl_lightning.backbones.spec import build_backbone
-from ssl_lightning.sharding import is_sharded_checkpoint
+from ssl_lightning.distributed.sharding import is_sharded_checkpoint
 
 
 def recorded_backbone(path: str | os.PathLike, method: str) -> nn.Module:

@@ -40,7 +40,7 @@ def _shipped_config(value: str) -> str:
     """``value`` itself when it is a file (or a config given inline), else the path of the
     shipped config of that name; a name or file that is neither exits with 2 and the shipped
     names."""
-    from ssl_lightning import commands
+    from ssl_lightning.cli import commands
 
     is_name = _CONFIG_NAME.fullmatch(value) is not None
     if Path(value).exists() or not (is_name or _CONFIG_FILE.fullmatch(value)):
@@ -65,7 +65,7 @@ def _shipped_config(value: str) -> str:
 def resolve_config_names(argv: list[str]) -> list[str]:
     """``argv`` with each ``--config NAME`` / ``-c NAME`` / ``--config=NAME`` that is not a file
     but the name of a shipped config (``simclr`` or ``simclr.yaml``, from
-    :data:`ssl_lightning.commands.CONFIGS_DIR`) replaced by that config's path."""
+    :data:`ssl_lightning.cli.commands.CONFIGS_DIR`) replaced by that config's path."""
     resolved = list(argv)
     for i, arg in enumerate(resolved):
         if arg.startswith("--config="):
@@ -96,7 +96,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
             ssl_lightning's own types); the message is on stderr.
     """
     import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
-    from ssl_lightning.commands import EXTRA_COMMANDS, project_description
+    from ssl_lightning.cli.commands import EXTRA_COMMANDS, project_description
 
     quiet_known_warnings()
     if NAMESPACE != "pytorch_lightning":  # the shipped configs name pytorch_lightning classes

@@ -1,13 +1,13 @@
 """``python -m ssl_lightning consolidate SHARDED_DIR OUTPUT [--overwrite]``: one checkpoint file
 from a sharded (``ShardedStrategy``) checkpoint directory, read as data
-(:func:`ssl_lightning.sharding.load_sharded_checkpoint`)."""
+(:func:`ssl_lightning.distributed.sharding.load_sharded_checkpoint`)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from ssl_lightning.sharding import load_sharded_checkpoint
+from ssl_lightning.distributed.sharding import load_sharded_checkpoint
 
 
 def consolidate(source: str | os.PathLike[str], output: str | os.PathLike[str],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ssl_lightning.commands import shared_config_pieces, shipped_configs
+from ssl_lightning.cli.commands import shared_config_pieces, shipped_configs
 
 OUR_BACKBONES = {
     "ResNet": "ResNet-18/34/50/... with an optional CIFAR stem (--model.backbone ResNet "

@@ -25,10 +25,10 @@ from torch import nn
 
 from ssl_lightning._lightning import rank_zero_warn
 from ssl_lightning.cli.errors import CLIError
-from ssl_lightning.deprecation import rename_hyperparameters, rename_state_keys
+from ssl_lightning.compat.renamed import rename_hyperparameters, rename_state_keys
+from ssl_lightning.distributed.sharding import ShardedStrategy, is_sharded_checkpoint
 from ssl_lightning.evaluation.checkpoint import load_checkpoint
 from ssl_lightning.io import atomic_path
-from ssl_lightning.sharding import ShardedStrategy, is_sharded_checkpoint
 
 #: Hyperparameters a resume cannot change (the optimiser state is specific to the optimiser).
 FIXED_ON_RESUME = ("optimizer",)

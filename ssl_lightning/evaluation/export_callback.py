@@ -21,10 +21,10 @@ from ssl_lightning._lightning import pl
 from ssl_lightning.backbones import backbone_spec
 from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.data.preprocessing import preprocessing_record
+from ssl_lightning.distributed.sharding import full_state_dict
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, SPEC_KEY
 from ssl_lightning.evaluation.export_metadata import timm_pretrained_cfg, write_sidecar
 from ssl_lightning.io import atomic_path, run_directory
-from ssl_lightning.sharding import full_state_dict
 
 NativeFormat = Literal["torchvision", "timm", "state_dict"]
 FitExportFormat = Literal["auto", "torchvision", "timm", "state_dict"]

@@ -37,7 +37,7 @@ from ssl_lightning.losses.chunked_contrastive import (
     two_view_pairs,
 )
 from ssl_lightning.losses.numerics import at_least_fp32
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.queues import FeatureQueue
 
 
 class NTXentLoss(nn.Module):

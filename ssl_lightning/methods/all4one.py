@@ -28,8 +28,8 @@ from ssl_lightning.heads import NeighbourTransformer, PredictionHead
 from ssl_lightning.losses import All4OneLoss
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.queues import NearestNeighbourSupport
 from ssl_lightning.training.ema import Schedule, momentum_teacher
-from ssl_lightning.training.support_set import NearestNeighbourSupport
 
 
 @register_method(

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ssl_lightning.deprecation import renamed_argument
+from ssl_lightning.compat.renamed import renamed_argument
 from ssl_lightning.distributed import all_reduce_sum_with_grad
 from ssl_lightning.losses import BarlowTwinsLoss
 from ssl_lightning.methods.base import SSLMethod

@@ -22,14 +22,15 @@ from torch import Tensor, nn
 from ssl_lightning._lightning import rank_zero_warn
 from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.backbones.recorded import checkpoint_source, recorded_backbone
+from ssl_lightning.compat.renamed import rename_hyperparameters
 from ssl_lightning.data.preprocessing import PREPROCESSING_KEY, preprocessing_record
-from ssl_lightning.deprecation import rename_hyperparameters
 from ssl_lightning.distributed import (
     all_gather_no_grad,
     all_gather_with_grad,
     flatten_gathered,
     rank,
 )
+from ssl_lightning.distributed.sharding import require_sharded_strategy, shard_method, sharded_paths
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.optim import (
     LRScaling,
@@ -44,8 +45,7 @@ from ssl_lightning.optim import (
     schedule_position,
     split_decay_groups,
 )
-from ssl_lightning.queue import FeatureQueue
-from ssl_lightning.sharding import require_sharded_strategy, shard_method, sharded_paths
+from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.divergence import check_finite_loss, check_finite_weights
 from ssl_lightning.training.grad_cache import (
     add_step_inputs,
@@ -143,7 +143,7 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
     #: ``--ckpt_path`` check does not compare their shapes.
     data_sized_state: ClassVar[tuple[str, ...]] = ()
     #: Deprecated constructor argument names of this class -> their new names (accepted with a
-    #: warning for one release, see :mod:`ssl_lightning.deprecation`; never saved).
+    #: warning for one release, see :mod:`ssl_lightning.compat.renamed`; never saved).
     renamed_arguments: ClassVar[dict[str, str]] = {}
 
     def __init__(
@@ -353,9 +353,9 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
 
     def configure_model(self) -> None:
         """Under ``ShardedStrategy`` (``configs/shared/fsdp.yaml``): shard the backbone, heads
-        and teachers with FSDP2, once (:func:`ssl_lightning.sharding.shard_method`; the
+        and teachers with FSDP2, once (:func:`ssl_lightning.distributed.sharding.shard_method`; the
         strategy's ``activation_checkpointing`` and ``mixed_precision``). Lightning's own
-        ``ModelParallelStrategy`` is refused (:func:`ssl_lightning.sharding.
+        ``ModelParallelStrategy`` is refused (:func:`ssl_lightning.distributed.sharding.
         require_sharded_strategy`)."""
         if self._device_mesh is None or sharded_paths(self.backbone):
             return

@@ -37,11 +37,11 @@ from ssl_lightning._lightning import isolate_rng, rank_zero_info
 from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.clustering import DatasetBank
 from ssl_lightning.data.seeding import sample_indices, sample_seed
+from ssl_lightning.distributed.sharding import copy_full
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
-from ssl_lightning.sharding import copy_full
 from ssl_lightning.training.sample_rng import keyed_forward
 from ssl_lightning.training.train_set_pass import epoch0_batches, train_mode_unchanged_state
 

@@ -31,13 +31,13 @@ from ssl_lightning.backbones.checkpoint import DEFAULT_PREFIX
 from ssl_lightning.backbones.dense import dense_features
 from ssl_lightning.backbones.teacher import frozen_teacher, weight_fingerprint
 from ssl_lightning.backbones.tokens import layout
+from ssl_lightning.distributed.sharding import full_state_dict
 from ssl_lightning.heads.mlp import build_mlp
 from ssl_lightning.losses.distillation import VARIANTS, DistillationLoss, Variant
 from ssl_lightning.methods.base import Batch, SSLMethod
 from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import LRScaling, OptimizerName
-from ssl_lightning.queue import FeatureQueue
-from ssl_lightning.sharding import full_state_dict
+from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.mixup import global_batch_mixup
 from ssl_lightning.training.step_rng import step_seed
 

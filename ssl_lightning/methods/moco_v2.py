@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.deprecation import renamed_argument
+from ssl_lightning.compat.renamed import renamed_argument
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import InfoNCELoss
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.methods.moco_v2 import MoCoV2
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.ema import Schedule
 
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from ssl_lightning._lightning import pl
 from ssl_lightning.callbacks.ema import EMACallback
-from ssl_lightning.deprecation import rename_state_keys_hook
+from ssl_lightning.compat.renamed import rename_state_keys_hook
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.training.ema import BufferPolicy, Schedule
 

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.deprecation import renamed_argument
+from ssl_lightning.compat.renamed import renamed_argument
 from ssl_lightning.heads import PredictionHead, ProjectionHead
 from ssl_lightning.losses import NNCLRLoss
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
-from ssl_lightning.training.support_set import NearestNeighbourSupport
+from ssl_lightning.queues import NearestNeighbourSupport
 
 
 @register_method(

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.methods.simsiam import SimSiam
-from ssl_lightning.training.support_set import NearestNeighbourSupport
+from ssl_lightning.queues import NearestNeighbourSupport
 
 
 @register_method(

@@ -27,7 +27,7 @@ from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import ReSSLLoss
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
 

@@ -8,7 +8,7 @@ projections assigned to them (:func:`~ssl_lightning.clustering.momentum_group_up
 β = 0.99), and the other view's prediction is trained to pick that group among all of them
 (cross-entropy of cosine scores / τ, :class:`DeepClusterLoss` with one "head" per direction).
 Every ``reset_every`` steps the groups are reset by spherical k-means over a bank of recent
-student projections (a :class:`~ssl_lightning.queue.FeatureQueue`) and the teacher to the
+student projections (a :class:`~ssl_lightning.queues.FeatureQueue`) and the teacher to the
 student (the paper's Table 7b).
 
 Every update uses the gathered global batch, so the groups, the bank and the k-means result are
@@ -37,7 +37,7 @@ from ssl_lightning.distributed import rank, sampler_order, world_size
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.queues import FeatureQueue
 
 
 @register_method(

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.multicrop import forward_by_resolution
-from ssl_lightning.deprecation import renamed_argument
+from ssl_lightning.compat.renamed import renamed_argument
 from ssl_lightning.distributed import all_gather_no_grad, rank, world_size
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import SwAVLoss

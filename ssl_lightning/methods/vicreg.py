@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from ssl_lightning.deprecation import renamed_argument
+from ssl_lightning.compat.renamed import renamed_argument
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import VICRegLoss
 from ssl_lightning.methods.base import SSLMethod

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ssl_lightning._lightning import pl
-from ssl_lightning.sharding import is_sharded, local_tensor
+from ssl_lightning.distributed.sharding import is_sharded, local_tensor
 
 ADVICE = (
     "Try a lower learning rate (--model.lr), a longer warm-up (--model.warmup_epochs), "

@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ssl_lightning.sharding import layout_name, local_tensor, same_layout
+from ssl_lightning.distributed.sharding import layout_name, local_tensor, same_layout
 
 Schedule = Literal["cosine", "constant"]
 BufferPolicy = Literal["copy", "ema", "none"]

@@ -1,4 +1,4 @@
-"""``--config NAME`` resolves a shipped config (from ``ssl_lightning.commands.CONFIGS_DIR``)
+"""``--config NAME`` resolves a shipped config (from ``ssl_lightning.cli.commands.CONFIGS_DIR``)
 from any working directory; a file path keeps meaning that file; an unknown name lists the
 shipped ones."""
 
@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ssl_lightning import commands
-from ssl_lightning.cli import main, resolve_config_names
-from ssl_lightning.commands import shipped_configs
+from ssl_lightning.cli import commands, main, resolve_config_names
+from ssl_lightning.cli.commands import shipped_configs
 
 
 def _printed_config(capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -74,7 +73,7 @@ def test_every_listing_of_configs_reads_one_folder(monkeypatch, tmp_path: Path) 
     """``--config NAME``, ``list configs``, ``pretrain``'s methods and ``--help`` all read the
     configs from ``commands.shipped_configs()``."""
     from ssl_lightning.cli.listing import config_rows
-    from ssl_lightning.pretraining import method_names
+    from ssl_lightning.cli.pretrain import method_names
 
     shipped = tmp_path / "packaged"
     (shipped / "shared").mkdir(parents=True)

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("litdata")
 from litdata import StreamingDataset  # noqa: E402
 
-from ssl_lightning.commands import EXTRA_COMMANDS  # noqa: E402
+from ssl_lightning.cli.commands import EXTRA_COMMANDS  # noqa: E402
 from ssl_lightning.data import ImageFolderDataset  # noqa: E402
 from ssl_lightning.data.shard_manifest import MANIFEST, file_sha256  # noqa: E402
 from ssl_lightning.data.shards import write_shards  # noqa: E402

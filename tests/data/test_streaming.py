@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("litdata")
 
-from ssl_lightning.commands import EXTRA_COMMANDS  # noqa: E402
+from ssl_lightning.cli.commands import EXTRA_COMMANDS  # noqa: E402
 from ssl_lightning.data import (  # noqa: E402
     DeviceViews,
     ImageFolderDataModule,

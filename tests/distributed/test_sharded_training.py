@@ -10,8 +10,8 @@ import pytest
 import torch
 from sharding_harness import BATCHNORM, METHODS, WORLD, make_method, run_all, run_resume
 
+from ssl_lightning.distributed.sharding import load_sharded_checkpoint
 from ssl_lightning.methods.registry import method_entries
-from ssl_lightning.sharding import load_sharded_checkpoint
 from ssl_lightning.testing.trainer_runs import assert_states_close
 
 pytestmark = pytest.mark.slow

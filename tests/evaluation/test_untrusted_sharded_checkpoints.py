@@ -165,7 +165,7 @@ def test_a_byte_item_that_runs_a_command_is_refused(copy, marker, tmp_path, caps
     """torch's planner reads non-tensor items with ``torch.load(weights_only=False)``."""
     import torch.distributed.checkpoint as dcp
 
-    from ssl_lightning.sharding import load_sharded_checkpoint
+    from ssl_lightning.distributed.sharding import load_sharded_checkpoint
 
     state = {"state_dict": dict(load_sharded_checkpoint(copy)["state_dict"])}
     state["state_dict"]["note"] = _Command(marker)

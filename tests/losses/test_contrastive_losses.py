@@ -280,7 +280,7 @@ def test_bad_input_is_rejected_with_the_value() -> None:
 
 
 def test_support_set_nearest_is_the_highest_cosine_row() -> None:
-    from ssl_lightning.queue import FeatureQueue
+    from ssl_lightning.queues import FeatureQueue
 
     queue = FeatureQueue(6, 4)
     g = torch.Generator().manual_seed(4)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ssl_lightning.losses import InfoNCELoss, MoCoV3Loss
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.queues import FeatureQueue
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

@@ -81,7 +81,7 @@ def test_bad_settings_fail_in_init(make, message: str) -> None:
 
 
 def test_support_set_top_k_is_ordered_and_checked() -> None:
-    from ssl_lightning.training.support_set import NearestNeighbourSupport
+    from ssl_lightning.queues import NearestNeighbourSupport
 
     support = NearestNeighbourSupport(6, 3)
     support.add(torch.eye(3).repeat(2, 1) * torch.tensor([[1.0], [1.0], [1.0], [2.0], [3.0],

@@ -1,5 +1,5 @@
 """The lists the docs keep by hand agree with the lists of the code: the commands (the CLI's
-subcommand map, :data:`ssl_lightning.commands.EXTRA_COMMANDS`), the shipped configs
+subcommand map, :data:`ssl_lightning.cli.commands.EXTRA_COMMANDS`), the shipped configs
 (``configs/``), the test folders and the data modules' shared arguments. The lists of methods
 are checked against the registry in ``tests/methods/test_registry.py`` (the README row, the
 docs sections) and in ``tests/product/test_docs_messages.py`` (the unknown-method message); the
@@ -12,7 +12,7 @@ import inspect
 import re
 from pathlib import Path
 
-from ssl_lightning.commands import EXTRA_COMMANDS, project_description
+from ssl_lightning.cli.commands import EXTRA_COMMANDS, project_description
 from ssl_lightning.data.base import SSLDataModule
 from ssl_lightning.data.transforms import SimCLRViews
 
@@ -39,7 +39,7 @@ def test_the_cli_page_names_every_command_of_the_subcommand_map() -> None:
                                            "The commands beside LightningCLI's")))
     assert listed == set(EXTRA_COMMANDS), (
         f"docs/cli.md's list of commands lacks {sorted(set(EXTRA_COMMANDS) - listed)} and names "
-        f"{sorted(listed - set(EXTRA_COMMANDS))}, which ssl_lightning.commands.EXTRA_COMMANDS "
+        f"{sorted(listed - set(EXTRA_COMMANDS))}, which ssl_lightning.cli.commands.EXTRA_COMMANDS "
         "does not have")
 
 

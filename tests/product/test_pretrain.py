@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 import ssl_lightning
-from ssl_lightning.pretraining import backbone_spec, method_config, preset_for
+from ssl_lightning.cli.pretrain import backbone_spec, method_config, preset_for
 
 #: One CPU step of training, one validation batch: just enough to produce a checkpoint.
 SHORT = ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true",

@@ -56,7 +56,7 @@ EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
     "consolidate": _consolidate, "shard": _shard, "compare": _compare,
 }
 
-CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # shipped with the package
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"  # shipped with the package
 
 
 def shipped_configs() -> list[Path]:

@@ -57,7 +57,7 @@ class PretrainResult:
 
 def method_names() -> list[str]:
     """The methods :func:`pretrain` knows: the pre-training configs shipped in ``configs/``."""
-    from ssl_lightning.commands import shipped_configs
+    from ssl_lightning.cli.commands import shipped_configs
 
     return [p.stem for p in shipped_configs() if p.stem not in EVALUATION_CONFIGS]
 
@@ -68,7 +68,7 @@ def method_config(method: str) -> Path:
     Raises:
         ValueError: no such method (or not a name); the message lists them.
     """
-    from ssl_lightning.commands import CONFIGS_DIR
+    from ssl_lightning.cli.commands import CONFIGS_DIR
 
     known = method_names()
     name = method.lower().replace("-", "_") if isinstance(method, str) else None

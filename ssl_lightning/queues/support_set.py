@@ -5,7 +5,7 @@ Visual Representations", ICCV 2021, §3.1: a FIFO queue of normalised projection
 batches; each projection of the current batch is replaced by its nearest stored neighbour (All4One,
 Estepa et al. 2023, also uses the top-k). The methods fill it with the projections of the
 *gathered* batch, so it is the same on every rank and on one process holding the global batch;
-it is a :class:`~ssl_lightning.queue.FeatureQueue` (buffers ``queue``, ``queue_ptr``), so it
+it is a :class:`~ssl_lightning.queues.FeatureQueue` (buffers ``queue``, ``queue_ptr``), so it
 resumes with the checkpoint.
 """
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.queues.feature_queue import FeatureQueue
 
 
 class NearestNeighbourSupport(FeatureQueue):

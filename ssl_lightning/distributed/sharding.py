@@ -177,11 +177,12 @@ def require_sharded_strategy(strategy: object) -> None:
     if isinstance(strategy, ModelParallelStrategy) and not isinstance(strategy, ShardedStrategy):
         raise ValueError(
             f"{type(strategy).__name__}: the methods shard under "
-            "ssl_lightning.sharding.ShardedStrategy, Lightning's ModelParallelStrategy with a "
-            "loader that resumes layers without optimiser state yet (DINO's frozen last layer) "
-            "and atomic checkpoint directories; Lightning's own class cannot resume every "
-            "method. Compose configs/shared/fsdp.yaml after the method's config (--config "
-            "configs/shared/fsdp.yaml), or pass strategy=ShardedStrategy() in Python."
+            "ssl_lightning.distributed.sharding.ShardedStrategy, Lightning's "
+            "ModelParallelStrategy with a loader that resumes layers without optimiser state "
+            "yet (DINO's frozen last layer) and atomic checkpoint directories; Lightning's own "
+            "class cannot resume every method. Compose configs/shared/fsdp.yaml after the "
+            "method's config (--config configs/shared/fsdp.yaml), or"
+            " pass strategy=ShardedStrategy() in Python."
         )
 
 
@@ -206,8 +207,8 @@ def check_same_sharding(pairs: Sequence[tuple[nn.Module, nn.Module]]) -> None:
         if s != t:
             raise ValueError(
                 f"EMA teacher {type(teacher).__name__} is sharded as units {t or 'none'} but its "
-                f"student as {s or 'none'}; wrap both with ssl_lightning.sharding.shard_method "
-                "so their local shards line up."
+                f"student as {s or 'none'}; wrap both with "
+                "ssl_lightning.distributed.sharding.shard_method so their local shards line up."
             )
 
 
@@ -264,7 +265,7 @@ def load_sharded_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
-    from ssl_lightning.backbones.pretrained import load_torch_data
+    from ssl_lightning.io.torch_files import load_torch_data
 
     if not Path(path).is_dir():
         raise ValueError(f"{os.fspath(path)!r} is not a directory; name a sharded checkpoint "
