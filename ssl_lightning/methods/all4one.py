@@ -120,11 +120,13 @@ class All4One(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.support_set = NearestNeighbourSupport(queue_size, projection_dim)
+        self.neighbours, self.loss_chunk_size = neighbours, loss_chunk_size
+        self.temperature, self.centroid_temperature = temperature, centroid_temperature
+        self.loss_weights = (neighbour_weight, centroid_weight, feature_weight)
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return All4OneLoss(hp["temperature"], hp["centroid_temperature"], hp["neighbour_weight"],
-                           hp["centroid_weight"], hp["feature_weight"], hp["loss_chunk_size"])
+        return All4OneLoss(self.temperature, self.centroid_temperature, *self.loss_weights,
+                           self.loss_chunk_size)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
@@ -145,7 +147,7 @@ class All4One(MomentumMethod):
     def centroids(self, teacher: Tensor, shift: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The nearest neighbour of every teacher projection (B, D), the transformer's summary
         of its top-k neighbours and that of the shifted sequence ``[shift, NN_1..NN_{k-1}]``."""
-        k = self.hparams["neighbours"]
+        k = self.neighbours
         top = self.support_set.top_k(teacher, k)  # (B, k, D), no gradient
         shifted = torch.cat([shift[:, None], top[:, : k - 1].to(shift.dtype)], dim=1)
         return top[:, 0], self.transformer(top.to(shift.dtype)), self.transformer(shifted)

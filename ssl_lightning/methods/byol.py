@@ -73,6 +73,7 @@ class BYOL(MomentumMethod):
         ), projection_dim, projection_dim, "projection_dim")
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
+        self.projection_dim = projection_dim
 
     def build_criterion(self) -> nn.Module:
         return BYOLLoss()

@@ -55,16 +55,18 @@ class DirectCLR(SSLMethod):
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
+        self.temperature, self.loss_chunk_size = temperature, loss_chunk_size
+        self.loss_dim = loss_dim
         if not 1 <= loss_dim <= self.feature_dim:
             raise ValueError(f"DirectCLR loss_dim must be in [1, {self.feature_dim}] (the "
                              f"backbone's feature size), got {loss_dim}; lower it.")
 
     def build_criterion(self) -> nn.Module:
-        return NTXentLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])
+        return NTXentLoss(self.temperature, self.loss_chunk_size)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)
-        batch, dim = views[0].shape[0], self.hparams["loss_dim"]
+        batch, dim = views[0].shape[0], self.loss_dim
         features = self.backbone(torch.cat([views[0], views[1]]))
         z1, z2 = features[:, :dim].chunk(2)
         return {"z1": z1, "z2": z2, "features": features[:batch]}

@@ -121,6 +121,9 @@ class Distillation(SSLMethod):
             raise ValueError(f"queue_size must be >= 1, got {queue_size}.")
         super().__init__(backbone, optimizer=optimizer, lr=lr, lr_scaling=lr_scaling,
                          weight_decay=weight_decay, **kwargs)
+        self.variant, self.teacher_image_size, self.mixup = variant, teacher_image_size, mixup
+        self.temperature, self.local_temperature = temperature, local_temperature
+        self.local_weight = local_weight
         self.teacher = frozen_teacher(teacher, teacher_checkpoint, teacher_checkpoint_prefix,
                                       teacher_spec)
         if teacher is not None:  # load_from_checkpoint rebuilds it from the spec
@@ -132,8 +135,7 @@ class Distillation(SSLMethod):
                 f"teacher_blocks={teacher_blocks} needs a teacher with forward_dense(x, "
                 f"last_blocks) (ssl_lightning.ViT); {type(self.teacher).__name__} has none. Set "
                 "teacher_blocks: 1.")
-        size, student_size = teacher_image_size or self.hparams["image_size"], \
-            self.hparams["image_size"]
+        size, student_size = teacher_image_size or self.image_size, self.image_size
         teacher_dim = feature_dim(self.teacher, size)
         if variant != "patch_mse":
             self.global_head = nn.Linear(self.feature_dim, teacher_dim)
@@ -151,9 +153,8 @@ class Distillation(SSLMethod):
                                          batch_norm=False, activation=nn.GELU))
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return DistillationLoss(hp["variant"], hp["temperature"], hp["local_temperature"],
-                                hp["local_weight"])
+        return DistillationLoss(self.variant, self.temperature, self.local_temperature,
+                                self.local_weight)
 
     def trainable_modules(self) -> list[nn.Module]:
         return [m for m in self.children() if m is not self.teacher]
@@ -167,10 +168,10 @@ class Distillation(SSLMethod):
     @torch.no_grad()
     def teacher_features(self, x: Tensor) -> tuple[Tensor | None, Tensor]:
         """The teacher's map (None for ``"global"``) and pooled embedding of images ``x``."""
-        size = self.hparams["teacher_image_size"]
+        size = self.teacher_image_size
         if size is not None and tuple(x.shape[-2:]) != (size, size):
             x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-        if self.hparams["variant"] == "global":
+        if self.variant == "global":
             return None, self.teacher(x)
         if self.blocks > 1:
             return self.teacher.forward_dense(x, last_blocks=self.blocks)  # type: ignore[operator]
@@ -184,7 +185,7 @@ class Distillation(SSLMethod):
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets, *seeds = batch
-        if self.hparams["mixup"]:
+        if self.mixup:
             seed = step_seed(self.rng_seed, self.current_epoch, batch_idx, 0)
             views = [self.mix(views[0], seed), *views[1:]]
         return super().training_step((views, targets, *seeds), batch_idx)
@@ -202,7 +203,7 @@ class Distillation(SSLMethod):
                                         align_corners=False)
             outputs["student_patches"] = self.patch_head(student_map.flatten(2).transpose(1, 2))
             outputs["teacher_patches"] = teacher_map.flatten(2).transpose(1, 2)
-        if self.hparams["variant"] != "patch_mse":
+        if self.variant != "patch_mse":
             outputs["student_global"] = self.global_head(outputs["features"])
         return outputs
 
@@ -212,7 +213,7 @@ class Distillation(SSLMethod):
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         queue = None
-        if self.hparams["variant"] != "patch_mse":
+        if self.variant != "patch_mse":
             self.enqueue_teacher(outputs["teacher_global"])
             queue = self.queue.negatives()
         return self.criterion(outputs.get("student_global"), outputs["teacher_global"], queue,

@@ -42,14 +42,14 @@ class FastSiam(SimSiam):
             raise ValueError(f"FastSiam needs num_views >= 2 (each view's target is the mean of "
                              f"the others), got {num_views}; the paper uses 4.")
         super().__init__(backbone, **kwargs)
-        self.views_used = num_views
+        self.views_used = self.num_views = num_views
 
     def build_criterion(self) -> nn.Module:
         return FastSiamLoss()
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        views = views[: self.hparams["num_views"]]
-        self.require_views(views, self.hparams["num_views"])
+        views = views[: self.num_views]
+        self.require_views(views, self.num_views)
         features = [self.backbone(v) for v in views]
         z = [self.projector(f) for f in features]
         return {"p": [self.predictor(t) for t in z], "z": z, "features": features[0]}

@@ -88,16 +88,16 @@ class MAE(SSLMethod):
     ) -> None:
         super().__init__(backbone, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
                          betas=betas, warmup_epochs=warmup_epochs, **kwargs)
-        self.image_size = int(self.hparams["image_size"])
         self.grid = token_grid(backbone, self.image_size, "MAE")
         self.masking = RandomMasking(self.grid ** 2, mask_ratio)  # validates the ratio
         self.patch_size = as_token_backbone(backbone).patch_size
         self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
         self.decoder = MaskedPredictor(self.feature_dim, self.patch_size ** 2 * 3, self.grid,
                                        decoder_dim, decoder_depth, decoder_heads)
+        self.norm_pix_loss = norm_pix_loss
 
     def build_criterion(self) -> nn.Module:
-        return MAELoss(self.hparams["norm_pix_loss"])
+        return MAELoss(self.norm_pix_loss)
 
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
         """``(keep, masked)`` patch indices (B, K), (B, N − K) of this rank's samples: from

@@ -98,12 +98,13 @@ class MoCoV2(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.queue = FeatureQueue(queue_size, projection_dim)
+        self.temperature, self.projection_dim = temperature, projection_dim
         self.symmetric = symmetric
         self.shuffle_bn = shuffle_bn
         self.register_buffer("shuffle_step", torch.zeros((), dtype=torch.long))
 
     def build_criterion(self) -> nn.Module:
-        return InfoNCELoss(self.hparams["temperature"])
+        return InfoNCELoss(self.temperature)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]

@@ -55,7 +55,7 @@ class MoCoV2Plus(MoCoV2):
                          momentum_base=momentum_base, momentum_end=momentum_end,
                          momentum_schedule=momentum_schedule, **kwargs)
         # self.queue (MoCoV2's) holds the view-2 keys; this one the view-1 keys.
-        self.queue_view1 = FeatureQueue(queue_size, self.hparams["projection_dim"], seed=1)
+        self.queue_view1 = FeatureQueue(queue_size, self.projection_dim, seed=1)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         loss = (self.criterion(outputs["query1"], outputs["key2"], self.queue.negatives())

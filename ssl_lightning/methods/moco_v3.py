@@ -84,9 +84,10 @@ class MoCoV3(MomentumMethod):
         ), projection_dim, projection_dim, "projection_dim")
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
+        self.temperature = temperature
 
     def build_criterion(self) -> nn.Module:
-        return MoCoV3Loss(self.hparams["temperature"])
+        return MoCoV3Loss(self.temperature)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]

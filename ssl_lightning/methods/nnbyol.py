@@ -43,7 +43,7 @@ class NNBYOL(BYOL):
 
     def __init__(self, backbone: nn.Module, queue_size: int = 65536, **kwargs: Any) -> None:
         super().__init__(backbone, **kwargs)
-        self.support_set = NearestNeighbourSupport(queue_size, self.hparams["projection_dim"])
+        self.support_set = NearestNeighbourSupport(queue_size, self.projection_dim)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z1, z2 = outputs["z1"], outputs["z2"]  # momentum projections (no gradient)

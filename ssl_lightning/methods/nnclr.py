@@ -95,9 +95,10 @@ class NNCLR(SSLMethod):
             projection_dim, predictor_hidden_dim, projection_dim, batch_norm=head_batch_norm,
         ), projection_dim, projection_dim, "projection_dim")
         self.support_set = NearestNeighbourSupport(queue_size, projection_dim)
+        self.temperature, self.loss_chunk_size = temperature, loss_chunk_size
 
     def build_criterion(self) -> nn.Module:
-        return NNCLRLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])
+        return NNCLRLoss(self.temperature, self.loss_chunk_size)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

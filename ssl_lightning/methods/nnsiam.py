@@ -42,7 +42,7 @@ class NNSiam(SimSiam):
 
     def __init__(self, backbone: nn.Module, queue_size: int = 65536, **kwargs: Any) -> None:
         super().__init__(backbone, **kwargs)
-        self.support_set = NearestNeighbourSupport(queue_size, self.hparams["projection_dim"])
+        self.support_set = NearestNeighbourSupport(queue_size, self.projection_dim)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z1 = outputs["z1"].detach()

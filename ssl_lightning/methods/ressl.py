@@ -91,9 +91,12 @@ class ReSSL(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.queue = FeatureQueue(queue_size, projection_dim)
+        self.student_temperature, self.teacher_temperature = (student_temperature,
+                                                              teacher_temperature)
+        self.weak_views = weak_views
 
     def build_criterion(self) -> nn.Module:
-        return ReSSLLoss(self.hparams["student_temperature"], self.hparams["teacher_temperature"])
+        return ReSSLLoss(self.student_temperature, self.teacher_temperature)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
@@ -105,7 +108,7 @@ class ReSSL(MomentumMethod):
         data = getattr(self.trainer, "datamodule", None)
         transform = getattr(data, "device_transform", None) or getattr(
             data, "train_transform", None)
-        actual, expected = getattr(transform, "weak_views", None), self.hparams["weak_views"]
+        actual, expected = getattr(transform, "weak_views", None), self.weak_views
         if actual is not None and actual != expected:
             raise ValueError(
                 f"ReSSL expects weak_views={expected} (its teacher sees the second view"
