@@ -26,12 +26,13 @@ from ssl_lightning.backbones import SmallConvNet, ViT
 Family = Literal["contrastive", "non-contrastive", "distillation", "clustering", "masked",
                  "predictive"]
 #: The guarantees checked for every registered method (``tests/properties/``: micro-batching,
-#: autocast, checkpoints, model_help, ddp_equals_one_process (in the sampler's order); sharded =
-#: DDP: ``tests/distributed/test_sharded_training.py``); a method opts out of one only with a
+#: autocast, checkpoints, model_help, ddp_equals_one_process (in the sampler's order),
+#: load_without_arguments (``load_from_checkpoint``); sharded = DDP:
+#: ``tests/distributed/test_sharded_training.py``); a method opts out of one only with a
 #: reason (:attr:`MethodEntry.opt_outs`), which the test prints.
 PROPERTIES = ("micro_batching", "micro_batching_seedless", "sharded_equals_ddp", "autocast",
               "checkpoint_weights_only", "model_help_short", "model_help_accepted",
-              "ddp_equals_one_process")
+              "ddp_equals_one_process", "load_from_checkpoint")
 #: Crop sides of two 8 px views, and of 2 global 8 px + 2 local 4 px crops.
 TWO_VIEWS, MULTI_CROP = (8, 8), (8, 8, 4, 4)
 
