@@ -27,7 +27,7 @@ from ssl_lightning.distributed import all_reduce_sum_with_grad
 from ssl_lightning.heads import NeighbourTransformer, PredictionHead
 from ssl_lightning.losses import All4OneLoss
 from ssl_lightning.methods.momentum import MomentumMethod
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 from ssl_lightning.training.support_set import NearestNeighbourSupport
 
@@ -38,6 +38,12 @@ from ssl_lightning.training.support_set import NearestNeighbourSupport
                 "via Self-Attention and Redundancy Reduction",
                 2023, "2303.09417"),
     family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_relational_methods.py",
+    cli_args={
+        "all4one.yaml": (*SMALL_CONVNET_ARGS,
+                         "--model.init_args.projection_hidden_dim", "64",
+                         "--model.init_args.projection_dim", "64",
+                         "--model.init_args.queue_size", "256"),
+    },
     small=lambda backbone, **kw: All4One(backbone, projection_hidden_dim=16, projection_dim=8,
                                          head_batch_norm=False, predictor_hidden_dim=8,
                                          queue_size=16, neighbours=3, transformer_layers=1,

@@ -40,7 +40,7 @@ from ssl_lightning.data.seeding import sample_indices, sample_seed
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
+from ssl_lightning.methods.registry import MULTI_CROP, SMALL_CONVNET_ARGS, Paper, register_method
 from ssl_lightning.sharding import copy_full
 from ssl_lightning.training.sample_rng import keyed_forward
 from ssl_lightning.training.train_set_pass import epoch0_batches, train_mode_unchanged_state
@@ -57,6 +57,14 @@ CROPS_FOR_ASSIGN = 2
     opt_outs={"micro_batching_seedless": (
         "its loss reads each sample's dataset index from the batch's sample seeds, "
         "and batches without them are refused before the first step")},
+    cli_args={
+        "deepcluster_v2.yaml": (*SMALL_CONVNET_ARGS,
+                                "--model.init_args.projection_hidden_dim", "64",
+                                "--model.init_args.num_prototypes", "[4, 3]"),
+    },
+    matrix_args={
+        "deepcluster_v2.yaml": ("--model.init_args.num_prototypes", "[4, 3]"),
+    },
     small=lambda backbone, **kw: DeepClusterV2(backbone, projection_hidden_dim=16,
                                                projection_dim=8, head_batch_norm=False,
                                                num_prototypes=(6, 4), kmeans_iterations=3, **kw),

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.losses import NTXentLoss
 from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 
 
 @register_method(
@@ -25,6 +25,12 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
     paper=Paper("Understanding Dimensional Collapse in Contrastive Self-supervised Learning",
                 2022, "2110.09348"),
     family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_directclr_loss.py",
+    cli_args={
+        "directclr.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.loss_dim", "8"),
+    },
+    matrix_args={
+        "directclr.yaml": ("--model.init_args.loss_dim", "8"),
+    },
     small=lambda backbone, **kw: DirectCLR(backbone, loss_dim=8, **kw),
 )
 class DirectCLR(SSLMethod):

@@ -34,7 +34,13 @@ from ssl_lightning.backbones.tokens import layout
 from ssl_lightning.heads.mlp import build_mlp
 from ssl_lightning.losses.distillation import VARIANTS, DistillationLoss, Variant
 from ssl_lightning.methods.base import Batch, SSLMethod
-from ssl_lightning.methods.registry import Paper, register_method, small_vit
+from ssl_lightning.methods.registry import (
+    SMALL_CONVNET_ARGS,
+    SMALL_TIMM_TEACHER_ARGS,
+    Paper,
+    register_method,
+    small_vit,
+)
 from ssl_lightning.optim import LRScaling, OptimizerName
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.sharding import full_state_dict
@@ -56,6 +62,12 @@ FINGERPRINT_KEY = "teacher_fingerprint"
         "refused; with a teacher from pretrained weights or teacher_checkpoint (every real "
         "run), load_from_checkpoint(path) rebuilds it: tests/methods/test_distillation.py")},
     backbone=lambda: small_vit(),
+    cli_args={
+        "distillation_timm.yaml": SMALL_CONVNET_ARGS,
+    },
+    matrix_args={
+        "distillation_timm.yaml": SMALL_TIMM_TEACHER_ARGS,
+    },
     small=lambda backbone, **kw: Distillation(backbone, teacher=small_vit(embed_dim=24),
                                               queue_size=16, head_hidden_dim=16, image_size=8,
                                               **kw),

@@ -51,6 +51,14 @@ from ssl_lightning.training.sample_rng import active_keys
     family="predictive", views=(8,), tests="tests/methods/test_mim_methods.py",
     docs="docs/masked_image_modeling.md",
     backbone=lambda: small_vit(pool="mean"),
+    cli_args={
+        "ijepa.yaml": ("--model.init_args.backbone.init_args.depth", "1",
+                       "--model.init_args.predictor_depth", "1"),
+    },
+    matrix_args={
+        "ijepa.yaml": ("--model.init_args.predictor_depth", "1",
+                       "--model.init_args.predictor_heads", "2"),
+    },
     small=lambda backbone, **kw: IJEPA(backbone, predictor_dim=16, predictor_depth=1,
                                        predictor_heads=2, momentum_base=0.9, min_context=2,
                                        image_size=8, **kw),

@@ -43,6 +43,14 @@ from ssl_lightning.training.sample_rng import active_keys
     family="masked", views=(8,), tests="tests/methods/test_mim_methods.py",
     docs="docs/masked_image_modeling.md",
     backbone=lambda: small_vit(),
+    cli_args={
+        "mae.yaml": ("--model.init_args.backbone.init_args.depth", "1",
+                     "--model.init_args.decoder_depth", "1"),
+    },
+    matrix_args={
+        "mae.yaml": ("--model.init_args.decoder_depth", "1",
+                     "--model.init_args.decoder_heads", "2"),
+    },
     small=lambda backbone, **kw: MAE(backbone, decoder_dim=16, decoder_depth=1, decoder_heads=2,
                                      image_size=8, **kw),
 )

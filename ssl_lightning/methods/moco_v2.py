@@ -36,6 +36,9 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     "moco_v2", title="MoCo v2", configs=("moco_v2.yaml",),
     paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
     family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    cli_args={
+        "moco_v2.yaml": ("--model.init_args.projection_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: MoCoV2(backbone, projection_hidden_dim=16, projection_dim=8,
                                         queue_size=16, symmetric=True, momentum_base=0.9, **kw),
 )

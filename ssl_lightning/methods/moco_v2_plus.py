@@ -15,7 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ssl_lightning.methods.moco_v2 import MoCoV2
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.training.ema import Schedule
 
@@ -24,6 +24,9 @@ from ssl_lightning.training.ema import Schedule
     "moco_v2_plus", title="MoCo v2+", configs=("moco_v2_plus.yaml",),
     paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
     family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_moco_v2_plus_loss.py",
+    cli_args={
+        "moco_v2_plus.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.projection_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: MoCoV2Plus(backbone, projection_hidden_dim=16, projection_dim=8,
                                             queue_size=16, **kw),
 )

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from ssl_lightning.methods.byol import BYOL
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.support_set import NearestNeighbourSupport
 
 
@@ -26,6 +26,9 @@ from ssl_lightning.training.support_set import NearestNeighbourSupport
                 2021, "2104.14548"),
     family="non-contrastive", views=TWO_VIEWS,
     tests="tests/losses/test_nearest_neighbour_losses.py",
+    cli_args={
+        "nnbyol.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.projection_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: NNBYOL(backbone, projection_hidden_dim=16, projection_dim=8,
                                         head_batch_norm=False, momentum_base=0.9, queue_size=16,
                                         **kw),

@@ -31,6 +31,10 @@ from ssl_lightning.training.support_set import NearestNeighbourSupport
                 2021, "2104.14548"),
     family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
     tests="tests/methods/test_renamed_arguments.py",
+    cli_args={
+        "nnclr.yaml": ("--model.init_args.projection_hidden_dim", "64",
+                       "--model.init_args.predictor_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: NNCLR(backbone, projection_hidden_dim=16, projection_dim=8,
                                        head_batch_norm=False, predictor_hidden_dim=16,
                                        queue_size=16, **kw),

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.methods.simsiam import SimSiam
 from ssl_lightning.training.support_set import NearestNeighbourSupport
 
@@ -25,6 +25,12 @@ from ssl_lightning.training.support_set import NearestNeighbourSupport
                 2021, "2104.14548"),
     family="non-contrastive", views=TWO_VIEWS,
     tests="tests/losses/test_nearest_neighbour_losses.py",
+    cli_args={
+        "nnsiam.yaml": (*SMALL_CONVNET_ARGS,
+                        "--model.init_args.projection_hidden_dim", "64",
+                        "--model.init_args.projection_dim", "64",
+                        "--model.init_args.predictor_hidden_dim", "32"),
+    },
     small=lambda backbone, **kw: NNSiam(backbone, projection_hidden_dim=16, projection_dim=16,
                                         predictor_hidden_dim=8, head_batch_norm=False,
                                         queue_size=16, **kw),

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import ReSSLLoss
 from ssl_lightning.methods.momentum import MomentumMethod
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.queue import FeatureQueue
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
@@ -36,6 +36,12 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     paper=Paper("ReSSL: Relational Self-Supervised Learning with Weak Augmentation",
                 2021, "2107.09282"),
     family="distillation", views=TWO_VIEWS, tests="tests/methods/test_relational_methods.py",
+    cli_args={
+        "ressl.yaml": (*SMALL_CONVNET_ARGS,
+                       "--model.init_args.projection_hidden_dim", "64",
+                       "--model.init_args.projection_dim", "64",
+                       "--model.init_args.queue_size", "256"),
+    },
     small=lambda backbone, **kw: ReSSL(backbone, projection_hidden_dim=16, projection_dim=8,
                                        queue_size=16, momentum_base=0.9, **kw),
 )

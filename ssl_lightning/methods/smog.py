@@ -36,7 +36,7 @@ from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.distributed import rank, sampler_order, world_size
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.byol import BYOL
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.queue import FeatureQueue
 
 
@@ -45,6 +45,18 @@ from ssl_lightning.queue import FeatureQueue
     paper=Paper("Unsupervised Visual Representation Learning by Synchronous Momentum Grouping",
                 2022, "2207.06167"),
     family="clustering", views=TWO_VIEWS, tests="tests/methods/test_smog.py",
+    cli_args={
+        "smog.yaml": (*SMALL_CONVNET_ARGS,
+                      "--model.init_args.projection_hidden_dim", "64",
+                      "--model.init_args.num_groups", "4",
+                      "--model.init_args.queue_size", "16",
+                      "--model.init_args.reset_every", "2"),
+    },
+    matrix_args={
+        "smog.yaml": ("--model.init_args.num_groups", "4",
+                      "--model.init_args.queue_size", "16",
+                      "--model.init_args.reset_every", "2"),
+    },
     small=lambda backbone, **kw: SMoG(backbone, projection_hidden_dim=16, projection_dim=8,
                                       head_batch_norm=False, num_groups=4, reset_every=2,
                                       queue_size=16, kmeans_iterations=3, momentum_base=0.9, **kw),

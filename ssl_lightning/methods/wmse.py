@@ -24,6 +24,14 @@ WHITENING_STREAM = 2
     "wmse", title="W-MSE", configs=("wmse.yaml",),
     paper=Paper("Whitening for Self-Supervised Representation Learning", 2021, "2007.06346"),
     family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_bad_settings.py",
+    cli_args={
+        "wmse.yaml": ("--model.init_args.whitening_size", "4",
+                      "--model.init_args.projection_dim", "2"),
+    },
+    matrix_args={
+        "wmse.yaml": ("--model.init_args.whitening_size", "4",
+                      "--model.init_args.projection_dim", "2"),
+    },
     small=lambda backbone, **kw: WMSE(backbone, projection_hidden_dim=16, projection_dim=3,
                                       head_batch_norm=False, whitening_size=4, **kw),
 )
