@@ -1,8 +1,5 @@
 """SimCLR: Chen et al., "A Simple Framework for Contrastive Learning of Visual Representations",
-ICML 2020. Two augmented views, a projection MLP, NT-Xent with negatives from all ranks.
-
-:class:`SimCLRNetwork` is the network and step without the loss, shared with :class:`DCL`
-(``methods/dcl.py``), so each class takes only the loss arguments it uses."""
+ICML 2020. Two augmented views, a projection MLP, NT-Xent with negatives from all ranks."""
 
 from __future__ import annotations
 
@@ -19,66 +16,6 @@ from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 
 
-class SimCLRNetwork(SSLMethod):
-    """SimCLR's network and step: both views through the backbone and one projection MLP, the
-    subclass's loss (:meth:`build_criterion`) on the two projections with every rank's as
-    candidates. The base of :class:`SimCLR` and :class:`DCL`.
-
-    Args:
-        backbone: Feature extractor (see :class:`SSLMethod`).
-        projection_hidden_dim: Hidden width of the projection MLP.
-        projection_dim: Output size of the projection MLP.
-        projection_layers: Linear layers in the projection MLP (2 in v1, 3 in v2).
-        head_batch_norm: BatchNorm inside the projection MLP.
-        projector: A projection head to use instead of the MLP above (any module mapping the
-            backbone features to ``projection_dim``); the ``projection_*`` widths then only
-            set ``projection_dim``.
-        projection_batch_norm: Deprecated name of ``head_batch_norm``.
-        **kwargs: Optimiser arguments of :class:`SSLMethod`.
-    """
-
-    min_global_batch = 2
-    min_global_batch_reason = (
-        "the loss's negatives are the other samples of the global batch; with one sample there "
-        "are none"
-    )
-
-    renamed_arguments = {"projection_batch_norm": "head_batch_norm"}
-
-    def __init__(
-        self,
-        backbone: nn.Module,
-        projection_hidden_dim: int = 2048,
-        projection_dim: int = 128,
-        projection_layers: int = 2,
-        head_batch_norm: bool = True,
-        projector: nn.Module | None = None,
-        *,
-        projection_batch_norm: bool | None = None,
-        **kwargs: Any,
-    ) -> None:
-        head_batch_norm = renamed_argument(self, "projection_batch_norm", projection_batch_norm,
-                                           head_batch_norm)
-        super().__init__(backbone, **kwargs)
-        self.projection_dim = projection_dim
-        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
-            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
-            batch_norm=head_batch_norm,
-        ), self.feature_dim, projection_dim, "projection_dim")
-
-    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        self.require_views(views)
-        batch = views[0].shape[0]
-        features = self.backbone(torch.cat([views[0], views[1]]))
-        z1, z2 = self.projector(features).chunk(2)
-        return {"z1": z1, "z2": z2, "features": features[:batch]}
-
-    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
-        z1, z2 = outputs["z1"], outputs["z2"]
-        return self.criterion(z1, z2, self.gather(z1), self.gather(z2),
-                              self.rank_offset(z1.shape[0]))
-
-
 @register_method(
     "simclr", title="SimCLR", configs=("simclr.yaml",),
     paper=Paper("A Simple Framework for Contrastive Learning of Visual Representations",
@@ -87,7 +24,7 @@ class SimCLRNetwork(SSLMethod):
     small=lambda backbone, **kw: SimCLR(backbone, projection_hidden_dim=16, projection_dim=8,
                                         head_batch_norm=False, **kw),
 )
-class SimCLR(SimCLRNetwork):
+class SimCLR(SSLMethod):
     """SimCLR.
 
     Args:
@@ -111,6 +48,7 @@ class SimCLR(SimCLRNetwork):
         **kwargs: Optimiser arguments of :class:`SSLMethod`.
     """
 
+    min_global_batch = 2
     min_global_batch_reason = (
         "NT-Xent's negatives are the other samples of the global batch; with one sample the "
         "loss is exactly 0"
@@ -143,11 +81,26 @@ class SimCLR(SimCLRNetwork):
         queue_size = renamed_argument(self, "memory_bank_size", memory_bank_size, queue_size)
         if queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0: no memory bank), got {queue_size}.")
-        super().__init__(backbone, projection_hidden_dim, projection_dim, projection_layers,
-                         head_batch_norm, projector, **kwargs)
+        super().__init__(backbone, **kwargs)
         self.temperature, self.loss_chunk_size = temperature, loss_chunk_size
-        self.margin, self.queue_size = margin, queue_size
+        self.margin, self.queue_size, self.projection_dim = margin, queue_size, projection_dim
+        self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
+            self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
+            batch_norm=head_batch_norm,
+        ), self.feature_dim, projection_dim, "projection_dim")
 
     def build_criterion(self) -> nn.Module:
         return NTXentLoss(self.temperature, self.loss_chunk_size, self.margin, self.queue_size,
                           embedding_dim=self.projection_dim)
+
+    def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        self.require_views(views)
+        batch = views[0].shape[0]
+        features = self.backbone(torch.cat([views[0], views[1]]))
+        z1, z2 = self.projector(features).chunk(2)
+        return {"z1": z1, "z2": z2, "features": features[:batch]}
+
+    def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
+        z1, z2 = outputs["z1"], outputs["z2"]
+        return self.criterion(z1, z2, self.gather(z1), self.gather(z2),
+                              self.rank_offset(z1.shape[0]))
