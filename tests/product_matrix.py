@@ -13,7 +13,7 @@ heads, the tiny image folder, batch 4, 2 training batches per epoch, validation 
 The first leg is the config's 2-epoch schedule stopped after epoch 1 (:class:`MatrixProbe`);
 the resume leg reruns the same command with ``--ckpt_path last.ckpt`` and must start at the
 saved ``global_step`` and finish the schedule. A config that needs more registers it in
-``EXTRA_ARGS`` (extra CLI arguments), ``SUBCOMMANDS`` (not ``fit``) or ``CHECKPOINT_FROM`` (the
+``EXTRA_ARGS`` (extra CLI arguments; a method's come from ``matrix_args`` of its registry entry), ``SUBCOMMANDS`` (not ``fit``) or ``CHECKPOINT_FROM`` (the
 config whose ``last.ckpt`` it evaluates, or distils: ``CHECKPOINT_ARGUMENTS`` names the model
 argument that receives it). ``COMPOSED`` legs run a config with shared pieces composed after it
 (``--config dinov3.yaml --config shared/fsdp.yaml``) on 2 processes, with their strategy.
@@ -33,6 +33,8 @@ from typing import Any
 import pytorch_lightning as pl
 import yaml
 
+from ssl_lightning.methods.registry import method_entries
+
 ROOT = Path(__file__).resolve().parents[1]
 #: Configs left out of the matrix, with where they are run instead.
 SKIP: dict[str, str] = {
@@ -45,29 +47,13 @@ SKIP: dict[str, str] = {
 }
 CONFIGS = [c for c in sorted((ROOT / "configs").glob("*.yaml")) if c.name not in SKIP]
 
-#: Extra CLI arguments of a config (after the generic shrinking), e.g. for a new method.
+#: Extra CLI arguments of a config (after the generic shrinking): the evaluation configs' here,
+#: a method's from its registry entry (``matrix_args``, in the method's file).
 EXTRA_ARGS: dict[str, list[str]] = {
-    "mae.yaml": ["--model.init_args.decoder_depth", "1", "--model.init_args.decoder_heads", "2"],
-    "ijepa.yaml": ["--model.init_args.predictor_depth", "1",
-                   "--model.init_args.predictor_heads", "2"],
-    "directclr.yaml": ["--model.init_args.loss_dim", "8"],  # of SmallConvNet's 16 features
-    "wmse.yaml": ["--model.init_args.whitening_size", "4",  # batch 4: one sub-batch
-                  "--model.init_args.projection_dim", "2"],
-    # The Gram stage inside the 4 steps: snapshots at steps 1 and 3 (one across the resume).
-    "dinov3.yaml": ["--model.init_args.gram_start_step", "1",
-                    "--model.init_args.gram_refresh_every", "2",
-                    "--model.init_args.gram_weight_ramp_steps", "1"],
-    "deepcluster_v2.yaml": ["--model.init_args.num_prototypes", "[4, 3]"],  # of 24 images
     "fewshot.yaml": ["--model.init_args.shots", "[1, 2]", "--model.init_args.draws", "2"],
     "linear_grid.yaml": ["--model.init_args.last_blocks", "[1]"],  # of the 1-block ViT
-    "smog.yaml": ["--model.init_args.num_groups", "4", "--model.init_args.queue_size", "16",
-                  "--model.init_args.reset_every", "2"],  # a reset inside the 4 steps
-    # a small random timm DINOv2-style ViT teacher (the shipped one reads a weights file)
-    "distillation_timm.yaml": [
-        "--model.init_args.teacher", '{"class_path": "ssl_lightning.TimmBackbone", "init_args": '
-        '{"name": "vit_small_patch14_dinov2.lvd142m", "model_kwargs": {"depth": 1, '
-        '"embed_dim": 32, "num_heads": 2}, "pretrained_path": null}}',
-        "--model.init_args.teacher_image_size", "28"],
+    **{config: list(args) for entry in method_entries() for config, args in
+       entry.matrix_args.items()},
 }
 #: Legs of the 2-process driver: a config with shared pieces composed after it (their strategy
 #: replaces ``ddp``); the sharded leg writes distributed-checkpoint directories.

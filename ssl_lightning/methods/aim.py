@@ -82,7 +82,6 @@ class AIM(SSLMethod):
     ) -> None:
         super().__init__(backbone, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
                          betas=betas, warmup_epochs=warmup_epochs, **kwargs)
-        self.image_size = int(self.hparams["image_size"])
         patches = token_grid(backbone, self.image_size, "AIM") ** 2
         top = patches - 1 if max_prefix is None else max_prefix
         if not 1 <= min_prefix <= top < patches:
@@ -95,9 +94,10 @@ class AIM(SSLMethod):
         self.patch_size, self.num_prefix_tokens = vit.patch_size, vit.num_prefix_tokens
         self.head = build_mlp(self.feature_dim, head_hidden_dim, self.patch_size ** 2 * 3,
                               head_layers, batch_norm=False, activation=nn.GELU)
+        self.norm_pix_loss = norm_pix_loss
 
     def build_criterion(self) -> nn.Module:
-        return AIMLoss(self.hparams["norm_pix_loss"])
+        return AIMLoss(self.norm_pix_loss)
 
     def draw_prefix(self, batch: int) -> Tensor:
         """(B,) int64 prefix lengths of this rank's samples: from their keys inside a keyed

@@ -27,7 +27,7 @@ from ssl_lightning.distributed import all_reduce_sum_with_grad
 from ssl_lightning.heads import NeighbourTransformer, PredictionHead
 from ssl_lightning.losses import All4OneLoss
 from ssl_lightning.methods.momentum import MomentumMethod
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.queues import NearestNeighbourSupport
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
@@ -38,6 +38,12 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
                 "via Self-Attention and Redundancy Reduction",
                 2023, "2303.09417"),
     family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_relational_methods.py",
+    cli_args={
+        "all4one.yaml": (*SMALL_CONVNET_ARGS,
+                         "--model.init_args.projection_hidden_dim", "64",
+                         "--model.init_args.projection_dim", "64",
+                         "--model.init_args.queue_size", "256"),
+    },
     small=lambda backbone, **kw: All4One(backbone, projection_hidden_dim=16, projection_dim=8,
                                          head_batch_norm=False, predictor_hidden_dim=8,
                                          queue_size=16, neighbours=3, transformer_layers=1,
@@ -120,11 +126,13 @@ class All4One(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.support_set = NearestNeighbourSupport(queue_size, projection_dim)
+        self.neighbours, self.loss_chunk_size = neighbours, loss_chunk_size
+        self.temperature, self.centroid_temperature = temperature, centroid_temperature
+        self.loss_weights = (neighbour_weight, centroid_weight, feature_weight)
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return All4OneLoss(hp["temperature"], hp["centroid_temperature"], hp["neighbour_weight"],
-                           hp["centroid_weight"], hp["feature_weight"], hp["loss_chunk_size"])
+        return All4OneLoss(self.temperature, self.centroid_temperature, *self.loss_weights,
+                           self.loss_chunk_size)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
@@ -145,7 +153,7 @@ class All4One(MomentumMethod):
     def centroids(self, teacher: Tensor, shift: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The nearest neighbour of every teacher projection (B, D), the transformer's summary
         of its top-k neighbours and that of the shifted sequence ``[shift, NN_1..NN_{k-1}]``."""
-        k = self.hparams["neighbours"]
+        k = self.neighbours
         top = self.support_set.top_k(teacher, k)  # (B, k, D), no gradient
         shifted = torch.cat([shift[:, None], top[:, : k - 1].to(shift.dtype)], dim=1)
         return top[:, 0], self.transformer(top.to(shift.dtype)), self.transformer(shifted)

@@ -74,9 +74,10 @@ class BarlowTwins(SSLMethod):
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm,
             last_bias=False)
+        self.lambda_offdiag = lambda_offdiag
 
     def build_criterion(self) -> nn.Module:
-        return BarlowTwinsLoss(self.hparams["lambda_offdiag"])
+        return BarlowTwinsLoss(self.lambda_offdiag)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

@@ -206,6 +206,15 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         self._step_seeds: Tensor | None = None
         self.backbone = backbone
         self.feature_dim = feature_dim(backbone, image_size)
+        self.image_size = int(image_size)
+        self.weight_decay, self.weight_decay_end = weight_decay, weight_decay_end
+        self.layer_decay, self.patch_embed_lr_multiplier = layer_decay, patch_embed_lr_multiplier
+        self.optimizer_name, self.lr, self.lr_scaling = optimizer, lr, lr_scaling
+        self.momentum, self.betas = momentum, betas
+        self.lars_trust_coefficient = lars_trust_coefficient
+        self.warmup_epochs, self.final_lr_ratio = warmup_epochs, final_lr_ratio
+        self.channels_last, self.compile_backbone = channels_last, compile_backbone
+        self.micro_batch_size = micro_batch_size
         self._views_checked = False
         self.register_load_state_dict_pre_hook(resize_data_sized_state)
 
@@ -345,10 +354,10 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         if getattr(self, "_layout_applied", False):
             return
         self._layout_applied = True
-        if self.hparams.get("channels_last", False):
+        if self.channels_last:
             self.to(memory_format=torch.channels_last)
             self.backbone.register_forward_pre_hook(_inputs_to_channels_last)
-        if self.hparams.get("compile_backbone", False):
+        if self.compile_backbone:
             self.backbone.compile()
 
     def configure_model(self) -> None:
@@ -423,7 +432,7 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
     def on_train_start(self) -> None:
         """Before the first step: ``micro_batch_size`` must divide the loader's batch size;
         warn when gradient accumulation changes a batch-coupled objective."""
-        micro = self.hparams.get("micro_batch_size")
+        micro = self.micro_batch_size
         batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
         if micro is not None and isinstance(batch_size, int):
             check_micro_batch_size(micro, batch_size)
@@ -449,7 +458,7 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         self._step_targets = targets  # read by training_loss / loss_from_outputs; this step only
         self._step_seeds = seeds[0] if seeds else None
         try:
-            micro = self.hparams.get("micro_batch_size")
+            micro = self.micro_batch_size
             if micro is not None and micro < len(targets):
                 loss, features = grad_cached_loss(self, views, micro, self._loss_scale(), keys)
             else:
@@ -500,18 +509,17 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         super().on_save_checkpoint(checkpoint)  # the rng_seed
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
-        hp = self.hparams
         if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
             self.trainer.fit_loop.setup_data()
-        global_batch = global_batch_size(self.trainer, hp.lr_scaling)
-        lr = scale_lr(hp.lr, global_batch, hp.lr_scaling)
+        global_batch = global_batch_size(self.trainer, self.lr_scaling)
+        lr = scale_lr(self.lr, global_batch, self.lr_scaling)
         groups = self.param_groups()
         optimizer = build_optimizer(
-            hp.optimizer, groups, lr=lr, momentum=hp.momentum, betas=(hp.betas[0], hp.betas[1]),
-            trust_coefficient=hp.lars_trust_coefficient,
+            self.optimizer_name, groups, lr=lr, momentum=self.momentum,
+            betas=(self.betas[0], self.betas[1]), trust_coefficient=self.lars_trust_coefficient,
         )
-        scheduler = run_schedule(self.trainer, optimizer, hp.warmup_epochs, hp.final_lr_ratio,
-                                 global_batch)
+        scheduler = run_schedule(self.trainer, optimizer, self.warmup_epochs,
+                                 self.final_lr_ratio, global_batch)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 
@@ -524,22 +532,21 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         """:func:`split_decay_groups` of ``modules`` with this method's weight decay, split
         further by the backbone's layer-wise lr multipliers when ``layer_decay`` or
         ``patch_embed_lr_multiplier`` is set."""
-        hp = self.hparams
         multipliers = None
-        if hp["layer_decay"] != 1 or hp["patch_embed_lr_multiplier"] != 1:
-            multipliers = layer_decay_multipliers(self.backbone, hp["layer_decay"],
-                                                  hp["patch_embed_lr_multiplier"])
-        return split_decay_groups(modules, hp["weight_decay"], multipliers)
+        if self.layer_decay != 1 or self.patch_embed_lr_multiplier != 1:
+            multipliers = layer_decay_multipliers(self.backbone, self.layer_decay,
+                                                  self.patch_embed_lr_multiplier)
+        return split_decay_groups(modules, self.weight_decay, multipliers)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """The cosine weight-decay schedule (``weight_decay_end``): the decay groups'
         (``weight_decay_schedule``) value for this step, a pure function of the global step, so
         a resumed run uses the values of an uninterrupted one."""
-        end = self.hparams["weight_decay_end"]
+        end = self.weight_decay_end
         if end is None:
             return
         wd = cosine_ramp(*schedule_position(self.trainer, self.trainer.global_step),
-                             self.hparams["weight_decay"], end)
+                             self.weight_decay, end)
         for group in optimizer.param_groups:
             if group.get("weight_decay_schedule"):
                 group["weight_decay"] = wd

@@ -27,6 +27,9 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     paper=Paper("Bootstrap Your Own Latent: A New Approach to Self-Supervised Learning",
                 2020, "2006.07733"),
     family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    cli_args={
+        "byol.yaml": ("--model.init_args.projection_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: BYOL(backbone, projection_hidden_dim=16, projection_dim=8,
                                       head_batch_norm=False, momentum_base=0.9, **kw),
 )
@@ -73,6 +76,7 @@ class BYOL(MomentumMethod):
         ), projection_dim, projection_dim, "projection_dim")
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
+        self.projection_dim = projection_dim
 
     def build_criterion(self) -> nn.Module:
         return BYOLLoss()

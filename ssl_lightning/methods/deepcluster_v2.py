@@ -41,7 +41,7 @@ from ssl_lightning.distributed.sharding import copy_full
 from ssl_lightning.heads import ProjectionHead, SwAVPrototypes
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
+from ssl_lightning.methods.registry import MULTI_CROP, SMALL_CONVNET_ARGS, Paper, register_method
 from ssl_lightning.training.sample_rng import keyed_forward
 from ssl_lightning.training.train_set_pass import epoch0_batches, train_mode_unchanged_state
 
@@ -57,6 +57,14 @@ CROPS_FOR_ASSIGN = 2
     opt_outs={"micro_batching_seedless": (
         "its loss reads each sample's dataset index from the batch's sample seeds, "
         "and batches without them are refused before the first step")},
+    cli_args={
+        "deepcluster_v2.yaml": (*SMALL_CONVNET_ARGS,
+                                "--model.init_args.projection_hidden_dim", "64",
+                                "--model.init_args.num_prototypes", "[4, 3]"),
+    },
+    matrix_args={
+        "deepcluster_v2.yaml": ("--model.init_args.num_prototypes", "[4, 3]"),
+    },
     small=lambda backbone, **kw: DeepClusterV2(backbone, projection_hidden_dim=16,
                                                projection_dim=8, head_batch_norm=False,
                                                num_prototypes=(6, 4), kmeans_iterations=3, **kw),
@@ -122,9 +130,12 @@ class DeepClusterV2(SSLMethod):
         self.register_buffer("assignments", torch.zeros(len(num_prototypes), 0,
                                                         dtype=torch.long))
         self.register_buffer("clustered_epoch", torch.full((), -1, dtype=torch.long))
+        self.num_prototypes, self.temperature = tuple(num_prototypes), temperature
+        self.kmeans_iterations, self.kmeans_seed = kmeans_iterations, kmeans_seed
+        self.init_bank = init_bank
 
     def build_criterion(self) -> nn.Module:
-        return DeepClusterLoss(self.hparams["temperature"])
+        return DeepClusterLoss(self.temperature)
 
     # ------------------------------------------------------------------------- data indices
     def seeded_dataset(self) -> Any:
@@ -152,16 +163,16 @@ class DeepClusterV2(SSLMethod):
         """Size the bank to the train set; refuse more clusters than samples."""
         super().on_fit_start()
         size = len(self.seeded_dataset())
-        if max(self.hparams["num_prototypes"]) > size:
+        if max(self.num_prototypes) > size:
             raise ValueError(
-                f"DeepClusterV2 num_prototypes={list(self.hparams['num_prototypes'])} asks for "
+                f"DeepClusterV2 num_prototypes={list(self.num_prototypes)} asks for "
                 f"more clusters than the {size} training samples; use at most {size}.")
         if self.bank.dataset_size == 0:
             self.bank.resize_(size)
             self.bank.to(self.device)
             self.assignments = torch.zeros(len(self.prototypes), size, dtype=torch.long,
                                            device=self.device)
-            if self.hparams["init_bank"] == "forward":
+            if self.init_bank == "forward":
                 self.fill_bank()
         elif self.bank.dataset_size != size:
             raise ValueError(
@@ -173,9 +184,9 @@ class DeepClusterV2(SSLMethod):
         epoch = self.current_epoch
         if int(self.clustered_epoch) >= epoch:
             return
-        seed = sample_seed(self.hparams["kmeans_seed"], epoch, 0)
-        centroids, assignments = self.bank.cluster(list(self.hparams["num_prototypes"]),
-                                                   self.hparams["kmeans_iterations"], seed)
+        seed = sample_seed(self.kmeans_seed, epoch, 0)
+        centroids, assignments = self.bank.cluster(list(self.num_prototypes),
+                                                   self.kmeans_iterations, seed)
         with torch.no_grad():
             for head, c in zip(self.prototypes, centroids, strict=True):
                 copy_full(cast(SwAVPrototypes, head).weight, c)  # sharded or not

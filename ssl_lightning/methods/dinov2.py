@@ -25,7 +25,7 @@ from torch import nn
 
 from ssl_lightning.losses.centering import Centering
 from ssl_lightning.methods.dino import DINO
-from ssl_lightning.methods.registry import Paper, register_method, small_vit
+from ssl_lightning.methods.registry import SMALL_DINO_ARGS, Paper, register_method, small_vit
 from ssl_lightning.training.dino_arguments import require_local_crops
 
 
@@ -35,6 +35,9 @@ from ssl_lightning.training.dino_arguments import require_local_crops
     family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot_dinov2.py",
     docs="docs/ibot_dinov2.md",
     backbone=lambda: small_vit(mask_token=True, num_registers=1),
+    cli_args={
+        "dinov2.yaml": SMALL_DINO_ARGS,
+    },
     small=lambda backbone, **kw: DINOv2(backbone, head_out_dim=12, head_hidden_dim=16,
                                         head_bottleneck_dim=8, momentum_base=0.9,
                                         warmup_teacher_temperature_epochs=0, shared_head=False,

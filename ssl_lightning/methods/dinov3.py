@@ -28,10 +28,15 @@ from torch import nn
 
 from ssl_lightning.losses.centering import Centering
 from ssl_lightning.methods.dino import DINO
-from ssl_lightning.methods.registry import Paper, register_method, small_vit
+from ssl_lightning.methods.registry import SMALL_DINO_ARGS, Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
 from ssl_lightning.training.dino_arguments import ClipMode, require_local_crops
 from ssl_lightning.training.ema import Schedule
+
+#: The patch head's own small sizes, and Gram anchoring from the first step (config tests).
+SMALL_PATCH_HEAD_ARGS = ("--model.init_args.patch_hidden_dim", "32",
+                         "--model.init_args.patch_bottleneck_dim", "16",
+                         "--model.init_args.gram_start_step", "0")
 
 
 @register_method(
@@ -40,6 +45,22 @@ from ssl_lightning.training.ema import Schedule
     family="distillation", views=(8, 8, 4, 16, 16), tests="tests/training/test_gram_teacher.py",
     docs="docs/dinov3.md",
     backbone=lambda: small_vit(mask_token=True, num_registers=1),
+    cli_args={
+        "dinov3.yaml": (*SMALL_DINO_ARGS, *SMALL_PATCH_HEAD_ARGS),
+        # the shape of the released-backbone file the config test writes
+        "dinov3_continue.yaml": (*SMALL_DINO_ARGS, *SMALL_PATCH_HEAD_ARGS,
+                                 "--model.init_args.backbone.init_args.embed_dim", "32",
+                                 "--model.init_args.backbone.init_args.num_heads", "2",
+                                 *[f"--data.init_args.train_transform.init_args.{k}_size={v}"
+                                   for k, v in (("global", 32), ("local", 16), ("gram", 64))]),
+    },
+    matrix_args={
+        # the Gram stage inside the matrix's 4 steps: snapshots at steps 1 and 3 (one across
+        # the resume)
+        "dinov3.yaml": ("--model.init_args.gram_start_step", "1",
+                        "--model.init_args.gram_refresh_every", "2",
+                        "--model.init_args.gram_weight_ramp_steps", "1"),
+    },
     small=lambda backbone, **kw: DINOv3(backbone, head_out_dim=12, head_hidden_dim=16,
                                         head_bottleneck_dim=8, momentum_base=0.9,
                                         warmup_teacher_temperature_epochs=0, shared_head=False,

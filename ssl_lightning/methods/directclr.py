@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.losses import NTXentLoss
 from ssl_lightning.methods.base import SSLMethod
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 
 
 @register_method(
@@ -25,6 +25,12 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
     paper=Paper("Understanding Dimensional Collapse in Contrastive Self-supervised Learning",
                 2022, "2110.09348"),
     family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_directclr_loss.py",
+    cli_args={
+        "directclr.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.loss_dim", "8"),
+    },
+    matrix_args={
+        "directclr.yaml": ("--model.init_args.loss_dim", "8"),
+    },
     small=lambda backbone, **kw: DirectCLR(backbone, loss_dim=8, **kw),
 )
 class DirectCLR(SSLMethod):
@@ -55,16 +61,18 @@ class DirectCLR(SSLMethod):
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, **kwargs)
+        self.temperature, self.loss_chunk_size = temperature, loss_chunk_size
+        self.loss_dim = loss_dim
         if not 1 <= loss_dim <= self.feature_dim:
             raise ValueError(f"DirectCLR loss_dim must be in [1, {self.feature_dim}] (the "
                              f"backbone's feature size), got {loss_dim}; lower it.")
 
     def build_criterion(self) -> nn.Module:
-        return NTXentLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])
+        return NTXentLoss(self.temperature, self.loss_chunk_size)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)
-        batch, dim = views[0].shape[0], self.hparams["loss_dim"]
+        batch, dim = views[0].shape[0], self.loss_dim
         features = self.backbone(torch.cat([views[0], views[1]]))
         z1, z2 = features[:, :dim].chunk(2)
         return {"z1": z1, "z2": z2, "features": features[:batch]}

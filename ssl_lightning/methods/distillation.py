@@ -35,7 +35,13 @@ from ssl_lightning.distributed.sharding import full_state_dict
 from ssl_lightning.heads.mlp import build_mlp
 from ssl_lightning.losses.distillation import VARIANTS, DistillationLoss, Variant
 from ssl_lightning.methods.base import Batch, SSLMethod
-from ssl_lightning.methods.registry import Paper, register_method, small_vit
+from ssl_lightning.methods.registry import (
+    SMALL_CONVNET_ARGS,
+    SMALL_TIMM_TEACHER_ARGS,
+    Paper,
+    register_method,
+    small_vit,
+)
 from ssl_lightning.optim import LRScaling, OptimizerName
 from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.mixup import global_batch_mixup
@@ -50,7 +56,18 @@ FINGERPRINT_KEY = "teacher_fingerprint"
     paper=Paper("Distilling the Knowledge in a Neural Network", 2015, "1503.02531"),
     family="distillation", views=(8,), tests="tests/methods/test_distillation.py",
     docs="docs/distillation.md",
+    opt_outs={"load_from_checkpoint": (
+        "the small instance's teacher is a randomly initialised ViT, which checkpoints do not "
+        "store (only its spec and weight fingerprint) and no spec can rebuild, so the load is "
+        "refused; with a teacher from pretrained weights or teacher_checkpoint (every real "
+        "run), load_from_checkpoint(path) rebuilds it: tests/methods/test_distillation.py")},
     backbone=lambda: small_vit(),
+    cli_args={
+        "distillation_timm.yaml": SMALL_CONVNET_ARGS,
+    },
+    matrix_args={
+        "distillation_timm.yaml": SMALL_TIMM_TEACHER_ARGS,
+    },
     small=lambda backbone, **kw: Distillation(backbone, teacher=small_vit(embed_dim=24),
                                               queue_size=16, head_hidden_dim=16, image_size=8,
                                               **kw),
@@ -121,6 +138,9 @@ class Distillation(SSLMethod):
             raise ValueError(f"queue_size must be >= 1, got {queue_size}.")
         super().__init__(backbone, optimizer=optimizer, lr=lr, lr_scaling=lr_scaling,
                          weight_decay=weight_decay, **kwargs)
+        self.variant, self.teacher_image_size, self.mixup = variant, teacher_image_size, mixup
+        self.temperature, self.local_temperature = temperature, local_temperature
+        self.local_weight = local_weight
         self.teacher = frozen_teacher(teacher, teacher_checkpoint, teacher_checkpoint_prefix,
                                       teacher_spec)
         if teacher is not None:  # load_from_checkpoint rebuilds it from the spec
@@ -132,8 +152,7 @@ class Distillation(SSLMethod):
                 f"teacher_blocks={teacher_blocks} needs a teacher with forward_dense(x, "
                 f"last_blocks) (ssl_lightning.ViT); {type(self.teacher).__name__} has none. Set "
                 "teacher_blocks: 1.")
-        size, student_size = teacher_image_size or self.hparams["image_size"], \
-            self.hparams["image_size"]
+        size, student_size = teacher_image_size or self.image_size, self.image_size
         teacher_dim = feature_dim(self.teacher, size)
         if variant != "patch_mse":
             self.global_head = nn.Linear(self.feature_dim, teacher_dim)
@@ -151,9 +170,8 @@ class Distillation(SSLMethod):
                                          batch_norm=False, activation=nn.GELU))
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return DistillationLoss(hp["variant"], hp["temperature"], hp["local_temperature"],
-                                hp["local_weight"])
+        return DistillationLoss(self.variant, self.temperature, self.local_temperature,
+                                self.local_weight)
 
     def trainable_modules(self) -> list[nn.Module]:
         return [m for m in self.children() if m is not self.teacher]
@@ -167,10 +185,10 @@ class Distillation(SSLMethod):
     @torch.no_grad()
     def teacher_features(self, x: Tensor) -> tuple[Tensor | None, Tensor]:
         """The teacher's map (None for ``"global"``) and pooled embedding of images ``x``."""
-        size = self.hparams["teacher_image_size"]
+        size = self.teacher_image_size
         if size is not None and tuple(x.shape[-2:]) != (size, size):
             x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-        if self.hparams["variant"] == "global":
+        if self.variant == "global":
             return None, self.teacher(x)
         if self.blocks > 1:
             return self.teacher.forward_dense(x, last_blocks=self.blocks)  # type: ignore[operator]
@@ -184,7 +202,7 @@ class Distillation(SSLMethod):
 
     def training_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         views, targets, *seeds = batch
-        if self.hparams["mixup"]:
+        if self.mixup:
             seed = step_seed(self.rng_seed, self.current_epoch, batch_idx, 0)
             views = [self.mix(views[0], seed), *views[1:]]
         return super().training_step((views, targets, *seeds), batch_idx)
@@ -202,7 +220,7 @@ class Distillation(SSLMethod):
                                         align_corners=False)
             outputs["student_patches"] = self.patch_head(student_map.flatten(2).transpose(1, 2))
             outputs["teacher_patches"] = teacher_map.flatten(2).transpose(1, 2)
-        if self.hparams["variant"] != "patch_mse":
+        if self.variant != "patch_mse":
             outputs["student_global"] = self.global_head(outputs["features"])
         return outputs
 
@@ -212,7 +230,7 @@ class Distillation(SSLMethod):
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         queue = None
-        if self.hparams["variant"] != "patch_mse":
+        if self.variant != "patch_mse":
             self.enqueue_teacher(outputs["teacher_global"])
             queue = self.queue.negatives()
         return self.criterion(outputs.get("student_global"), outputs["teacher_global"], queue,

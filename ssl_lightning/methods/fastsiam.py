@@ -15,7 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ssl_lightning.losses import FastSiamLoss
-from ssl_lightning.methods.registry import Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, Paper, register_method
 from ssl_lightning.methods.simsiam import SimSiam
 
 
@@ -23,6 +23,12 @@ from ssl_lightning.methods.simsiam import SimSiam
     "fastsiam", title="FastSiam", configs=("fastsiam.yaml",),
     paper=Paper("FastSiam: Resource-Efficient Self-supervised Learning on a Single GPU", 2022),
     family="non-contrastive", views=(8, 8, 8), tests="tests/losses/test_fastsiam_loss.py",
+    cli_args={
+        "fastsiam.yaml": (*SMALL_CONVNET_ARGS,
+                          "--model.init_args.projection_hidden_dim", "64",
+                          "--model.init_args.projection_dim", "64",
+                          "--model.init_args.predictor_hidden_dim", "32"),
+    },
     small=lambda backbone, **kw: FastSiam(backbone, num_views=3, projection_hidden_dim=16,
                                           projection_dim=16, predictor_hidden_dim=8,
                                           head_batch_norm=False, **kw),
@@ -42,14 +48,14 @@ class FastSiam(SimSiam):
             raise ValueError(f"FastSiam needs num_views >= 2 (each view's target is the mean of "
                              f"the others), got {num_views}; the paper uses 4.")
         super().__init__(backbone, **kwargs)
-        self.views_used = num_views
+        self.views_used = self.num_views = num_views
 
     def build_criterion(self) -> nn.Module:
         return FastSiamLoss()
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        views = views[: self.hparams["num_views"]]
-        self.require_views(views, self.hparams["num_views"])
+        views = views[: self.num_views]
+        self.require_views(views, self.num_views)
         features = [self.backbone(v) for v in views]
         z = [self.projector(f) for f in features]
         return {"p": [self.predictor(t) for t in z], "z": z, "features": features[0]}

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from ssl_lightning.methods.dino import DINO
-from ssl_lightning.methods.registry import Paper, register_method, small_vit
+from ssl_lightning.methods.registry import SMALL_DINO_ARGS, Paper, register_method, small_vit
 
 
 @register_method(
@@ -29,6 +29,10 @@ from ssl_lightning.methods.registry import Paper, register_method, small_vit
     family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot_dinov2.py",
     docs="docs/ibot_dinov2.md",
     backbone=lambda: small_vit(mask_token=True),
+    cli_args={
+        "ibot.yaml": SMALL_DINO_ARGS,
+        "ibot_plus_plus.yaml": SMALL_DINO_ARGS,
+    },
     small=lambda backbone, **kw: IBOT(backbone, head_out_dim=12, head_hidden_dim=16,
                                       head_bottleneck_dim=8, momentum_base=0.9,
                                       warmup_teacher_temperature_epochs=0, shared_head=False,

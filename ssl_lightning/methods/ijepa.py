@@ -51,6 +51,14 @@ from ssl_lightning.training.sample_rng import active_keys
     family="predictive", views=(8,), tests="tests/methods/test_mim_methods.py",
     docs="docs/masked_image_modeling.md",
     backbone=lambda: small_vit(pool="mean"),
+    cli_args={
+        "ijepa.yaml": ("--model.init_args.backbone.init_args.depth", "1",
+                       "--model.init_args.predictor_depth", "1"),
+    },
+    matrix_args={
+        "ijepa.yaml": ("--model.init_args.predictor_depth", "1",
+                       "--model.init_args.predictor_heads", "2"),
+    },
     small=lambda backbone, **kw: IJEPA(backbone, predictor_dim=16, predictor_depth=1,
                                        predictor_heads=2, momentum_base=0.9, min_context=2,
                                        image_size=8, **kw),
@@ -113,7 +121,6 @@ class IJEPA(MomentumMethod):
         super().__init__(backbone, momentum_base=momentum_base, optimizer=optimizer, lr=lr,
                          weight_decay=weight_decay, weight_decay_end=weight_decay_end,
                          warmup_epochs=warmup_epochs, final_lr_ratio=final_lr_ratio, **kwargs)
-        self.image_size = int(self.hparams["image_size"])
         grid = token_grid(backbone, self.image_size, "IJEPA")
         self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
         self.masking = MultiBlockMasking(grid, num_targets, target_scale, target_aspect,
@@ -124,9 +131,10 @@ class IJEPA(MomentumMethod):
         for module in self.teacher_backbone.modules():
             if isinstance(module, DropPath):  # the target encoder has no stochastic depth
                 module.drop_prob = 0.0
+        self.distance = distance
 
     def build_criterion(self) -> nn.Module:
-        return IJEPALoss(self.hparams["distance"])
+        return IJEPALoss(self.distance)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone)]

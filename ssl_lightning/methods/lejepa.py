@@ -78,20 +78,22 @@ class LeJEPA(SSLMethod):
         super().__init__(backbone, **kwargs)
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
+        self.lambda_sigreg, self.num_global_views = lambda_sigreg, num_global_views
+        self.num_slices, self.sigreg_knots = num_slices, sigreg_knots
+        self.sigreg_t_max = sigreg_t_max
 
     def build_criterion(self) -> LeJEPALoss:
-        hp = self.hparams
-        return LeJEPALoss(hp["lambda_sigreg"], hp["num_global_views"], hp["num_slices"],
-                          hp["sigreg_knots"], hp["sigreg_t_max"])
+        return LeJEPALoss(self.lambda_sigreg, self.num_global_views, self.num_slices,
+                          self.sigreg_knots, self.sigreg_t_max)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        self.require_views(views, max(2, self.hparams["num_global_views"]))
+        self.require_views(views, max(2, self.num_global_views))
         z, features = project_views_sample_major(self.backbone, self.projector, views)
         return {"z": z, "features": features}
 
     def sigreg_directions(self, dim: int, like: Tensor) -> Tensor:
         """This step's (dim, num_slices) SIGReg directions, identical on every rank."""
-        return sigreg_directions(dim, self.hparams["num_slices"],
+        return sigreg_directions(dim, self.num_slices,
                                  self.step_generator(SIGREG_STREAM), like.device, like.dtype)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:

@@ -43,6 +43,14 @@ from ssl_lightning.training.sample_rng import active_keys
     family="masked", views=(8,), tests="tests/methods/test_mim_methods.py",
     docs="docs/masked_image_modeling.md",
     backbone=lambda: small_vit(),
+    cli_args={
+        "mae.yaml": ("--model.init_args.backbone.init_args.depth", "1",
+                     "--model.init_args.decoder_depth", "1"),
+    },
+    matrix_args={
+        "mae.yaml": ("--model.init_args.decoder_depth", "1",
+                     "--model.init_args.decoder_heads", "2"),
+    },
     small=lambda backbone, **kw: MAE(backbone, decoder_dim=16, decoder_depth=1, decoder_heads=2,
                                      image_size=8, **kw),
 )
@@ -88,16 +96,16 @@ class MAE(SSLMethod):
     ) -> None:
         super().__init__(backbone, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
                          betas=betas, warmup_epochs=warmup_epochs, **kwargs)
-        self.image_size = int(self.hparams["image_size"])
         self.grid = token_grid(backbone, self.image_size, "MAE")
         self.masking = RandomMasking(self.grid ** 2, mask_ratio)  # validates the ratio
         self.patch_size = as_token_backbone(backbone).patch_size
         self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
         self.decoder = MaskedPredictor(self.feature_dim, self.patch_size ** 2 * 3, self.grid,
                                        decoder_dim, decoder_depth, decoder_heads)
+        self.norm_pix_loss = norm_pix_loss
 
     def build_criterion(self) -> nn.Module:
-        return MAELoss(self.hparams["norm_pix_loss"])
+        return MAELoss(self.norm_pix_loss)
 
     def draw_masks(self, batch: int) -> tuple[Tensor, Tensor]:
         """``(keep, masked)`` patch indices (B, K), (B, N − K) of this rank's samples: from

@@ -63,9 +63,10 @@ class MMCR(SSLMethod):
         super().__init__(backbone, **kwargs)
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
+        self.lambda_views = lambda_views
 
     def build_criterion(self) -> MMCRLoss:
-        return MMCRLoss(self.hparams["lambda_views"])
+        return MMCRLoss(self.lambda_views)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

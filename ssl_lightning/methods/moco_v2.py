@@ -36,6 +36,9 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     "moco_v2", title="MoCo v2", configs=("moco_v2.yaml",),
     paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
     family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    cli_args={
+        "moco_v2.yaml": ("--model.init_args.projection_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: MoCoV2(backbone, projection_hidden_dim=16, projection_dim=8,
                                         queue_size=16, symmetric=True, momentum_base=0.9, **kw),
 )
@@ -98,12 +101,13 @@ class MoCoV2(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.queue = FeatureQueue(queue_size, projection_dim)
+        self.temperature, self.projection_dim = temperature, projection_dim
         self.symmetric = symmetric
         self.shuffle_bn = shuffle_bn
         self.register_buffer("shuffle_step", torch.zeros((), dtype=torch.long))
 
     def build_criterion(self) -> nn.Module:
-        return InfoNCELoss(self.hparams["temperature"])
+        return InfoNCELoss(self.temperature)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]

@@ -15,7 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ssl_lightning.methods.moco_v2 import MoCoV2
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.ema import Schedule
 
@@ -24,6 +24,9 @@ from ssl_lightning.training.ema import Schedule
     "moco_v2_plus", title="MoCo v2+", configs=("moco_v2_plus.yaml",),
     paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
     family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_moco_v2_plus_loss.py",
+    cli_args={
+        "moco_v2_plus.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.projection_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: MoCoV2Plus(backbone, projection_hidden_dim=16, projection_dim=8,
                                             queue_size=16, **kw),
 )
@@ -55,7 +58,7 @@ class MoCoV2Plus(MoCoV2):
                          momentum_base=momentum_base, momentum_end=momentum_end,
                          momentum_schedule=momentum_schedule, **kwargs)
         # self.queue (MoCoV2's) holds the view-2 keys; this one the view-1 keys.
-        self.queue_view1 = FeatureQueue(queue_size, self.hparams["projection_dim"], seed=1)
+        self.queue_view1 = FeatureQueue(queue_size, self.projection_dim, seed=1)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         loss = (self.criterion(outputs["query1"], outputs["key2"], self.queue.negatives())

@@ -27,6 +27,11 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     paper=Paper("An Empirical Study of Training Self-Supervised Vision Transformers",
                 2021, "2104.02057"),
     family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    cli_args={
+        "moco_v3.yaml": ("--model.init_args.projection_hidden_dim", "64"),
+        "moco_v3_vit.yaml": ("--model.init_args.projection_hidden_dim", "64",
+                             "--model.init_args.backbone.init_args.depth", "2"),
+    },
     small=lambda backbone, **kw: MoCoV3(backbone, projection_hidden_dim=16, projection_dim=8,
                                         projection_layers=2, head_batch_norm=False, **kw),
 )
@@ -84,9 +89,10 @@ class MoCoV3(MomentumMethod):
         ), projection_dim, projection_dim, "projection_dim")
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
+        self.temperature = temperature
 
     def build_criterion(self) -> nn.Module:
-        return MoCoV3Loss(self.hparams["temperature"])
+        return MoCoV3Loss(self.temperature)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]

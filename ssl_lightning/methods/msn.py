@@ -112,7 +112,7 @@ class MSN(MomentumMethod):
         if not 0 <= mask_ratio < 1:
             raise ValueError(f"{name} mask_ratio must be in [0, 1), got {mask_ratio}.")
         if mask_ratio > 0:  # fails here, before training, for a backbone or ratio that can't
-            grid = token_grid(backbone, int(self.hparams["image_size"]), name)
+            grid = token_grid(backbone, self.image_size, name)
             RandomMasking(grid * grid, mask_ratio)
         if clip_grad is not None and not clip_grad > 0:
             raise ValueError(f"{name} clip_grad must be > 0 or None, got {clip_grad}.")
@@ -127,11 +127,14 @@ class MSN(MomentumMethod):
             if isinstance(module, DropPath):  # the target encoder has no stochastic depth
                 module.drop_prob = 0.0
         self.teacher_projector = momentum_teacher(self.projector)
+        self.temperature, self.sharpen_temperature = temperature, sharpen_temperature
+        self.sinkhorn_iterations = sinkhorn_iterations
+        self.regularization_weight = regularization_weight
+        self.mask_ratio, self.clip_grad = mask_ratio, clip_grad
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return MSNLoss(hp["temperature"], hp["sharpen_temperature"], hp["sinkhorn_iterations"],
-                       hp["regularization_weight"])
+        return MSNLoss(self.temperature, self.sharpen_temperature, self.sinkhorn_iterations,
+                       self.regularization_weight)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
@@ -140,13 +143,13 @@ class MSN(MomentumMethod):
         """(B, K) kept patch indices of the anchor view: from each sample's key inside a keyed
         forward, else from torch's (per-batch reseeded) generator."""
         keys = active_keys()
-        masking = RandomMasking(num_patches, self.hparams["mask_ratio"])
+        masking = RandomMasking(num_patches, self.mask_ratio)
         keep, _ = masking(batch, seeds=None if keys is None else keys.streams(0))
         return keep.to(device)
 
     def embed_anchor(self, x: Tensor) -> Tensor:
         """Backbone features of the anchor view with its patch tokens dropped."""
-        if self.hparams["mask_ratio"] == 0:
+        if self.mask_ratio == 0:
             return self.backbone(x)
         vit = as_token_backbone(self.backbone)
         num_patches = (x.shape[-2] // vit.patch_size) * (x.shape[-1] // vit.patch_size)
@@ -189,7 +192,7 @@ class MSN(MomentumMethod):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Clip the encoder's (backbone + projector) gradient norm, then the weight-decay
         schedule."""
-        clip = self.hparams["clip_grad"]
+        clip = self.clip_grad
         if clip is not None:
             params = [p for m in (self.backbone, self.projector) for p in m.parameters()
                       if p.grad is not None]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from ssl_lightning.methods.byol import BYOL
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.queues import NearestNeighbourSupport
 
 
@@ -26,6 +26,9 @@ from ssl_lightning.queues import NearestNeighbourSupport
                 2021, "2104.14548"),
     family="non-contrastive", views=TWO_VIEWS,
     tests="tests/losses/test_nearest_neighbour_losses.py",
+    cli_args={
+        "nnbyol.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.projection_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: NNBYOL(backbone, projection_hidden_dim=16, projection_dim=8,
                                         head_batch_norm=False, momentum_base=0.9, queue_size=16,
                                         **kw),
@@ -43,7 +46,7 @@ class NNBYOL(BYOL):
 
     def __init__(self, backbone: nn.Module, queue_size: int = 65536, **kwargs: Any) -> None:
         super().__init__(backbone, **kwargs)
-        self.support_set = NearestNeighbourSupport(queue_size, self.hparams["projection_dim"])
+        self.support_set = NearestNeighbourSupport(queue_size, self.projection_dim)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z1, z2 = outputs["z1"], outputs["z2"]  # momentum projections (no gradient)

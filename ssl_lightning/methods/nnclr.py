@@ -31,6 +31,10 @@ from ssl_lightning.queues import NearestNeighbourSupport
                 2021, "2104.14548"),
     family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
     tests="tests/methods/test_renamed_arguments.py",
+    cli_args={
+        "nnclr.yaml": ("--model.init_args.projection_hidden_dim", "64",
+                       "--model.init_args.predictor_hidden_dim", "64"),
+    },
     small=lambda backbone, **kw: NNCLR(backbone, projection_hidden_dim=16, projection_dim=8,
                                        head_batch_norm=False, predictor_hidden_dim=16,
                                        queue_size=16, **kw),
@@ -95,9 +99,10 @@ class NNCLR(SSLMethod):
             projection_dim, predictor_hidden_dim, projection_dim, batch_norm=head_batch_norm,
         ), projection_dim, projection_dim, "projection_dim")
         self.support_set = NearestNeighbourSupport(queue_size, projection_dim)
+        self.temperature, self.loss_chunk_size = temperature, loss_chunk_size
 
     def build_criterion(self) -> nn.Module:
-        return NNCLRLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])
+        return NNCLRLoss(self.temperature, self.loss_chunk_size)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

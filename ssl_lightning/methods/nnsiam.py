@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.methods.simsiam import SimSiam
 from ssl_lightning.queues import NearestNeighbourSupport
 
@@ -25,6 +25,12 @@ from ssl_lightning.queues import NearestNeighbourSupport
                 2021, "2104.14548"),
     family="non-contrastive", views=TWO_VIEWS,
     tests="tests/losses/test_nearest_neighbour_losses.py",
+    cli_args={
+        "nnsiam.yaml": (*SMALL_CONVNET_ARGS,
+                        "--model.init_args.projection_hidden_dim", "64",
+                        "--model.init_args.projection_dim", "64",
+                        "--model.init_args.predictor_hidden_dim", "32"),
+    },
     small=lambda backbone, **kw: NNSiam(backbone, projection_hidden_dim=16, projection_dim=16,
                                         predictor_hidden_dim=8, head_batch_norm=False,
                                         queue_size=16, **kw),
@@ -42,7 +48,7 @@ class NNSiam(SimSiam):
 
     def __init__(self, backbone: nn.Module, queue_size: int = 65536, **kwargs: Any) -> None:
         super().__init__(backbone, **kwargs)
-        self.support_set = NearestNeighbourSupport(queue_size, self.hparams["projection_dim"])
+        self.support_set = NearestNeighbourSupport(queue_size, self.projection_dim)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z1 = outputs["z1"].detach()

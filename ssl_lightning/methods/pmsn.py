@@ -38,8 +38,8 @@ class PMSN(MSN):
     def __init__(self, backbone: nn.Module, power_law_exponent: float = 0.25,
                  **kwargs: Any) -> None:
         super().__init__(backbone, **kwargs)
+        self.power_law_exponent = power_law_exponent
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return MSNLoss(hp["temperature"], hp["sharpen_temperature"], hp["sinkhorn_iterations"],
-                       hp["regularization_weight"], hp["power_law_exponent"])
+        return MSNLoss(self.temperature, self.sharpen_temperature, self.sinkhorn_iterations,
+                       self.regularization_weight, self.power_law_exponent)

@@ -26,14 +26,31 @@ from ssl_lightning.backbones import SmallConvNet, ViT
 Family = Literal["contrastive", "non-contrastive", "distillation", "clustering", "masked",
                  "predictive"]
 #: The guarantees checked for every registered method (``tests/properties/``: micro-batching,
-#: autocast, checkpoints, model_help, ddp_equals_one_process (in the sampler's order); sharded =
-#: DDP: ``tests/distributed/test_sharded_training.py``); a method opts out of one only with a
+#: autocast, checkpoints, model_help, ddp_equals_one_process (in the sampler's order),
+#: load_without_arguments (``load_from_checkpoint``); sharded = DDP:
+#: ``tests/distributed/test_sharded_training.py``); a method opts out of one only with a
 #: reason (:attr:`MethodEntry.opt_outs`), which the test prints.
 PROPERTIES = ("micro_batching", "micro_batching_seedless", "sharded_equals_ddp", "autocast",
               "checkpoint_weights_only", "model_help_short", "model_help_accepted",
-              "ddp_equals_one_process")
+              "ddp_equals_one_process", "load_from_checkpoint")
 #: Crop sides of two 8 px views, and of 2 global 8 px + 2 local 4 px crops.
 TWO_VIEWS, MULTI_CROP = (8, 8), (8, 8, 4, 4)
+#: CLI arguments of the tiny config runs (:attr:`MethodEntry.cli_args`): a 2-stage SmallConvNet
+#: for a config's ResNet-18, ...
+SMALL_CONVNET_ARGS = ("--model.init_args.backbone", '{"class_path": "ssl_lightning.SmallConvNet", '
+                      '"init_args": {"widths": [8, 16]}}')
+#: ... a 1-block tiny ViT and small heads for the DINO family's ViT-S configs, ...
+SMALL_DINO_ARGS = ("--model.init_args.backbone.init_args.depth", "1",
+                   "--model.init_args.backbone.init_args.arch", "tiny",
+                   "--model.init_args.head_out_dim", "64", "--model.init_args.patch_out_dim", "64",
+                   "--model.init_args.head_hidden_dim", "32",
+                   "--model.init_args.head_bottleneck_dim", "16")
+#: ... and a small random timm DINOv2-style ViT teacher (the shipped one reads a weights file).
+SMALL_TIMM_TEACHER_ARGS = (
+    "--model.init_args.teacher", '{"class_path": "ssl_lightning.TimmBackbone", "init_args": '
+    '{"name": "vit_small_patch14_dinov2.lvd142m", "model_kwargs": {"depth": 1, '
+    '"embed_dim": 32, "num_heads": 2}, "pretrained_path": null}}',
+    "--model.init_args.teacher_image_size", "28")
 
 T = TypeVar("T", bound=type)
 
@@ -84,6 +101,12 @@ class MethodEntry:
             (batches without seeds are refused).
         backbone: The small instance's default backbone factory (:func:`small_convnet` unless
             the method needs a ViT, :func:`small_vit`).
+        cli_args: Shipped config -> the CLI arguments that make it a seconds-long run on the
+            tiny image folder of ``tests/product/test_configs.py`` (smaller backbone, heads,
+            queues; ``()`` when it runs as shipped).
+        matrix_args: Shipped config -> the CLI arguments the product matrix
+            (``tests/product_matrix.py``) adds after its generic shrinking (backbone, head
+            widths, data, trainer).
     """
 
     name: str
@@ -99,6 +122,8 @@ class MethodEntry:
     tests: str = ""
     needs_sample_seeds: bool = False
     backbone: Callable[[], nn.Module] = small_convnet
+    cli_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    matrix_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def small(self, backbone: nn.Module | None = None, **kwargs: Any) -> Any:
         """The small instance, on ``backbone`` (e.g. a ViT for sharding) or its own."""
@@ -117,18 +142,25 @@ def register_method(
     views: tuple[int, ...], small: Callable[..., Any], tests: str,
     opt_outs: Mapping[str, str] | None = None, docs: str = "docs/methods.md",
     needs_sample_seeds: bool = False, backbone: Callable[[], nn.Module] = small_convnet,
+    cli_args: Mapping[str, tuple[str, ...]] | None = None,
+    matrix_args: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Callable[[T], T]:
     """Class decorator: register the decorated method class under ``name`` (see
     :class:`MethodEntry` for the arguments) and return it unchanged.
 
     Raises:
-        ValueError: ``name`` is taken by another class, or an opt-out names an unknown property
-            or has no reason.
+        ValueError: ``name`` is taken by another class, an opt-out names an unknown property
+            or has no reason, or ``cli_args`` / ``matrix_args`` name a config not in
+            ``configs``.
     """
     for prop, reason in (opt_outs or {}).items():
         if prop not in PROPERTIES or not reason.strip():
             raise ValueError(f"{name}: opt-out {prop!r} must name one of {PROPERTIES} and give "
                              "a reason.")
+    for config in (*(cli_args or {}), *(matrix_args or {})):
+        if config not in configs:
+            raise ValueError(f"{name}: CLI arguments for {config!r}, which is not one of its "
+                             f"configs {configs}.")
 
     def register(cls: T) -> T:
         known = _REGISTRY.get(name)
@@ -137,7 +169,8 @@ def register_method(
                              f"choose another name for {cls.__name__}.")
         _REGISTRY[name] = MethodEntry(name, cls, title, tuple(configs), paper, family,
                                       tuple(views), small, dict(opt_outs or {}), docs, tests,
-                                      needs_sample_seeds, backbone)
+                                      needs_sample_seeds, backbone, dict(cli_args or {}),
+                                      dict(matrix_args or {}))
         return cls
 
     return register

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from ssl_lightning.heads import ProjectionHead
 from ssl_lightning.losses import ReSSLLoss
 from ssl_lightning.methods.momentum import MomentumMethod
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.ema import Schedule, momentum_teacher
 
@@ -36,6 +36,12 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     paper=Paper("ReSSL: Relational Self-Supervised Learning with Weak Augmentation",
                 2021, "2107.09282"),
     family="distillation", views=TWO_VIEWS, tests="tests/methods/test_relational_methods.py",
+    cli_args={
+        "ressl.yaml": (*SMALL_CONVNET_ARGS,
+                       "--model.init_args.projection_hidden_dim", "64",
+                       "--model.init_args.projection_dim", "64",
+                       "--model.init_args.queue_size", "256"),
+    },
     small=lambda backbone, **kw: ReSSL(backbone, projection_hidden_dim=16, projection_dim=8,
                                        queue_size=16, momentum_base=0.9, **kw),
 )
@@ -91,9 +97,12 @@ class ReSSL(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
         self.queue = FeatureQueue(queue_size, projection_dim)
+        self.student_temperature, self.teacher_temperature = (student_temperature,
+                                                              teacher_temperature)
+        self.weak_views = weak_views
 
     def build_criterion(self) -> nn.Module:
-        return ReSSLLoss(self.hparams["student_temperature"], self.hparams["teacher_temperature"])
+        return ReSSLLoss(self.student_temperature, self.teacher_temperature)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
@@ -105,7 +114,7 @@ class ReSSL(MomentumMethod):
         data = getattr(self.trainer, "datamodule", None)
         transform = getattr(data, "device_transform", None) or getattr(
             data, "train_transform", None)
-        actual, expected = getattr(transform, "weak_views", None), self.hparams["weak_views"]
+        actual, expected = getattr(transform, "weak_views", None), self.weak_views
         if actual is not None and actual != expected:
             raise ValueError(
                 f"ReSSL expects weak_views={expected} (its teacher sees the second view"

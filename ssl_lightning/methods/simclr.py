@@ -82,15 +82,16 @@ class SimCLR(SSLMethod):
         if queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0: no memory bank), got {queue_size}.")
         super().__init__(backbone, **kwargs)
+        self.temperature, self.loss_chunk_size = temperature, loss_chunk_size
+        self.margin, self.queue_size, self.projection_dim = margin, queue_size, projection_dim
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return NTXentLoss(hp["temperature"], hp["loss_chunk_size"], hp["margin"],
-                          hp["queue_size"], embedding_dim=hp["projection_dim"])
+        return NTXentLoss(self.temperature, self.loss_chunk_size, self.margin, self.queue_size,
+                          embedding_dim=self.projection_dim)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

@@ -76,7 +76,6 @@ class SimMIM(SSLMethod):
     ) -> None:
         super().__init__(backbone, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
                          betas=betas, warmup_epochs=warmup_epochs, **kwargs)
-        self.image_size = int(self.hparams["image_size"])
         grid = token_grid(backbone, self.image_size, "SimMIM")
         vit = as_token_backbone(backbone)
         if getattr(backbone, "mask_token", None) is None:

@@ -78,6 +78,7 @@ class SimSiam(SSLMethod):
             projection_dim, predictor_hidden_dim, projection_dim, 2, batch_norm=head_batch_norm
         ), projection_dim, projection_dim, "projection_dim")
         self.fixed_predictor_lr = fixed_predictor_lr
+        self.projection_dim = projection_dim
 
     def build_criterion(self) -> nn.Module:
         return NegativeCosineLoss()

@@ -36,7 +36,7 @@ from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.distributed import rank, sampler_order, world_size
 from ssl_lightning.losses import DeepClusterLoss
 from ssl_lightning.methods.byol import BYOL
-from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
+from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper, register_method
 from ssl_lightning.queues import FeatureQueue
 
 
@@ -45,6 +45,18 @@ from ssl_lightning.queues import FeatureQueue
     paper=Paper("Unsupervised Visual Representation Learning by Synchronous Momentum Grouping",
                 2022, "2207.06167"),
     family="clustering", views=TWO_VIEWS, tests="tests/methods/test_smog.py",
+    cli_args={
+        "smog.yaml": (*SMALL_CONVNET_ARGS,
+                      "--model.init_args.projection_hidden_dim", "64",
+                      "--model.init_args.num_groups", "4",
+                      "--model.init_args.queue_size", "16",
+                      "--model.init_args.reset_every", "2"),
+    },
+    matrix_args={
+        "smog.yaml": ("--model.init_args.num_groups", "4",
+                      "--model.init_args.queue_size", "16",
+                      "--model.init_args.reset_every", "2"),
+    },
     small=lambda backbone, **kw: SMoG(backbone, projection_hidden_dim=16, projection_dim=8,
                                       head_batch_norm=False, num_groups=4, reset_every=2,
                                       queue_size=16, kmeans_iterations=3, momentum_base=0.9, **kw),
@@ -81,14 +93,16 @@ class SMoG(BYOL):
             raise ValueError(f"SMoG num_groups={num_groups} exceeds queue_size={queue_size}: "
                              "k-means needs at least one bank row per group.")
         super().__init__(backbone, **kwargs)
-        dim = self.hparams["projection_dim"]
+        self.group_momentum, self.temperature = group_momentum, temperature
+        self.reset_every, self.kmeans_iterations = reset_every, kmeans_iterations
+        dim = self.projection_dim
         self.bank = FeatureQueue(queue_size, dim)
         generator = torch.Generator().manual_seed(1)
         self.register_buffer("groups", F.normalize(torch.randn(num_groups, dim,
                                                                generator=generator), dim=1))
 
     def build_criterion(self) -> nn.Module:
-        return DeepClusterLoss(self.hparams["temperature"])
+        return DeepClusterLoss(self.temperature)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         """Student projections ``s`` and predictions ``p``, teacher projections ``z`` of views
@@ -110,18 +124,18 @@ class SMoG(BYOL):
         start = initial_centroids(bank, self.groups.shape[0],
                                   sample_seed(1, self.trainer.global_step, 0))
         self.groups.copy_(spherical_kmeans(bank[rank()::world_size()], start,
-                                           self.hparams["kmeans_iterations"]))
+                                           self.kmeans_iterations))
         for student, teacher in self.ema_pairs():
             teacher.load_state_dict(student.state_dict())
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         step = self.trainer.global_step if self._trainer is not None else 0
-        if step > 0 and step % self.hparams["reset_every"] == 0:
+        if step > 0 and step % self.reset_every == 0:
             self.reset_groups()
         targets = torch.stack([self.groups_of(outputs["z2"]), self.groups_of(outputs["z1"])])
         s1, s2 = (F.normalize(self.gather_no_grad(outputs[k]), dim=1) for k in ("s1", "s2"))
         self.groups.copy_(momentum_group_update(self.groups, torch.cat([s1, s2]),
-                                                self.hparams["group_momentum"]))
+                                                self.group_momentum))
         groups = F.normalize(self.groups, dim=1)
         scores = [F.normalize(outputs[k], dim=1).unsqueeze(1) @ groups.T for k in ("p1", "p2")]
         self.bank.enqueue(sampler_order(s1, len(s1) // len(outputs["s1"])))  # 1 process's slots

@@ -67,13 +67,14 @@ class SupCon(SSLMethod):
         head_batch_norm = renamed_argument(self, "projection_batch_norm", projection_batch_norm,
                                            head_batch_norm)
         super().__init__(backbone, **kwargs)
+        self.temperature, self.loss_chunk_size = temperature, loss_chunk_size
         self.projector = self.build_head("projector", projector, lambda: ProjectionHead(
             self.feature_dim, projection_hidden_dim, projection_dim, projection_layers,
             batch_norm=head_batch_norm,
         ), self.feature_dim, projection_dim, "projection_dim")
 
     def build_criterion(self) -> nn.Module:
-        return SupConLoss(self.hparams["temperature"], self.hparams["loss_chunk_size"])
+        return SupConLoss(self.temperature, self.loss_chunk_size)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

@@ -121,10 +121,13 @@ class SwAV(SSLMethod):
         self.register_buffer("queue", torch.zeros(len(CROPS_FOR_ASSIGN), queue_size,
                                                   projection_dim))
         self.register_buffer("queue_filled", torch.zeros((), dtype=torch.long))
+        self.temperature, self.sinkhorn_epsilon = temperature, sinkhorn_epsilon
+        self.sinkhorn_iterations = sinkhorn_iterations
+        self.queue_start_epoch = queue_start_epoch
+        self.freeze_prototypes_steps = freeze_prototypes_steps
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return SwAVLoss(hp["temperature"], hp["sinkhorn_epsilon"], hp["sinkhorn_iterations"],
+        return SwAVLoss(self.temperature, self.sinkhorn_epsilon, self.sinkhorn_iterations,
                         CROPS_FOR_ASSIGN)
 
     def setup(self, stage: str) -> None:
@@ -156,7 +159,7 @@ class SwAV(SSLMethod):
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         queue_active = (self.queue.shape[1] > 0
-                        and self.current_epoch >= self.hparams["queue_start_epoch"])
+                        and self.current_epoch >= self.queue_start_epoch)
         queue_scores = None
         if queue_active and int(self.queue_filled) >= self.queue.shape[1]:
             with torch.no_grad():
@@ -188,7 +191,7 @@ class SwAV(SSLMethod):
 
     def freeze_prototypes_(self, step: int) -> None:
         """Drop the prototypes' gradients during the first ``freeze_prototypes_steps`` steps."""
-        if step < self.hparams["freeze_prototypes_steps"]:
+        if step < self.freeze_prototypes_steps:
             for p in self.prototypes.parameters():
                 p.grad = None
 

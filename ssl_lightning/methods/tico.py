@@ -67,10 +67,10 @@ class TiCo(MomentumMethod):
         ), self.feature_dim, projection_dim, "projection_dim")
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
+        self.projection_dim, self.beta, self.rho = projection_dim, beta, rho
 
     def build_criterion(self) -> nn.Module:
-        hp = self.hparams
-        return TiCoLoss(hp["projection_dim"], hp["beta"], hp["rho"])
+        return TiCoLoss(self.projection_dim, self.beta, self.rho)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]

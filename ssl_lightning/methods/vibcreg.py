@@ -88,6 +88,4 @@ class VIbCReg(VICReg):
         return nn.Sequential(mlp, IterNorm(out_dim, groups, iterations)) if enabled else mlp
 
     def build_criterion(self) -> VIbCRegLoss:
-        hp = self.hparams
-        return VIbCRegLoss(hp["invariance_weight"], hp["variance_weight"],
-                           hp["covariance_weight"])
+        return VIbCRegLoss(self.invariance_weight, self.variance_weight, self.covariance_weight)

@@ -78,6 +78,8 @@ class VICReg(SSLMethod):
         head_batch_norm = renamed_argument(self, "expander_batch_norm", expander_batch_norm,
                                            head_batch_norm)
         super().__init__(backbone, **kwargs)
+        self.invariance_weight, self.variance_weight = invariance_weight, variance_weight
+        self.covariance_weight = covariance_weight
         self.expander = self.build_head("expander", expander, lambda: self.default_expander(
             expander_hidden_dim, expander_dim, expander_layers, head_batch_norm,
         ), self.feature_dim, expander_dim, "expander_dim")
@@ -89,9 +91,7 @@ class VICReg(SSLMethod):
                          last_bias=self.expander_last_bias, activation=self.expander_activation)
 
     def build_criterion(self) -> VICRegLoss:
-        hp = self.hparams
-        return VICRegLoss(hp["invariance_weight"], hp["variance_weight"],
-                          hp["covariance_weight"])
+        return VICRegLoss(self.invariance_weight, self.variance_weight, self.covariance_weight)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

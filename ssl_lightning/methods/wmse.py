@@ -24,6 +24,14 @@ WHITENING_STREAM = 2
     "wmse", title="W-MSE", configs=("wmse.yaml",),
     paper=Paper("Whitening for Self-Supervised Representation Learning", 2021, "2007.06346"),
     family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_bad_settings.py",
+    cli_args={
+        "wmse.yaml": ("--model.init_args.whitening_size", "4",
+                      "--model.init_args.projection_dim", "2"),
+    },
+    matrix_args={
+        "wmse.yaml": ("--model.init_args.whitening_size", "4",
+                      "--model.init_args.projection_dim", "2"),
+    },
     small=lambda backbone, **kw: WMSE(backbone, projection_hidden_dim=16, projection_dim=3,
                                       head_batch_norm=False, whitening_size=4, **kw),
 )
@@ -79,15 +87,17 @@ class WMSE(SSLMethod):
         self.min_global_batch = whitening_size
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
+        self.whitening_size, self.whitening_eps = whitening_size, whitening_eps
+        self.whitening_iters = whitening_iters
 
     def build_criterion(self) -> WMSELoss:
-        return WMSELoss(self.hparams["whitening_size"], self.hparams["whitening_eps"])
+        return WMSELoss(self.whitening_size, self.whitening_eps)
 
     def check_global_batch(self) -> None:
         """Also refuse a global batch that ``whitening_size`` does not divide."""
         super().check_global_batch()
         batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
-        size = self.hparams["whitening_size"]
+        size = self.whitening_size
         if isinstance(batch_size, int) and (batch_size * self.trainer.world_size) % size:
             raise ValueError(
                 f"WMSE whitening_size={size} must divide the global batch (batch_size="
@@ -106,5 +116,5 @@ class WMSE(SSLMethod):
         # permutations of the sampler positions, as rows of the rank-major gathered batch
         rows = sampler_order(torch.arange(len(v_all)), len(v_all) // len(z))
         permutations = [rows[torch.randperm(len(v_all), generator=generator)]
-                        for _ in range(self.hparams["whitening_iters"])]
+                        for _ in range(self.whitening_iters)]
         return self.criterion(v_all, permutations, self.rank_offset(len(z)), len(z))

@@ -1,7 +1,8 @@
 """Spherical k-means (DeepCluster v2 appendix, SwAV paper; SMoG's group reset) against a float64
 reference written from the formulas with plain loops: assignment ``argmax_k <x/|x|, c_k/|c_k|>``,
-update ``c_k = normalise(sum_{i: a_i = k} x_i / n_k)``, an empty cluster keeping ``c_k``. The
-2-process = 1-process check runs in the spawn of tests/distributed/test_variant_methods_ddp.py."""
+update ``c_k = normalise(sum_{i: a_i = k} x_i / n_k)``, an empty cluster keeping ``c_k``; and
+k-means on the row shares of 2 processes (sums and counts summed over ranks) equal to one
+process on all rows."""
 
 from __future__ import annotations
 
@@ -75,3 +76,18 @@ def test_initial_centroids_are_seeded_distinct_rows() -> None:
     assert not torch.equal(first, initial_centroids(rows, 4, seed=2))
     with pytest.raises(ValueError, match="k=11 for 10 rows"):
         initial_centroids(rows, 11, seed=0)
+
+
+def _kmeans(rank: int, world: int) -> torch.Tensor:
+    """Centroids of spherical k-means on this rank's rows ``rank::world`` of a float64 bank."""
+    bank = torch.randn(30, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return spherical_kmeans(bank[rank::world], initial_centroids(bank, 5, seed=1), iterations=4)
+
+
+@pytest.mark.slow
+def test_kmeans_on_row_shares_of_two_processes_equals_one_process() -> None:
+    from distributed_utils import run_in_processes
+
+    single = _kmeans(0, 1)
+    for centroids in run_in_processes(_kmeans, 2):
+        assert float((centroids - single).abs().max()) < 1e-12

@@ -21,6 +21,8 @@ from ssl_lightning.clustering import DatasetBank
 from ssl_lightning.data import ImageFolderDataModule, MultiCropViews
 from ssl_lightning.data.seeding import SeededDataset, sample_index, sample_indices, sample_seed
 from ssl_lightning.methods import DeepClusterV2
+from ssl_lightning.methods.registry import method_entry
+from ssl_lightning.testing import assert_two_processes_equal_one
 from ssl_lightning.testing.trainer_runs import KeyedViews, PrecomputedViews, TensorDataModule
 
 
@@ -118,3 +120,49 @@ def test_bad_settings_fail() -> None:
 def test_batches_without_sample_seeds_are_refused() -> None:
     with pytest.raises(ValueError, match="package's data modules"):
         _fit(_method(num_prototypes=(3,)), PrecomputedViews(24))
+
+
+class _LocalBank(DatasetBank):
+    """Known-bad: k-means statistics of this rank's rows only (no sum over ranks)."""
+
+    def reduce(self, x: Tensor) -> Tensor:
+        return x
+
+
+class _LocalInitDeepClusterV2(DeepClusterV2):
+    """Known-bad: the initial pass writes this rank's rows only (the other rows stay random)."""
+
+    _local_rows = False
+
+    def fill_bank(self) -> None:
+        self._local_rows = True
+        try:
+            super().fill_bank()
+        finally:
+            self._local_rows = False
+
+    def gather_no_grad(self, x: Tensor) -> Tensor:
+        return x if self._local_rows else super().gather_no_grad(x)
+
+
+DDP_OPTIM = dict(optimizer="sgd", lr=0.5, lr_scaling="none", warmup_epochs=0)
+
+
+def _local_kmeans() -> DeepClusterV2:
+    model = method_entry("deepcluster_v2").small(init_bank="forward", **DDP_OPTIM)
+    model.bank.__class__ = _LocalBank
+    return model
+
+
+def _local_initial_bank() -> DeepClusterV2:
+    model = method_entry("deepcluster_v2").small(init_bank="forward", **DDP_OPTIM)
+    model.__class__ = _LocalInitDeepClusterV2
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("known_bad", [_local_kmeans, _local_initial_bank],
+                         ids=["kmeans-of-each-rank", "initial-bank-of-each-rank"])
+def test_clustering_each_ranks_rows_alone_differs_from_one_process(known_bad) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(AssertionError, match="2 processes differ from 1 process"):
+        assert_two_processes_equal_one(known_bad, KeyedViews(24, (8, 8, 4)))

@@ -77,7 +77,7 @@ def test_teacher_is_unchanged_in_eval_mode_and_absent_from_the_checkpoint(fitted
 
 def test_load_rebuilds_the_teacher_and_refuses_another(fitted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     model = fitted["model"]
-    loaded = Distillation.load_from_checkpoint(fitted["ckpt"], backbone=_student())
+    loaded = Distillation.load_from_checkpoint(fitted["ckpt"])  # student and teacher rebuilt
     assert torch.equal(_flat(loaded.teacher), _flat(model.teacher))
     assert torch.equal(_flat(loaded.backbone), _flat(model.backbone))
     assert torch.equal(loaded.queue.queue, model.queue.queue)

@@ -14,6 +14,9 @@ import torch.nn.functional as F
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.clustering import assign_to_centroids, momentum_group_update
 from ssl_lightning.methods import SMoG
+from ssl_lightning.methods.registry import method_entry
+from ssl_lightning.testing import assert_two_processes_equal_one
+from ssl_lightning.testing.trainer_runs import KeyedViews
 
 
 def _smog(**kwargs) -> SMoG:  # type: ignore[no-untyped-def]
@@ -73,3 +76,23 @@ def test_bad_settings_fail() -> None:
         _smog(num_groups=9)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         _smog(temperature=0.0)
+
+
+class _LocalGroupsSMoG(SMoG):
+    """Known-bad: groups and bank moved by this rank's projections only."""
+
+    def gather_no_grad(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _local_groups() -> SMoG:
+    model = method_entry("smog").small(optimizer="sgd", lr=0.5, lr_scaling="none",
+                                       warmup_epochs=0)
+    model.__class__ = _LocalGroupsSMoG
+    return model
+
+
+@pytest.mark.slow
+def test_groups_moved_by_each_rank_alone_differ_from_one_process() -> None:
+    with pytest.raises(AssertionError, match="2 processes differ from 1 process"):
+        assert_two_processes_equal_one(_local_groups, KeyedViews(24, (8, 8)))

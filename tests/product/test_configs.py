@@ -4,7 +4,8 @@ New configs are picked up automatically. ``run_config`` (tests/conftest.py) poin
 data module at the tiny image folder and adds the CPU / fast_dev_run trainer flags; a config that
 needs more registers it here:
 
-- ``EXTRA_ARGS[name]``: extra CLI arguments (e.g. a smaller backbone or crop size).
+- ``EXTRA_ARGS[name]``: extra CLI arguments (e.g. a smaller backbone or crop size); a method's
+  configs take theirs from the registry (``cli_args`` of its ``@register_method``).
 - ``SUBCOMMANDS[name]``: the LightningCLI subcommand when it is not ``fit`` (e.g. ``validate``).
 - ``PREPARE[name]``: a function ``(tmp_path, request) -> list[str]`` run before the config, for
   what must exist first (e.g. a pre-training checkpoint for the linear-evaluation config); it may
@@ -23,68 +24,20 @@ import torch
 import yaml
 from conftest import read_config
 
+from ssl_lightning.methods.registry import method_entries
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
-SMALL_BACKBONE = ["--model.init_args.backbone",
-                  '{"class_path": "ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}']
+#: Extra CLI arguments of the evaluation configs; a method's configs take theirs from its
+#: registry entry (``cli_args``, in the method's file).
 EXTRA_ARGS: dict[str, list[str]] = {
-    "simclr.yaml": [],
-    "moco_v2.yaml": ["--model.init_args.projection_hidden_dim", "64"],
-    "moco_v3.yaml": ["--model.init_args.projection_hidden_dim", "64"],
-    "byol.yaml": ["--model.init_args.projection_hidden_dim", "64"],
-    "nnclr.yaml": ["--model.init_args.projection_hidden_dim", "64",
-                   "--model.init_args.predictor_hidden_dim", "64"],
-    # the variants: a small backbone (the ResNet-18 path is the other configs' test)
-    "moco_v2_plus.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64"],
-    "nnbyol.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64"],
-    "directclr.yaml": [*SMALL_BACKBONE, "--model.init_args.loss_dim", "8"],
-    **{name: [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
-              "--model.init_args.projection_dim", "64",
-              "--model.init_args.predictor_hidden_dim", "32"]
-       for name in ("fastsiam.yaml", "nnsiam.yaml")},
-    # ReSSL and All4One: a small backbone, heads and queue (a 98304 x 256 support
-    # set alone costs seconds per step on a CPU)
-    **{name: [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
-              "--model.init_args.projection_dim", "64", "--model.init_args.queue_size", "256"]
-       for name in ("ressl.yaml", "all4one.yaml")},
-    "moco_v3_vit.yaml": ["--model.init_args.projection_hidden_dim", "64",
-                         "--model.init_args.backbone.init_args.depth", "2"],
-    "mae.yaml": ["--model.init_args.backbone.init_args.depth", "1",
-                 "--model.init_args.decoder_depth", "1"],
-    "ijepa.yaml": ["--model.init_args.backbone.init_args.depth", "1",
-                   "--model.init_args.predictor_depth", "1"],
-    "wmse.yaml": ["--model.init_args.whitening_size", "4",  # batch 4: one sub-batch
-                  "--model.init_args.projection_dim", "2"],
-    **{name: ["--model.init_args.backbone.init_args.depth", "1",
-              "--model.init_args.backbone.init_args.arch", "tiny",
-              "--model.init_args.head_out_dim", "64", "--model.init_args.patch_out_dim", "64",
-              "--model.init_args.head_hidden_dim", "32",
-              "--model.init_args.head_bottleneck_dim", "16"]
-       for name in ("ibot.yaml", "dinov2.yaml", "ibot_plus_plus.yaml", "dinov3.yaml",
-                    "dinov3_continue.yaml")},
-    # clusters of the tiny data (24 training images), not of CIFAR-10's 50 000
-    "deepcluster_v2.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
-                            "--model.init_args.num_prototypes", "[4, 3]"],
-    "smog.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
-                  "--model.init_args.num_groups", "4", "--model.init_args.queue_size", "16",
-                  "--model.init_args.reset_every", "2"],
     "fewshot.yaml": ["--model.init_args.shots", "[1, 2]", "--model.init_args.draws", "2"],
-    # the ResNet-18 student runs in distillation.yaml's test; here the timm teacher file matters
-    "distillation_timm.yaml": ["--model.init_args.backbone", '{"class_path": '
-                               '"ssl_lightning.SmallConvNet", "init_args": {"widths": [8, 16]}}'],
+    **{config: list(args) for entry in method_entries() for config, args in
+       entry.cli_args.items()},
 }
-for _name in ("dinov3.yaml", "dinov3_continue.yaml"):  # the patch head's own sizes; Gram on
-    EXTRA_ARGS[_name] += ["--model.init_args.patch_hidden_dim", "32",
-                          "--model.init_args.patch_bottleneck_dim", "16",
-                          "--model.init_args.gram_start_step", "0"]
-EXTRA_ARGS["dinov3_continue.yaml"] += [  # the shape of _released_backbone's file
-    "--model.init_args.backbone.init_args.embed_dim", "32",
-    "--model.init_args.backbone.init_args.num_heads", "2",
-    *[f"--data.init_args.train_transform.init_args.{k}_size={v}"
-      for k, v in (("global", 32), ("local", 16), ("gram", 64))]]
 
 
 def _pretraining_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
