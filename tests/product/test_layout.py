@@ -234,6 +234,23 @@ def test_a_moved_module_warns_and_gives_the_same_objects(old: str, new: str,
                           for name in public)
 
 
+def test_an_older_config_naming_the_old_sharding_path_still_parses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ssl_lightning.cli import main
+
+    new = (PACKAGE / "configs" / "shared" / "fsdp.yaml").read_text()
+    assert "class_path: ssl_lightning.distributed.sharding.ShardedStrategy" in new
+    old = tmp_path / "old_fsdp.yaml"
+    old.write_text(new.replace("ssl_lightning.distributed.sharding.", "ssl_lightning.sharding."))
+    monkeypatch.delitem(sys.modules, "ssl_lightning.sharding", raising=False)
+    with pytest.warns(FutureWarning, match="ssl_lightning.sharding has moved"), \
+            pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "simclr", "--config", str(old), "--print_config"])
+    assert exit_info.value.code == 0
+    assert "class_path: ssl_lightning.sharding.ShardedStrategy" in capsys.readouterr().out
+
+
 def test_the_moved_modules_include_every_former_top_level_module() -> None:
     assert {"ssl_lightning.sharding", "ssl_lightning.queue", "ssl_lightning.deprecation",
             "ssl_lightning.commands", "ssl_lightning.pretraining",
