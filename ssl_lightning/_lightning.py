@@ -11,7 +11,9 @@ is chosen once, when ``ssl_lightning`` is first imported, by the first rule that
 3. ``pytorch_lightning`` if it is installed, else ``lightning``.
 
 Every other module imports Lightning names from here, never from either package directly, so
-one process never mixes the two. :data:`NAMESPACE` says which one was chosen.
+one process never mixes the two. :data:`NAMESPACE` says which one was chosen. The few private
+attributes of Lightning that the package reads are read by the small functions of
+:mod:`ssl_lightning._lightning_private`, re-exported here.
 """
 
 from __future__ import annotations
@@ -132,6 +134,26 @@ else:
         _found = import_module(f"{FABRIC_PACKAGE if _fabric else PACKAGE}.{_module}")
         globals()[_name] = getattr(_found, _attribute) if _attribute else _found
 
+from ssl_lightning._lightning_private import (  # noqa: E402  (after the namespace is chosen)
+    OVERRIDDEN,
+    accumulating,
+    attached_trainer,
+    before_batch_transfer,
+    checkpoint_intervals,
+    cli_config_value,
+    cluster_environment,
+    device_mesh,
+    drop_combined_loader,
+    dumped_cli_config,
+    fit_train_dataloader,
+    initial_hyperparameters,
+    keep_signal_handlers,
+    replace_sigterm_notifier,
+    restored_checkpoint,
+    saves_distributed_checkpoint,
+    set_data_parallel_size,
+)
+
 __all__ = [
     "NAMESPACE", "NAMESPACE_VARIABLE", "PACKAGE", "FABRIC_PACKAGE", "choose_namespace", "pl",
     "CheckpointIO", "TorchCheckpointIO", "SLURMEnvironment", "get_filesystem",
@@ -141,4 +163,21 @@ __all__ = [
     "training_epoch_loop", "ModelParallelStrategy", "rank_zero_info", "rank_zero_only",
     "rank_zero_warn",
     "SIGTERMException", "isolate_rng",
+    "OVERRIDDEN",
+    "accumulating",
+    "attached_trainer",
+    "before_batch_transfer",
+    "checkpoint_intervals",
+    "cli_config_value",
+    "cluster_environment",
+    "device_mesh",
+    "drop_combined_loader",
+    "dumped_cli_config",
+    "fit_train_dataloader",
+    "initial_hyperparameters",
+    "keep_signal_handlers",
+    "replace_sigterm_notifier",
+    "restored_checkpoint",
+    "saves_distributed_checkpoint",
+    "set_data_parallel_size",
 ]

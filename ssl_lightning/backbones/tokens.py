@@ -14,7 +14,7 @@ from typing import Any, Protocol, cast
 from torch import Tensor, nn
 
 from ssl_lightning import distributed
-from ssl_lightning._lightning import pl
+from ssl_lightning._lightning import attached_trainer, pl
 
 
 class TokenBackbone(Protocol):
@@ -74,7 +74,7 @@ def check_views(views: Any, image_size: int, method: str) -> Tensor:
 
 def layout(module: pl.LightningModule) -> tuple[int, int]:
     """``(world_size, rank)`` of the run (Lightning's when attached to a trainer)."""
-    if module._trainer is not None:
+    if attached_trainer(module) is not None:
         return module.trainer.world_size, module.global_rank
     return distributed.world_size(), distributed.rank()
 

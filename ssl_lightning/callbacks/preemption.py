@@ -38,9 +38,13 @@ from ssl_lightning._lightning import (
     ModelCheckpoint,
     SIGTERMException,
     SLURMEnvironment,
+    accumulating,
+    cluster_environment,
+    keep_signal_handlers,
     pl,
     rank_zero_info,
     rank_zero_warn,
+    replace_sigterm_notifier,
 )
 
 #: Exit status of a run stopped by SIGTERM (or the requeue signal) and not requeued.
@@ -96,7 +100,7 @@ class PreemptionCheckpoint(pl.Callback):
 
     def _signals(self, trainer: pl.Trainer) -> list[int]:
         signals: list[int] = [signal.SIGTERM, signal.SIGINT]
-        env = trainer._accelerator_connector.cluster_environment
+        env = cluster_environment(trainer)
         if isinstance(env, SLURMEnvironment) and env.auto_requeue and env.requeue_signal:
             signals.append(env.requeue_signal)
         return signals
@@ -104,7 +108,7 @@ class PreemptionCheckpoint(pl.Callback):
     def _should_requeue(self, trainer: pl.Trainer) -> bool:
         if self.requeue is not None:
             return self.requeue
-        env = trainer._accelerator_connector.cluster_environment
+        env = cluster_environment(trainer)
         return isinstance(env, SLURMEnvironment) and env.auto_requeue
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -134,7 +138,7 @@ class PreemptionCheckpoint(pl.Callback):
         # Lightning registers its SIGTERM handler later (after on_fit_start), composed with the
         # one in place (ours). Its own part would broadcast inside the handler and stop the run
         # at the end of the batch without a checkpoint: make that part a no-op.
-        trainer._signal_connector._sigterm_notifier_fn = _ignore_signal  # type: ignore[method-assign,assignment]
+        replace_sigterm_notifier(trainer, _ignore_signal)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The last step is done: from now on a stop signal does not stop the run (a signal
@@ -168,7 +172,7 @@ class PreemptionCheckpoint(pl.Callback):
         """Set ``handlers``, also as the ones Lightning restores when its run ends."""
         for signum, handler in handlers.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
-        trainer._signal_connector._original_handlers.update(handlers)
+        keep_signal_handlers(trainer, handlers)
 
     def checkpoint_path(self, trainer: pl.Trainer) -> str:
         """Where the checkpoint goes (see ``dirpath``)."""
@@ -201,7 +205,7 @@ class PreemptionCheckpoint(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.fit_loop._should_accumulate():
+        if accumulating(trainer):
             return  # an optimizer step is under way: stop after it
         signum = self._agreed_signal(trainer, pl_module)
         if not signum:

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ssl_lightning._lightning import ModelCheckpoint, pl
+from ssl_lightning._lightning import ModelCheckpoint, checkpoint_intervals, pl
 from ssl_lightning.io import run_directory
 from ssl_lightning.io.results import results_record, update_best, write_results
 
@@ -173,14 +173,15 @@ def _checkpoint_plan(trainer: pl.Trainer) -> list[str]:
     plan = []
     for cb in _checkpoints(trainer):
         when = []
-        if cb._every_n_train_steps:
-            when.append(f"every {cb._every_n_train_steps} steps")
-        if cb._train_time_interval is not None:
-            when.append(f"every {cb._train_time_interval}")
+        every_n_train_steps, train_time_interval, every_n_epochs = checkpoint_intervals(cb)
+        if every_n_train_steps:
+            when.append(f"every {every_n_train_steps} steps")
+        if train_time_interval is not None:
+            when.append(f"every {train_time_interval}")
         if cb.monitor:
             when.append(f"the best {cb.monitor} ({cb.mode})")
-        if not when and cb._every_n_epochs:
-            when.append(f"every {cb._every_n_epochs} epoch(s)")
+        if not when and every_n_epochs:
+            when.append(f"every {every_n_epochs} epoch(s)")
         last = " + last.ckpt" if cb.save_last else ""
         plan.append(f"{cb.dirpath}: {', '.join(when) or 'at epoch ends'}{last}")
     return list(dict.fromkeys(plan))

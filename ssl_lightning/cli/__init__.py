@@ -95,8 +95,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
             a pre-flight check or a set-up check of the run refused (and for an exception of
             ssl_lightning's own types); the message is on stderr.
     """
-    import ssl_lightning  # noqa: F401  (imports every public class so short class_path names resolve)
-    from ssl_lightning.cli.commands import EXTRA_COMMANDS, project_description
+    from ssl_lightning.cli.commands import COMMANDS, project_description, run_command
 
     quiet_known_warnings()
     if NAMESPACE != "pytorch_lightning":  # the shipped configs name pytorch_lightning classes
@@ -105,8 +104,8 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
                          "under either namespace; docs/configs.md)\n")
         raise SystemExit(2)
     argv = sys.argv[1:] if args is None else list(args)
-    if run and argv and argv[0] in EXTRA_COMMANDS:
-        return EXTRA_COMMANDS[argv[0]](argv[1:])
+    if run and argv and argv[0] in COMMANDS and COMMANDS[argv[0]].target:
+        return run_command(argv[0], argv[1:])  # LightningCLI's own subcommands: below
     resolved = resolve_config_names(argv)
     if args is not None:
         args = resolved

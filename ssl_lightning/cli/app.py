@@ -27,6 +27,8 @@ from ssl_lightning._lightning import (
     LightningCLI,
     ModelCheckpoint,
     ProgressBar,
+    cli_config_value,
+    dumped_cli_config,
     pl,
     rank_zero_info,
 )
@@ -104,7 +106,7 @@ class SSLLightningCLI(LightningCLI):
         """LightningCLI's trainer, writing checkpoints atomically (unless the config names its
         own checkpoint IO) and holding its run directory (see :mod:`ssl_lightning.io`) from
         before the config is saved into it."""
-        config = self._get(self.config_init, "trainer", default={})
+        config = cli_config_value(self, self.config_init, "trainer", default={})
         kwargs.setdefault("plugins", with_atomic_checkpoint_io(config.get("plugins")))
         callbacks = config.get("callbacks")
         if config.get("enable_progress_bar") is False and isinstance(callbacks, list):
@@ -125,12 +127,11 @@ class SSLLightningCLI(LightningCLI):
         if not path or str(path).split(":")[0] in _LIGHTNING_CKPT_NAMES:
             return
         checkpoint = read_checkpoint(str(path))
-        self._dump_config()
         in_place = bool(self.config[subcommand].get("resume_in_place"))
         kept = ("--resume_in_place: this run continues in the checkpoint's run folder and "
                 "replaces its last.ckpt." if in_place else KEPT_ON_CHANGE)
         changed = check_method_and_hyperparameters(
-            checkpoint, str(path), self.config_dump.get("model") or {}, kept=kept)
+            checkpoint, str(path), dumped_cli_config(self).get("model") or {}, kept=kept)
         self._resume = (str(path), checkpoint)
         self._keep_original_run = changed and not in_place
         if not self._keep_original_run:

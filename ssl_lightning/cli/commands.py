@@ -1,60 +1,72 @@
-"""The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``channel-stats``,
-``consolidate``, ``shard``, ``compare``) and the top-level help text."""
+"""The map of ``python -m ssl_lightning`` subcommands (:data:`COMMANDS`: name -> usage, one-line
+help, the function that runs it), which dispatch, ``--help`` and docs/cli.md's table read, and
+the shipped configs (:data:`CONFIGS_DIR`). Each command's parser stays next to its code."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 
-def _embed(args: list[str]) -> Any:
-    from ssl_lightning.evaluation.embed import main
+@dataclass(frozen=True)
+class Command:
+    """One subcommand.
 
-    return main(args)
+    Attributes:
+        name: The word after ``python -m ssl_lightning``.
+        usage: Its arguments, as ``--help`` shows them.
+        help: What it does, in one line.
+        target: ``"module:function"`` called with the arguments after the name; None for
+            LightningCLI's own subcommands (their flags are its dotted names, ``--model.lr``).
+    """
 
-
-def _export(args: list[str]) -> Any:
-    from ssl_lightning.evaluation.export import main
-
-    return main(args)
-
-
-def _channel_stats(args: list[str]) -> Any:
-    from ssl_lightning.data.channel_stats import main
-
-    return main(args)
-
-
-def _consolidate(args: list[str]) -> Any:
-    from ssl_lightning.cli.consolidate import main
-
-    return main(args)
+    name: str
+    usage: str
+    help: str
+    target: str | None = None
 
 
-def _shard(args: list[str]) -> Any:
-    from ssl_lightning.data.shards import main
+#: Every subcommand, in the order ``--help`` lists them.
+COMMANDS: dict[str, Command] = {command.name: command for command in (
+    Command("fit", "--config NAME|FILE [--model.NAME VALUE ...]",
+            "pre-train a method or train an evaluation (LightningCLI)"),
+    Command("validate", "--config NAME|FILE --ckpt_path CKPT",
+            "validate a checkpoint (LightningCLI)"),
+    Command("test", "--config NAME|FILE --ckpt_path CKPT", "test a checkpoint (LightningCLI)"),
+    Command("predict", "--config NAME|FILE --ckpt_path CKPT",
+            "predict with a checkpoint (LightningCLI)"),
+    Command("embed", "--checkpoint CKPT --images DIR --output FILE",
+            "the embeddings of a folder of images", "ssl_lightning.evaluation.embed:main"),
+    Command("export", "--checkpoint CKPT --output FILE [--format FORMAT]",
+            "the backbone as a state dict, torchvision / timm weights, TorchScript or ONNX",
+            "ssl_lightning.evaluation.export:main"),
+    Command("list", "methods|backbones|configs [--filter TEXT]", "what a config can name",
+            "ssl_lightning.cli.listing:main"),
+    Command("channel-stats", "--images DIR [--output stats.yaml]",
+            "per-channel mean and std of multi-channel images",
+            "ssl_lightning.cli.channel_stats:main"),
+    Command("consolidate", "SHARDED_DIR OUTPUT [--overwrite]",
+            "one checkpoint file from a sharded checkpoint", "ssl_lightning.cli.consolidate:main"),
+    Command("shard", "--images DIR --output DIR", "litdata shards for StreamingDataModule",
+            "ssl_lightning.cli.shard:main"),
+    Command("compare", "RUN_DIR... [--plot out.png]",
+            "a table of finished runs and their curves", "ssl_lightning.cli.compare:main"),
+)}
 
-    return main(args)
+
+def run_command(name: str, args: list[str]) -> Any:
+    """Run the command ``name`` (one with a :attr:`Command.target`) on ``args``."""
+    module, _, function = str(COMMANDS[name].target).partition(":")
+    return getattr(importlib.import_module(module), function)(args)
 
 
-def _compare(args: list[str]) -> Any:
-    from ssl_lightning.cli.compare import main
-
-    return main(args)
-
-
-def _list(args: list[str]) -> Any:
-    from ssl_lightning.cli.listing import main
-
-    return main(args)
-
-
-#: ``python -m ssl_lightning <name> ...`` commands that are not LightningCLI subcommands.
+#: ``name -> run(args)`` of the commands that are not LightningCLI subcommands.
 EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
-    "embed": _embed, "export": _export, "list": _list, "channel-stats": _channel_stats,
-    "consolidate": _consolidate, "shard": _shard, "compare": _compare,
-}
+    name: partial(run_command, name) for name, command in COMMANDS.items() if command.target}
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"  # shipped with the package
 
@@ -97,12 +109,6 @@ def project_description() -> str:
         "modules, exact under DDP.",
         f"Methods: {', '.join(methods)}.",
         f"Configs ({CONFIGS_DIR}): {', '.join(configs) or 'none found (installed package)'}.",
-        "Commands: fit/validate/test/predict (LightningCLI, e.g. `fit --config "
-        "simclr`), embed (`embed --help`), export (`export --help`), "
-        "list (`list methods|backbones|configs [--filter TEXT]`), channel-stats "
-        "(`channel-stats --images DIR`: per-channel mean/std of multi-channel images), "
-        "consolidate (`consolidate SHARDED_DIR OUTPUT [--overwrite]`: one file from a sharded "
-        "checkpoint), shard "
-        "(`shard --images DIR --output DIR`: litdata shards for StreamingDataModule), compare "
-        "(`compare RUN_DIR... [--plot out.png]`: a table of finished runs and their curves).",
+        "Commands: " + ", ".join(f"{c.name} (`{c.name} {c.usage}`: {c.help})"
+                                 for c in COMMANDS.values()) + ".",
     ])

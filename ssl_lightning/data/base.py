@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ssl_lightning._lightning import pl, rank_zero_warn
+from ssl_lightning._lightning import pl, rank_zero_warn, restored_checkpoint
 from ssl_lightning.data.checks import (
     balanced_order,
     check_eval_classes,
@@ -408,7 +408,7 @@ def _epoch_unfinished(trainer: pl.Trainer) -> bool:
     """Whether Lightning's fit loop resumes inside an epoch: the checkpoint being restored
     counts an epoch started but not processed (read from the checkpoint, since the loops are
     restored after the data module builds its loader)."""
-    loaded = getattr(trainer._checkpoint_connector, "_loaded_checkpoint", None) or {}
+    loaded = restored_checkpoint(trainer)
     progress = loaded.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
     current = progress.get("current", {})
     return int(current.get("ready", 0)) > int(current.get("processed", 0))

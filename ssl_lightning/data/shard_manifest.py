@@ -12,12 +12,11 @@ shard whose litdata index disagrees with the manifest or names a serializer that
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from ssl_lightning.data.shard_paths import ShardError, index_problem, name_problem
+from ssl_lightning.data.shard_paths import ShardError, file_sha256, index_problem, name_problem
 from ssl_lightning.data.shard_source import RemoteShards
 
 MANIFEST = "manifest.json"
@@ -30,15 +29,6 @@ LITDATA_INDEX = "index.json"
 def shard_name(number: int) -> str:
     """The folder name of shard ``number``."""
     return f"shard-{number:05d}"
-
-
-def file_sha256(path: Path, block: int = 1 << 20) -> str:
-    """The hex SHA-256 of a file, read in blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def describe_shard(folder: Path, labels: list[int]) -> dict[str, Any]:

@@ -5,11 +5,13 @@ and the serializer of each field of a sample. All of them come from a folder tha
 downloaded from anywhere: a name is accepted only as a plain file or folder name (no separator,
 not ``.`` or ``..``) and is checked again, resolved, to stay inside its root before anything is
 opened or written (:func:`inside`); a serializer is accepted only from
-:data:`ALLOWED_SERIALIZERS` (litdata's ``pickle`` serializer, for one, runs code on read).
+:data:`ALLOWED_SERIALIZERS` (litdata's ``pickle`` serializer, for one, runs code on read). A
+file's content is checked against the manifest by its SHA-256 (:func:`file_sha256`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -77,3 +79,12 @@ def index_file_problem(path: Path) -> str | None:
     except (OSError, ValueError) as err:
         return f"its litdata index.json cannot be read ({err})"
     return index_problem(index) if isinstance(index, dict) else "its index.json is not an object"
+
+
+def file_sha256(path: Path, block: int = 1 << 20) -> str:
+    """The hex SHA-256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()

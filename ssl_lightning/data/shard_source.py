@@ -21,7 +21,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from ssl_lightning.data.shard_paths import ShardError, inside
+from ssl_lightning.data.shard_paths import ShardError, file_sha256, inside
 
 #: The parent of every URL's cache folder when ``cache_dir`` is not given.
 DEFAULT_CACHE_DIR = Path("~/.cache/ssl_lightning/shards")
@@ -110,8 +110,6 @@ class RemoteShards:
     def _check(self, relative: str, path: Path, expected: dict[str, Any], kind: str) -> None:
         """Raise a :class:`ShardError` if ``path`` has another size or SHA-256 than
         ``expected``, naming the shard's URL and what to do."""
-        from ssl_lightning.data.shard_manifest import file_sha256
-
         shard, _, name = relative.rpartition("/")
         size = path.stat().st_size
         if size != expected["bytes"]:

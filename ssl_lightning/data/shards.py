@@ -1,6 +1,7 @@
-"""``python -m ssl_lightning shard --images DIR --output DIR``: a folder of images written as
-litdata shards (the encoded image bytes, unchanged, with the ImageFolder label and the file's
-path), read back by :class:`~ssl_lightning.data.StreamingDataModule`.
+"""A folder of images written as litdata shards (the encoded image bytes, unchanged, with the
+ImageFolder label and the file's path), read back by
+:class:`~ssl_lightning.data.StreamingDataModule` (the ``shard`` command:
+:mod:`ssl_lightning.cli.shard`).
 
 Each shard of ``--shard-size`` images is a litdata dataset folder of its own
 (:mod:`ssl_lightning.data.shard_manifest`), written under a temporary name in the output
@@ -15,7 +16,6 @@ Labels are the sorted class folders when ``--images`` holds only class folders (
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -165,28 +165,4 @@ def write_shards(images: str | Path, output: str | Path, shard_size: int = 1000,
     manifest["bytes"] = sum(entry["bytes"] for entry in done)
     manifest["complete"] = True
     _write_manifest(output, manifest)
-    return manifest
-
-
-def main(args: list[str] | None = None) -> dict[str, Any]:
-    """The ``shard`` command; a mistake or a failed write is one ``error:`` line (exit 2)."""
-    from ssl_lightning.cli.errors import one_line
-
-    parser = argparse.ArgumentParser(
-        prog="python -m ssl_lightning shard",
-        description="Write a folder of images (ImageFolder labels when it holds class folders) "
-                    "as litdata shards with a manifest, for StreamingDataModule. Rerun the "
-                    "same command to resume an interrupted run or repair damaged shards.")
-    parser.add_argument("--images", required=True, help="folder of images")
-    parser.add_argument("--output", required=True, help="new, empty or earlier shard folder")
-    parser.add_argument("--shard-size", type=int, default=1000, help="images per shard")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    options = parser.parse_args(args)
-    try:
-        manifest = write_shards(options.images, options.output, options.shard_size,
-                                progress=not options.no_progress)
-    except (ValueError, OSError) as err:
-        parser.exit(2, f"error: {one_line(err)}\n")
-    print(f"{manifest['num_images']} images, {len(manifest['classes'])} classes, "
-          f"{len(manifest['shards'])} shards, {manifest['bytes']} bytes in {options.output}")
     return manifest

@@ -36,7 +36,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ssl_lightning._lightning import ModelParallelStrategy
+from ssl_lightning._lightning import (
+    ModelParallelStrategy,
+    attached_trainer,
+    drop_combined_loader,
+    saves_distributed_checkpoint,
+    set_data_parallel_size,
+)
 from ssl_lightning.io.distributed_checkpoint import METADATA_FILE, load_state, read_metadata
 
 _STAGE = re.compile(r"layer\d+")
@@ -312,7 +318,7 @@ class ShardedStrategy(ModelParallelStrategy):
         self.mixed_precision = mixed_precision
 
     def setup_environment(self) -> None:
-        self._data_parallel_size = self.num_nodes * self.num_processes
+        set_data_parallel_size(self, self.num_nodes * self.num_processes)
         super().setup_environment()
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -348,9 +354,9 @@ class ShardedStrategy(ModelParallelStrategy):
 
         path = Path(self.broadcast(os.fspath(checkpoint_path)))
         assert self.model is not None and self.lightning_module is not None
-        trainer = self.lightning_module._trainer
+        trainer = attached_trainer(self.lightning_module)
         if trainer is not None:
-            trainer.fit_loop._combined_loader = None
+            drop_combined_loader(trainer)
         if not is_sharded_checkpoint(path):
             return super().load_checkpoint(path, weights_only=weights_only)
         saved = set(read_metadata(path).state_dict_metadata)
@@ -384,7 +390,7 @@ class ShardedStrategy(ModelParallelStrategy):
                         storage_options: Any | None = None) -> None:
         """Write the checkpoint to ``<name>.tmp-<id>`` beside ``filepath`` and rename it there
         (the former checkpoint is removed only after the new one is complete)."""
-        if not self._save_distributed_checkpoint or storage_options is not None:
+        if not saves_distributed_checkpoint(self) or storage_options is not None:
             super().save_checkpoint(checkpoint, filepath, storage_options)
             return
         path = Path(self.broadcast(os.fspath(filepath)))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -36,11 +35,12 @@ from ssl_lightning.evaluation.checkpoint import (
     backbone_state_dict,
     load_checkpoint,
 )
-from ssl_lightning.evaluation.export_callback import load_snippet
 from ssl_lightning.evaluation.export_metadata import (
     add_onnx_metadata,
+    load_snippet,
     runtime_lines,
     timm_pretrained_cfg,
+    torchvision_resnet_recipe,
     write_sidecar,
 )
 from ssl_lightning.evaluation.preprocessing import (
@@ -53,43 +53,6 @@ from ssl_lightning.io import atomic_path, atomic_torch_save, same_file
 ExportFormat = Literal["torchvision", "timm", "state_dict", "backbone", "onnx", "torchscript"]
 FORMATS: tuple[str, ...] = ("torchvision", "timm", "state_dict", "backbone", "onnx", "torchscript")
 _TIMM_CLASS = "ssl_lightning.backbones.timm_models.TimmBackbone"
-_RESNET_DEPTHS: dict[tuple[bool, tuple[int, ...]], int] = {
-    (False, (2, 2, 2, 2)): 18,
-    (False, (3, 4, 6, 3)): 34,
-    (True, (3, 4, 6, 3)): 50,
-    (True, (3, 4, 23, 3)): 101,
-    (True, (3, 8, 36, 3)): 152,
-}
-
-
-def torchvision_resnet_recipe(state: Mapping[str, Tensor]) -> str:
-    """Python lines that build the torchvision ResNet a torchvision-format ``state`` loads into.
-
-    Raises:
-        ValueError: ``state`` is not a torchvision ResNet trunk of a known depth.
-    """
-    blocks = tuple(
-        len({int(m.group(1)) for k in state if (m := re.match(rf"layer{i}\.(\d+)\.", k))})
-        for i in range(1, 5)
-    )
-    bottleneck = "layer1.0.conv3.weight" in state
-    depth = _RESNET_DEPTHS.get((bottleneck, blocks))
-    if "conv1.weight" not in state or depth is None:
-        raise ValueError(
-            f"Not a torchvision ResNet trunk (blocks per stage {blocks}, bottleneck={bottleneck});"
-            " export it with --format state_dict and load it into the configured backbone class."
-        )
-    lines = ["import torch, torchvision", "from torch import nn"]
-    norm = "" if "bn1.running_mean" in state else "norm_layer=lambda c: nn.GroupNorm(32, c)"
-    lines.append(f"model = torchvision.models.resnet{depth}({norm})")
-    if state["conv1.weight"].shape[-1] == 3:
-        lines.append("model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, "
-                     "bias=False)  # CIFAR stem")
-        lines.append("model.maxpool = nn.Identity()")
-    lines.append("model.fc = nn.Identity()  # outputs pooled features")
-    return "\n".join(lines)
-
-
 def check_output(checkpoint: str | os.PathLike, output: str | os.PathLike) -> None:
     """Refuse an ``output`` that is the ``checkpoint`` itself or a directory (``ValueError``)."""
     if same_file(output, checkpoint):

@@ -23,10 +23,14 @@ from ssl_lightning.callbacks.artifacts import log_run_file
 from ssl_lightning.data.preprocessing import preprocessing_record
 from ssl_lightning.distributed.sharding import full_state_dict
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX, SPEC_KEY
-from ssl_lightning.evaluation.export_metadata import timm_pretrained_cfg, write_sidecar
+from ssl_lightning.evaluation.export_metadata import (
+    NativeFormat,
+    load_snippet,
+    timm_pretrained_cfg,
+    write_sidecar,
+)
 from ssl_lightning.io import atomic_path, run_directory
 
-NativeFormat = Literal["torchvision", "timm", "state_dict"]
 FitExportFormat = Literal["auto", "torchvision", "timm", "state_dict"]
 _FIT_EXPORT_FORMATS = ("auto", "torchvision", "timm", "state_dict")
 
@@ -39,43 +43,6 @@ def native_format(backbone: nn.Module) -> NativeFormat:
     cls = type(backbone)
     return cast(NativeFormat, backbone_format(f"{cls.__module__}.{cls.__qualname__}",
                                               backbone.state_dict()))
-
-
-def load_snippet(fmt: NativeFormat, path: str, state: Mapping[str, Tensor],
-                 spec: Mapping[str, Any] | None,
-                 pretrained_cfg: Mapping[str, Any] | None = None) -> str:
-    """Python lines that rebuild the model and load the exported file ``path`` into it.
-
-    Args:
-        fmt: The format ``path`` was exported in.
-        path: The exported file.
-        state: Its content (the torchvision recipe reads the architecture from it).
-        spec: The backbone's ``{"class_path", "init_args"}`` (see
-            :mod:`ssl_lightning.backbones.spec`); ``None``: the lines load into ``backbone``.
-        pretrained_cfg: timm's preprocessing entries, passed as ``pretrained_cfg_overlay``
-            (:func:`~ssl_lightning.evaluation.export_metadata.timm_pretrained_cfg`).
-    """
-    load = f"torch.load({path!r}, weights_only=True)"
-    init_args = dict((spec or {}).get("init_args") or {})
-    init_args.pop("pretrained_path", None)
-    if fmt == "torchvision":
-        from ssl_lightning.evaluation.export import torchvision_resnet_recipe
-
-        return f"{torchvision_resnet_recipe(state)}\nmodel.load_state_dict({load})"
-    if fmt == "timm":
-        options = {**(init_args.pop("model_kwargs", None) or {}),
-                   **{k: v for k, v in init_args.items() if k != "name"}}
-        overlay = {"pretrained_cfg_overlay": dict(pretrained_cfg)} if pretrained_cfg else {}
-        arguments = ", ".join([repr(init_args.get("name")), "num_classes=0",
-                               *(f"{k}={v!r}" for k, v in {**options, **overlay}.items())])
-        return (f"import timm, torch\nmodel = timm.create_model({arguments})\n"
-                f"model.load_state_dict({load})")
-    if spec is None:
-        return f"import torch\nbackbone.load_state_dict({load})  # the backbone you trained"
-    module, _, name = str(spec["class_path"]).rpartition(".")
-    arguments = ", ".join(f"{k}={v!r}" for k, v in init_args.items())
-    return (f"import torch\nfrom {module} import {name}\nbackbone = {name}({arguments})\n"
-            f"backbone.load_state_dict({load})")
 
 
 class ExportBackbone(pl.Callback):

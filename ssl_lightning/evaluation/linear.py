@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import fit_train_dataloader
 from ssl_lightning.callbacks.knn import padding_mask, val_sampler
 from ssl_lightning.callbacks.probe_grid import (
     LinearHeads,
@@ -315,8 +316,7 @@ class LinearEval(SeededSteps):
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         hp = self.hparams
-        if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
-            self.trainer.fit_loop.setup_data()
+        fit_train_dataloader(self.trainer)  # max_steps without max_epochs: not loaded yet
         global_batch = global_batch_size(self.trainer, hp.lr_scaling)
         lr_scale = scale_lr(1.0, global_batch, hp.lr_scaling)
         heads = cast(nn.ModuleList, self.classifier.heads)

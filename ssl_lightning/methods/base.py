@@ -19,7 +19,13 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning._lightning import rank_zero_warn
+from ssl_lightning._lightning import (
+    attached_trainer,
+    device_mesh,
+    fit_train_dataloader,
+    initial_hyperparameters,
+    rank_zero_warn,
+)
 from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.backbones.recorded import checkpoint_source, recorded_backbone
 from ssl_lightning.compat.renamed import rename_hyperparameters
@@ -201,7 +207,7 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
             raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}.")
         self.save_hyperparameters(ignore=["backbone", "teacher", *INJECTED_HEADS])
         rename_hyperparameters(self.hparams, type(self))
-        rename_hyperparameters(cast(dict, self._hparams_initial), type(self))  # for loggers
+        rename_hyperparameters(initial_hyperparameters(self), type(self))  # for loggers
         self._step_targets: Tensor | None = None
         self._step_seeds: Tensor | None = None
         self.backbone = backbone
@@ -332,20 +338,20 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         Goes through Lightning when a trainer is attached, else through the default process
         group (so a method can be used in a user's own loop and in loss-level DDP tests).
         """
-        if self._trainer is None:
+        if attached_trainer(self) is None:
             return all_gather_with_grad(x)
         return flatten_gathered(cast(Tensor, self.all_gather(x, sync_grads=True)), x)
 
     def gather_no_grad(self, x: Tensor) -> Tensor:
         """Concatenate ``x`` over all ranks (rank-major) outside autograd (keys, queues)."""
-        if self._trainer is None:
+        if attached_trainer(self) is None:
             return all_gather_no_grad(x)
         with torch.no_grad():
             return flatten_gathered(cast(Tensor, self.all_gather(x)), x)
 
     def rank_offset(self, local_batch: int) -> int:
         """Index of this rank's first sample in a gathered batch (equal batches on all ranks)."""
-        return (self.global_rank if self._trainer is not None else rank()) * local_batch
+        return (self.global_rank if attached_trainer(self) is not None else rank()) * local_batch
 
     # ------------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str) -> None:
@@ -366,11 +372,11 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         strategy's ``activation_checkpointing`` and ``mixed_precision``). Lightning's own
         ``ModelParallelStrategy`` is refused (:func:`ssl_lightning.distributed.sharding.
         require_sharded_strategy`)."""
-        if self._device_mesh is None or sharded_paths(self.backbone):
+        if device_mesh(self) is None or sharded_paths(self.backbone):
             return
         strategy = self.trainer.strategy
         require_sharded_strategy(strategy)
-        shard_method(self, self._device_mesh,
+        shard_method(self, device_mesh(self),
                      activation_checkpointing=getattr(strategy, "activation_checkpointing", False),
                      mixed_precision=getattr(strategy, "mixed_precision", False))
 
@@ -385,9 +391,7 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         Raises:
             ValueError: naming the per-device batch, the process count and what to change.
         """
-        if self.trainer.train_dataloader is None:
-            self.trainer.fit_loop.setup_data()
-        batch_size = getattr(self.trainer.train_dataloader, "batch_size", None)
+        batch_size = getattr(fit_train_dataloader(self.trainer), "batch_size", None)
         if not isinstance(batch_size, int):
             return
         world = self.trainer.world_size
@@ -474,7 +478,7 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
     def _loss_scale(self) -> Tensor | float:
         """The factor Lightning's backward applies to the training_step loss: the GradScaler
         scale (16-mixed) over ``accumulate_grad_batches``."""
-        if self._trainer is None:
+        if attached_trainer(self) is None:
             return 1.0
         scale: Tensor | float = 1.0
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
@@ -502,15 +506,14 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         spec = backbone_spec(self.backbone)
         if spec is not None:
             checkpoint["backbone_spec"] = spec
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         record = preprocessing_record(getattr(trainer, "datamodule", None))
         if record is not None:
             checkpoint[PREPROCESSING_KEY] = record
         super().on_save_checkpoint(checkpoint)  # the rng_seed
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
-        if self.trainer.train_dataloader is None:  # max_steps without max_epochs: not loaded yet
-            self.trainer.fit_loop.setup_data()
+        fit_train_dataloader(self.trainer)  # max_steps without max_epochs: not loaded yet
         global_batch = global_batch_size(self.trainer, self.lr_scaling)
         lr = scale_lr(self.lr, global_batch, self.lr_scaling)
         groups = self.param_groups()

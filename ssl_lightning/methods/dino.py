@@ -29,6 +29,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.backbones.rope import RotaryPositionEmbedding
 from ssl_lightning.backbones.vit import DropPath
@@ -406,7 +407,7 @@ class DINO(MomentumMethod):
         if not self.patch_distillation:
             temperature = self.teacher_temperature(epoch)
             loss = self.criterion(outputs["student"], outputs["teacher"], temperature)
-            if self._trainer is not None:
+            if attached_trainer(self) is not None:
                 self.log("train/teacher_temperature", temperature, on_step=False, on_epoch=True)
         else:
             cls_loss = self.criterion(outputs["student_cls"].unbind(1),
@@ -448,7 +449,7 @@ class DINO(MomentumMethod):
 
     def log_terms(self, **terms: Tensor | float) -> None:
         """Log ``train/<name>`` epoch means (when a trainer is attached)."""
-        if self._trainer is not None:
+        if attached_trainer(self) is not None:
             for key, value in terms.items():
                 self.log(f"train/{key}", value, on_step=False, on_epoch=True)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.distributed import all_reduce_sum_with_grad
 from ssl_lightning.losses import LeJEPALoss
@@ -100,7 +101,7 @@ class LeJEPA(SSLMethod):
         z = outputs["z"]
         sigreg, invariance = self.criterion.terms(
             z, self.sigreg_directions(z.shape[-1], z), all_reduce_sum_with_grad)
-        if self._trainer is not None:
+        if attached_trainer(self) is not None:
             for name, value in (("sigreg", sigreg), ("invariance", invariance)):
                 self.log(f"train/lejepa_{name}", value, on_step=False, on_epoch=True,
                          sync_dist=True, batch_size=z.shape[0])

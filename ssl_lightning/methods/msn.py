@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.backbones.tokens import as_token_backbone, token_grid
 from ssl_lightning.backbones.vit import DropPath
@@ -176,7 +177,7 @@ class MSN(MomentumMethod):
         cross_entropy, regularizer = self.criterion.terms(
             outputs["anchors"], outputs["targets"], self.prototypes.forward_weight(),
             all_reduce_sum_with_grad)
-        if self._trainer is not None:
+        if attached_trainer(self) is not None:
             for key, value in (("cross_entropy", cross_entropy), ("regularizer", regularizer)):
                 self.log(f"train/msn_{key}", value, on_step=False, on_epoch=True,
                          sync_dist=True, batch_size=outputs["targets"].shape[0])

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.clustering import (
     initial_centroids,
     momentum_group_update,
@@ -129,7 +130,7 @@ class SMoG(BYOL):
             teacher.load_state_dict(student.state_dict())
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
-        step = self.trainer.global_step if self._trainer is not None else 0
+        step = self.trainer.global_step if attached_trainer(self) is not None else 0
         if step > 0 and step % self.reset_every == 0:
             self.reset_groups()
         targets = torch.stack([self.groups_of(outputs["z2"]), self.groups_of(outputs["z1"])])

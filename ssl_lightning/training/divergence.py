@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssl_lightning._lightning import pl
+from ssl_lightning._lightning import attached_trainer, pl
 from ssl_lightning.distributed.sharding import is_sharded, local_tensor
 
 ADVICE = (
@@ -39,7 +39,7 @@ def check_finite_loss(module: pl.LightningModule, loss: Tensor, batch_idx: int) 
     reduced so that all ranks stop at the same step, never leaving one rank in a collective).
     """
     bad = (~torch.isfinite(loss.detach())).sum().float().reshape(1)
-    trainer = module._trainer
+    trainer = attached_trainer(module)
     if trainer is not None:
         bad = trainer.strategy.reduce(bad, reduce_op="sum")
     ranks = int(bad.item())
@@ -74,7 +74,7 @@ def check_finite_weights(module: pl.LightningModule, reduce: bool = True) -> Non
     reduce = reduce or any(is_sharded(p) for p in params)
     params = [local_tensor(p) for p in params]
     bad = (~torch.isfinite(torch.stack(torch._foreach_norm(params)))).any().float().reshape(1)
-    trainer = module._trainer
+    trainer = attached_trainer(module)
     if reduce and trainer is not None:
         bad = trainer.strategy.reduce(bad, reduce_op="sum")
     if bad.item() == 0:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ssl_lightning._lightning import pl
+from ssl_lightning._lightning import attached_trainer, pl
 from ssl_lightning.data.seeding import mix64
 from ssl_lightning.training.sample_rng import SampleKeys
 
@@ -119,7 +119,7 @@ class SeededSteps(pl.LightningModule):
     def sample_keys(self, sample_seeds: Tensor, batch_idx: int) -> SampleKeys:
         """The model-side keys (:mod:`~ssl_lightning.training.sample_rng`) of this rank's
         samples in training batch ``batch_idx``, from their data seeds."""
-        world = self.trainer.world_size if self._trainer is not None else 1
+        world = self.trainer.world_size if attached_trainer(self) is not None else 1
         return SampleKeys.from_seeds(sample_seeds, self.rng_seed, self.global_rank, world,
                                      step_seed(self.rng_seed, self.current_epoch, batch_idx, 0))
 

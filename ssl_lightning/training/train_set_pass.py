@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from ssl_lightning._lightning import pl
+from ssl_lightning._lightning import before_batch_transfer, pl
 from ssl_lightning.data.seeding import EpochSampler
 
 
@@ -64,7 +64,7 @@ def epoch0_batches(trainer: pl.Trainer) -> Iterator[Any]:
     module = trainer.lightning_module
     for batch in batches:
         batch = trainer.precision_plugin.convert_input(batch)
-        batch = module._on_before_batch_transfer(batch, dataloader_idx=0)  # as the fit loop
+        batch = before_batch_transfer(module, batch)  # as the fit loop
         yield trainer.strategy.batch_to_device(batch, dataloader_idx=0)
 
 

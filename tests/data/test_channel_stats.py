@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ssl_lightning.cli.channel_stats import main
 from ssl_lightning.data.arrays import load_array
-from ssl_lightning.data.channel_stats import main
 from ssl_lightning.data.datasets import CorruptImageError
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ssl_lightning.cli import main
+from ssl_lightning.cli.channel_stats import main as channel_stats_main
 from ssl_lightning.data import MultiChannelEval
 from ssl_lightning.data.arrays import load_array
-from ssl_lightning.data.channel_stats import main as channel_stats_main
 from ssl_lightning.evaluation.embed import embed_folder
 from ssl_lightning.evaluation.embed_writers import read_sidecar
 

@@ -15,6 +15,7 @@ from PIL import Image
 
 from ssl_lightning.backbones import ResNet, SmallConvNet, TimmBackbone, TorchvisionBackbone, ViT
 from ssl_lightning.cli import main
+from ssl_lightning.cli.channel_stats import main as channel_stats_main
 from ssl_lightning.data import (
     ArrayImage,
     DeviceViews,
@@ -25,7 +26,6 @@ from ssl_lightning.data import (
 )
 from ssl_lightning.data.arrays import load_array
 from ssl_lightning.data.channel_stats import channel_statistics
-from ssl_lightning.data.channel_stats import main as channel_stats_main
 from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.indexing import ARRAY_EXTENSIONS
 from ssl_lightning.data.multichannel_views import ChannelNormalize

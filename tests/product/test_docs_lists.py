@@ -1,5 +1,5 @@
 """The lists the docs keep by hand agree with the lists of the code: the commands (the CLI's
-subcommand map, :data:`ssl_lightning.cli.commands.EXTRA_COMMANDS`), the shipped configs
+subcommand map, :data:`ssl_lightning.cli.commands.COMMANDS`), the shipped configs
 (``configs/``), the test folders and the data modules' shared arguments. The lists of methods
 are checked against the registry in ``tests/methods/test_registry.py`` (the README row, the
 docs sections) and in ``tests/product/test_docs_messages.py`` (the unknown-method message); the
@@ -12,7 +12,7 @@ import inspect
 import re
 from pathlib import Path
 
-from ssl_lightning.cli.commands import EXTRA_COMMANDS, project_description
+from ssl_lightning.cli.commands import COMMANDS, EXTRA_COMMANDS, project_description
 from ssl_lightning.data.base import SSLDataModule
 from ssl_lightning.data.transforms import SimCLRViews
 
@@ -34,19 +34,17 @@ def paragraph(path: Path, start: str) -> str:
     return text[begin:end if end >= 0 else None]
 
 
-def test_the_cli_page_names_every_command_of_the_subcommand_map() -> None:
-    listed = set(COMMAND.findall(paragraph(ROOT / "docs" / "cli.md",
-                                           "The commands beside LightningCLI's")))
-    assert listed == set(EXTRA_COMMANDS), (
-        f"docs/cli.md's list of commands lacks {sorted(set(EXTRA_COMMANDS) - listed)} and names "
-        f"{sorted(listed - set(EXTRA_COMMANDS))}, which ssl_lightning.cli.commands.EXTRA_COMMANDS "
-        "does not have")
-
-
-def test_the_layout_page_names_every_command() -> None:
-    entry = paragraph(ROOT / "docs" / "layout.md", "commands.py")
-    listed = {name.strip() for name in re.search(r"\(([^)]*)\)", entry).group(1).split(",")}
-    assert listed == set(EXTRA_COMMANDS), (listed, sorted(EXTRA_COMMANDS))
+def test_the_cli_page_table_is_the_subcommand_map() -> None:
+    table = paragraph(ROOT / "docs" / "cli.md", "| command | what it does | page |")
+    rows = {match.group(1): match.group(2)
+            for match in re.finditer(r"^\| `([a-z-]+)` \| ([^|]+) \|", table, re.MULTILINE)}
+    assert set(rows) == set(COMMANDS), (
+        f"docs/cli.md's table of commands lacks {sorted(set(COMMANDS) - set(rows))} and names "
+        f"{sorted(set(rows) - set(COMMANDS))}, which ssl_lightning.cli.commands.COMMANDS does "
+        "not have")
+    differ = {name: (text.strip(), COMMANDS[name].help) for name, text in rows.items()
+              if text.strip() != COMMANDS[name].help}
+    assert not differ, f"docs/cli.md's one-line help differs from COMMANDS: {differ}"
 
 
 def test_the_layout_page_names_every_test_folder() -> None:
@@ -74,7 +72,7 @@ def test_the_configs_page_gives_the_whole_signature_of_simclr_views() -> None:
 
 def test_the_help_text_names_every_command() -> None:
     commands = project_description().partition("Commands: ")[2]
-    missing = [name for name in EXTRA_COMMANDS if not re.search(rf"\b{name} \(`", commands)]
+    missing = [name for name in COMMANDS if not re.search(rf"\b{name} \(`", commands)]
     assert not missing, f"python -m ssl_lightning --help does not name {missing}"
 
 

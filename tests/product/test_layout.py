@@ -8,6 +8,7 @@ import ast
 import graphlib
 import importlib
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -69,23 +70,102 @@ def _imports(module: str, everywhere: bool = False) -> set[str]:
     return set().union(*(_targets(module, n) for n in nodes)) - {module}
 
 
-def _is_reexport(path: Path) -> bool:
-    """A module made of a docstring and one ``from ssl_lightning... import ...`` of another
-    folder."""
+def _body(path: Path) -> list[ast.stmt]:
+    """The statements of ``path`` after its docstring."""
     body = ast.parse(path.read_text()).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
+    return body
+
+
+def _is_reexport(path: Path) -> bool:
+    """A module made of a docstring and one ``from ssl_lightning... import ...`` of another
+    folder, or a moved module (:func:`_moved_to`)."""
+    body = _body(path)
     return (len(body) == 1 and isinstance(body[0], ast.ImportFrom)
             and (body[0].module or "").startswith("ssl_lightning.")
-            and not (body[0].module or "").startswith(_module_name(path).rpartition(".")[0]))
+            and not (body[0].module or "").startswith(_module_name(path).rpartition(".")[0])
+            ) or _moved_to(path) is not None
+
+
+def _moved_to(path: Path) -> str | None:
+    """The new path of a moved module: one that is ``from NEW import *`` and
+    ``warn_moved(__name__, "NEW")`` (ssl_lightning/compat/moved.py), else None."""
+    stars = [node.module for node in _body(path) if isinstance(node, ast.ImportFrom)
+             and [alias.name for alias in node.names] == ["*"]]
+    calls = [node.value for node in _body(path) if isinstance(node, ast.Expr)
+             and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") ==
+             "warn_moved"]
+    if len(stars) == 1 and len(calls) == 1 and len(_body(path)) == 3:
+        new = calls[0].args[1]
+        return stars[0] if isinstance(new, ast.Constant) and new.value == stars[0] else None
+    return None
+
+
+#: ``old module -> new module`` of the moved modules (they re-export and warn).
+MOVED = {module: new for module, path in MODULES.items() if (new := _moved_to(path))}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Every module -> the package modules it imports, at import time or inside a function
+    (a deferred import hides a circle from Python, not from the reader). An import of a package
+    that holds the module (``import ssl_lightning``, ``import ssl_lightning.methods`` in
+    ``methods/registry.py``) is no edge: a package is imported before any of its modules."""
+    def ancestors(module: str) -> set[str]:
+        parts = module.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+    return {module: _imports(module, everywhere=True) - ancestors(module) for module in MODULES}
 
 
 def test_no_import_circle_among_the_package_modules() -> None:
-    graph = {module: _imports(module) for module in MODULES}
     try:
-        tuple(graphlib.TopologicalSorter(graph).static_order())
+        tuple(graphlib.TopologicalSorter(_graph()).static_order())
     except graphlib.CycleError as error:
         pytest.fail(f"import circle: {' -> '.join(error.args[1])}")
+
+
+#: The folders of the package from the bottom up: a module imports only from its own layer or
+#: the layers below. ``ssl_lightning/__init__.py`` (the public names) and ``__main__.py`` are
+#: above them all.
+LAYERS: list[set[str]] = [
+    {"_lightning", "_lightning_private", "compat"},  # Lightning's namespace; old names
+    {"io", "distributed"},  # files; processes (collectives, sharding)
+    {"data"},
+    {"training", "masking", "optim", "queues", "clustering"},
+    {"backbones", "losses", "heads"},
+    {"callbacks"},
+    {"methods"},
+    {"evaluation"},
+    {"cli", "testing"},
+]
+
+
+def _layer(module: str) -> int:
+    """The layer of ``module``'s folder (a module directly under ``ssl_lightning/`` is its own
+    folder); the package itself and ``__main__`` are above every layer."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return len(LAYERS)
+    folder = parts[1]
+    found = [i for i, layer in enumerate(LAYERS) if folder in layer]
+    assert found, f"{module}: the folder {folder!r} has no layer in LAYERS; add it there"
+    return found[0]
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = [f"{module} -> {target}" for module, targets in sorted(_graph().items())
+              if module not in MOVED and not _is_reexport(MODULES[module])
+              for target in sorted(targets)
+              if target not in MOVED and _layer(target) > _layer(module)]
+    assert not upward, ("imports from a higher layer (see LAYERS; move the shared code down "
+                        f"or the importer up): {upward}")
+
+
+def test_the_package_imports_no_moved_module() -> None:
+    old = [f"{module} -> {target}" for module, targets in sorted(_graph().items())
+           for target in sorted(targets) if target in MOVED and module not in MOVED]
+    assert not old, f"imports of an old path (import from the new one, see MOVED): {old}"
 
 
 def test_evaluation_imports_nothing_from_methods() -> None:
@@ -140,6 +220,41 @@ OLD_PATHS = [
     ("ssl_lightning.callbacks.ema", "ssl_lightning.optim.schedules", [("cosine_momentum",
                                                                        "cosine_ramp")]),
 ]
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED.items()))
+def test_a_moved_module_warns_and_gives_the_same_objects(old: str, new: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, old, raising=False)  # imported afresh: it warns once
+    with pytest.warns(FutureWarning, match=rf"{re.escape(old)} has moved to {re.escape(new)};"):
+        old_module = importlib.import_module(old)
+    new_module = importlib.import_module(new)
+    public = [name for name in vars(new_module) if not name.startswith("_")]
+    assert public and all(getattr(old_module, name) is getattr(new_module, name)
+                          for name in public)
+
+
+def test_an_older_config_naming_the_old_sharding_path_still_parses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ssl_lightning.cli import main
+
+    new = (PACKAGE / "configs" / "shared" / "fsdp.yaml").read_text()
+    assert "class_path: ssl_lightning.distributed.sharding.ShardedStrategy" in new
+    old = tmp_path / "old_fsdp.yaml"
+    old.write_text(new.replace("ssl_lightning.distributed.sharding.", "ssl_lightning.sharding."))
+    monkeypatch.delitem(sys.modules, "ssl_lightning.sharding", raising=False)
+    with pytest.warns(FutureWarning, match="ssl_lightning.sharding has moved"), \
+            pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "simclr", "--config", str(old), "--print_config"])
+    assert exit_info.value.code == 0
+    assert "class_path: ssl_lightning.sharding.ShardedStrategy" in capsys.readouterr().out
+
+
+def test_the_moved_modules_include_every_former_top_level_module() -> None:
+    assert {"ssl_lightning.sharding", "ssl_lightning.queue", "ssl_lightning.deprecation",
+            "ssl_lightning.commands", "ssl_lightning.pretraining",
+            "ssl_lightning.training.support_set"} <= set(MOVED)
 
 
 @pytest.mark.parametrize(("old", "new", "names"), OLD_PATHS)
@@ -198,7 +313,7 @@ def _registered_method_files() -> set[str]:
 def test_layout_doc_lists_every_module_of_the_tree() -> None:
     entries = _layout_entries()
     top = {p.name + ("/" if p.is_dir() else "") for p in PACKAGE.iterdir()
-           if p.suffix == ".py" or (p / "__init__.py").is_file()}
+           if (p.suffix == ".py" and not _is_reexport(p)) or (p / "__init__.py").is_file()}
     assert set(entries) == top
     for name, text in entries.items():
         if not name.endswith("/"):

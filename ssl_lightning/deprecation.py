@@ -1,0 +1,7 @@
+"""Old path of :mod:`ssl_lightning.compat.renamed`
+(moved; this path warns with a ``FutureWarning``)."""
+
+from ssl_lightning.compat.moved import warn_moved
+from ssl_lightning.compat.renamed import *  # noqa: F401,F403
+
+warn_moved(__name__, "ssl_lightning.compat.renamed")
