@@ -1,5 +1,5 @@
 """The commands beside LightningCLI's (``embed``, ``export``, ``list``, ``channel-stats``,
-``consolidate``, ``shard``, ``compare``) and the top-level help text."""
+``consolidate``, ``shard``, ``compare``, ``replay``) and the top-level help text."""
 
 from __future__ import annotations
 
@@ -44,6 +44,12 @@ def _compare(args: list[str]) -> Any:
     return main(args)
 
 
+def _replay(args: list[str]) -> Any:
+    from ssl_lightning.cli.replay import main
+
+    return main(args)
+
+
 def _list(args: list[str]) -> Any:
     from ssl_lightning.cli.listing import main
 
@@ -53,7 +59,7 @@ def _list(args: list[str]) -> Any:
 #: ``python -m ssl_lightning <name> ...`` commands that are not LightningCLI subcommands.
 EXTRA_COMMANDS: dict[str, Callable[[list[str]], Any]] = {
     "embed": _embed, "export": _export, "list": _list, "channel-stats": _channel_stats,
-    "consolidate": _consolidate, "shard": _shard, "compare": _compare,
+    "consolidate": _consolidate, "shard": _shard, "compare": _compare, "replay": _replay,
 }
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # shipped with the package
@@ -104,5 +110,6 @@ def project_description() -> str:
         "consolidate (`consolidate SHARDED_DIR OUTPUT [--overwrite]`: one file from a sharded "
         "checkpoint), shard "
         "(`shard --images DIR --output DIR`: litdata shards for StreamingDataModule), compare "
-        "(`compare RUN_DIR... [--plot out.png]`: a table of finished runs and their curves).",
+        "(`compare RUN_DIR... [--plot out.png]`: a table of finished runs and their curves), "
+        "replay (`replay CAPTURE_DIR`: run a captured diverging step again and report on it).",
     ])
