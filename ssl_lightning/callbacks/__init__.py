@@ -10,6 +10,6 @@ from ssl_lightning.callbacks.preemption import PreemptionCheckpoint
 from ssl_lightning.callbacks.run_summary import RunSummary
 
 __all__: list[str] = [
-    "CollapseMonitor", "DivergenceCapture", "EMACallback", "KNNCallback", "OnlineProbe", "knn_predict",
-    "PreemptionCheckpoint", "RunSummary",
+    "CollapseMonitor", "DivergenceCapture", "EMACallback", "KNNCallback", "OnlineProbe",
+    "knn_predict", "PreemptionCheckpoint", "RunSummary",
 ]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -140,7 +141,7 @@ class DivergenceCapture(pl.Callback):
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, reason: str) -> str:
         strategy = trainer.strategy
         run_dir = run_directory(trainer)
-        rank, world = trainer.global_rank, trainer.world_size
+        rank = trainer.global_rank
         step = self._step
         assert step is not None
         names = None
@@ -153,7 +154,7 @@ class DivergenceCapture(pl.Callback):
         strategy.barrier("divergence_capture_ranks")
         if rank == 0:
             self._write_shared(trainer, pl_module, checkpoint, temporary_name, reason)
-            files.finish(os.fspath(temporary_name), os.fspath(final_name))  # type: ignore[arg-type]
+            files.finish(Path(temporary_name), Path(final_name))
         strategy.barrier("divergence_capture_done")
         return final_name
 

@@ -29,7 +29,7 @@ from ssl_lightning._lightning import pl
 from ssl_lightning.io import capture as files
 from ssl_lightning.optim import schedule_position
 from ssl_lightning.training.divergence import guard_paused
-from ssl_lightning.training.step_probe import StepProbe, parameter_gradient_norms
+from ssl_lightning.training.step_probe import StepProbe, largest, parameter_gradient_norms
 
 PROG = "python -m ssl_lightning replay"
 
@@ -50,6 +50,7 @@ class ReplayReport:
     step: dict[str, int]
     world_size: int
     precision: str
+    captured_precision: str
     reason: str
     same_samples: bool
     captured_loss: Tensor | None
@@ -84,10 +85,15 @@ class ReplayReport:
                  f"1 process in {self.precision}",
                  f"  captured because: {self.reason.split(' The step is captured')[0]}"]
         lines.append("Reproduction")
-        lines.append(f"  samples: {'the captured ones' if self.same_samples else 'DIFFERENT from the capture (the data or its order changed)'}")
+        lines.append("  samples: " + ("the captured ones" if self.same_samples else
+                                      "DIFFERENT from the capture (the data or order changed)"))
         lines.append(f"  loss: captured {_value(self.captured_loss)}, replayed {_value(self.loss)}"
                      f" -> {_verdict(self.loss_equal)}")
-        if self.gradients_equal is None:
+        if self.loss_equal is None and self.gradients_equal is None \
+                and self.precision != self.captured_precision:
+            lines.append(f"  not compared: replayed in {self.precision}, the run used "
+                         f"{self.captured_precision}")
+        elif self.gradients_equal is None:
             lines.append("  gradients: not in the capture (it stopped before the backward "
                          "pass)")
         else:
@@ -101,7 +107,8 @@ class ReplayReport:
                          "sample seeds (a transform drawing from another generator), changed "
                          "data, or another device/library version (see manifest.json)")
         lines.append("Loss terms")
-        lines += [f"  {name}: {value:.6g}" for name, value in self.terms.items()] or ["  none logged"]
+        lines += [f"  {name}: {value:.6g}" for name, value in self.terms.items()] or [
+            "  none logged"]
         lines.append("Non-finite values")
         lines.append(f"  first module with a non-finite output: "
                      f"{self.first_nonfinite_output or 'none'}")
@@ -160,6 +167,23 @@ def _instantiate(config_text: str) -> tuple[pl.LightningModule, pl.LightningData
     parsed = parser.parse_object({"model": config["model"], "data": config["data"]})
     built = parser.instantiate_classes(parsed)
     return built.model, built.data
+
+
+def _build_data(datamodule: pl.LightningDataModule, dataset_size: int | None) -> None:
+    """Build the training set (before the trainer, to say clearly when the data is not at
+    hand or changed)."""
+    try:
+        datamodule.setup("fit")
+    except (OSError, ValueError) as err:
+        raise ReplayError(
+            f"the training data of the run cannot be read ({err}). The replay draws the step's "
+            "samples again from the data the config names, so it must be at hand there; "
+            "restore it, or pass --config with its new location.") from err
+    dataset = getattr(datamodule, "train_dataset", None)
+    if dataset is not None and dataset_size is not None and len(dataset) != dataset_size:
+        raise ReplayError(
+            f"the training data changed: {len(dataset)} samples now, {dataset_size} when the "
+            "step was captured, so the captured dataset indices name other images.")
 
 
 def _sample_paths(dataset: Any, indices: list[int]) -> list[str]:
@@ -346,6 +370,7 @@ def replay(capture: str | os.PathLike[str], precision: str | None = None,
     if hasattr(datamodule, "num_workers"):
         datamodule.num_workers = 0  # type: ignore[attr-defined]
     datamodule.batch_size = local_batch * world  # type: ignore[attr-defined]
+    _build_data(datamodule, manifest["data"]["dataset_size"])
     trainer_settings = manifest["trainer"]
     precision = precision or trainer_settings["precision"]
     if precision.startswith("64"):
@@ -373,12 +398,6 @@ def replay(capture: str | os.PathLike[str], precision: str | None = None,
                             weights_only=True)
         except _Replayed:
             pass
-        except (FileNotFoundError, NotADirectoryError) as err:
-            raise ReplayError(
-                f"the training data cannot be read ({err}). The replay draws the step's "
-                "samples again from the data folder of the config; restore it there, or pass "
-                "--config with its new location (the images of the batch are listed in the "
-                "capture's rank-*.json as dataset indices).") from err
     if recorder.seeds is None and recorder.loss is None:
         raise ReplayError("the replay ended before reaching the captured step (the trainer "
                           "settings in manifest.json end the run earlier).")
@@ -396,16 +415,16 @@ def _report(folder: Path, manifest: dict[str, Any], parts: list[dict[str, Any]],
     replayed_seeds = None if recorder.seeds is None else recorder.seeds.tolist()
     same_samples = captured_seeds == replayed_seeds
     losses = [p["loss"] for p in parts if isinstance(p.get("loss"), Tensor)]
-    captured_loss = None
+    captured_loss = None if not losses else losses[0] if world == 1 else torch.stack(
+        [x.double() for x in losses]).mean()
     loss_equal = None
-    if losses and recorder.loss is not None:
-        captured_loss = losses[0] if world == 1 else torch.stack(
-            [x.double() for x in losses]).mean()
+    same_precision = precision == manifest["trainer"]["precision"]
+    if captured_loss is not None and recorder.loss is not None and same_precision:
         loss_equal = _same_bits(captured_loss, recorder.loss) if world == 1 and \
             captured_loss.dtype == recorder.loss.dtype else _close(captured_loss, recorder.loss)
     gradient_difference = None
     gradients_equal = None
-    if manifest.get("gradients"):
+    if manifest.get("gradients") and same_precision:
         captured = files.read_tensors(folder / files.GRADIENTS)
         gradient_difference, gradients_equal = _compare_gradients(
             captured, recorder.grads, exact=world == 1)
@@ -415,7 +434,8 @@ def _report(folder: Path, manifest: dict[str, Any], parts: list[dict[str, Any]],
     paths = [] if indices is None or dataset is None else _sample_paths(dataset, indices)
     return ReplayReport(
         capture=str(folder), step=manifest["step"], world_size=world, precision=precision,
-        reason=manifest["reason"], same_samples=same_samples, captured_loss=captured_loss,
+        captured_precision=manifest["trainer"]["precision"], reason=manifest["reason"],
+        same_samples=same_samples, captured_loss=captured_loss,
         loss=recorder.loss, loss_equal=loss_equal, gradient_difference=gradient_difference,
         gradients_equal=gradients_equal, exact_state=bool(manifest.get("exact", True)),
         terms=recorder.terms,
@@ -423,9 +443,7 @@ def _report(folder: Path, manifest: dict[str, Any], parts: list[dict[str, Any]],
         first_nonfinite_gradient=recorder.probe.first_nonfinite_gradient,
         largest_outputs=recorder.probe.largest_outputs(),
         largest_gradients=recorder.probe.largest_gradients(),
-        largest_parameter_gradients=sorted(recorder.parameter_gradients.items(),
-                                           key=lambda kv: -kv[1] if math.isfinite(kv[1])
-                                           else -math.inf)[:5],
+        largest_parameter_gradients=largest(recorder.parameter_gradients, 5),
         schedules=recorder.schedules, image_paths=paths)
 
 

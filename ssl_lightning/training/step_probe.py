@@ -45,8 +45,8 @@ def _merge(previous: float | None, norm: float) -> float:
     return math.nan if math.isnan(previous) or math.isnan(norm) else max(previous, norm)
 
 
-def _largest(norms: dict[str, float], count: int) -> list[tuple[str, float]]:
-    """The ``count`` largest norms, non-finite ones first."""
+def largest(norms: dict[str, float], count: int) -> list[tuple[str, float]]:
+    """The ``count`` largest of ``norms`` (name -> norm), non-finite ones first."""
     def key(item: tuple[str, float]) -> float:
         return math.inf if math.isnan(item[1]) else item[1]
     return sorted(norms.items(), key=key, reverse=True)[:count]
@@ -103,11 +103,11 @@ class StepProbe:
 
     def largest_outputs(self, count: int = 5) -> list[tuple[str, float]]:
         """The modules with the largest output norms."""
-        return _largest(self.output_norms, count)
+        return largest(self.output_norms, count)
 
     def largest_gradients(self, count: int = 5) -> list[tuple[str, float]]:
         """The modules with the largest output-gradient norms."""
-        return _largest(self.gradient_norms, count)
+        return largest(self.gradient_norms, count)
 
 
 def parameter_gradient_norms(model: nn.Module) -> dict[str, float]:
@@ -120,4 +120,4 @@ def parameter_gradient_norms(model: nn.Module) -> dict[str, float]:
     return norms
 
 
-__all__ = ["StepProbe", "parameter_gradient_norms"]
+__all__ = ["StepProbe", "largest", "parameter_gradient_norms"]

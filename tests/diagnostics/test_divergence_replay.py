@@ -114,15 +114,40 @@ def fit_until_diverged(root: Path, images: Path, *, callbacks=(), transform: str
 
 
 @pytest.fixture(scope="module")
-def overflow(tmp_path_factory, tiny_image_folder):
+def overflow(tmp_path_factory, tiny_image_folder) -> Path:
+    """Step 2's update with lr 1e12 leaves huge (finite) weights; step 3's forward overflows."""
     return fit_until_diverged(tmp_path_factory.mktemp("overflow"), tiny_image_folder / "train",
                               callbacks=["LrOverflow"])
+
+
+@pytest.fixture(scope="module")
+def poisoned(tmp_path_factory, tiny_image_folder) -> tuple[Path, Path]:
+    """(capture, poisoned file): one magenta image among the 24, whose views are NaN."""
+    root = tmp_path_factory.mktemp("poisoned")
+    images = root / "images"
+    shutil.copytree(tiny_image_folder / "train", images)
+    poison = images / "class_1" / "poison.png"
+    Image.new("RGB", (32, 32), MAGENTA).save(poison)
+    return fit_until_diverged(root / "run", images, transform="PoisonedViews"), poison
+
+
+SPIKE = {"spike_factor": 1e-6, "spike_min_steps": 2}  # any loss after 2 steps is a "spike"
+
+
+@pytest.fixture(scope="module")
+def spike(tmp_path_factory, tiny_image_folder) -> Path:
+    """A capture of a finite step with its gradients (the spike check at global step 2)."""
+    return fit_until_diverged(tmp_path_factory.mktemp("spike"), tiny_image_folder / "train",
+                              capture_args=SPIKE)
 
 
 def test_lr_overflow_is_captured_before_the_step(overflow) -> None:
     manifest = json.loads((overflow / files.MANIFEST).read_text())
     assert manifest["step"] == {"epoch": 0, "batch": 3, "global_step": 3}
-    assert "loss is nan" in manifest["reason"] or "loss is inf" in manifest["reason"]
+    assert "the loss is nan" in manifest["reason"]
+    assert manifest["exact"] and not manifest["gradients"]
+    assert sorted(manifest["files"]) == sorted(
+        p.name for p in overflow.iterdir())  # every file listed, nothing else
     for name in manifest["files"]:
         path = overflow / name
         if name.endswith(".json"):
@@ -131,13 +156,87 @@ def test_lr_overflow_is_captured_before_the_step(overflow) -> None:
             torch.load(path, weights_only=True)
     rank = json.loads((overflow / "rank-0.json").read_text())
     assert len(rank["sample_seeds"]) == len(rank["dataset_indices"]) == 4
-    assert not list(overflow.parent.glob(".*.tmp"))
+    assert math.isnan(rank["loss"])
+    assert not list(overflow.parent.glob(".*"))  # no temporary folder left
 
 
-def test_lr_overflow_replays_bit_exactly_and_names_the_module(overflow, capsys) -> None:
+def test_lr_overflow_replays_bit_exactly_and_names_the_module(overflow) -> None:
     report = replay(overflow)
-    print(report.text())
-    assert report.same_samples and report.loss_equal
+    assert report.same_samples and report.loss_equal and report.reproduced
+    # backbone.net: conv, BN, ReLU, conv, BN...: the huge weights overflow the second
+    # convolution's batch statistics (its output is still finite)
+    assert report.first_nonfinite_output == "backbone.net.4"
+    assert report.schedules["learning rate"] == [pytest.approx(0.0853553, rel=1e-5)]
+    assert len(report.image_paths) == 4
+
+
+def test_float64_replay_tells_numerics_from_data(overflow, poisoned) -> None:
+    numerics = replay(overflow, precision="64-true")
+    assert numerics.loss is not None and torch.isfinite(numerics.loss)
+    assert numerics.first_nonfinite_output is None and numerics.loss_equal is None
+    assert "not compared: replayed in 64-true, the run used 32-true" in numerics.text()
+    data = replay(poisoned[0], precision="64-true")
+    assert data.first_nonfinite_output == "backbone.net.0"
+
+
+def test_poisoned_image_is_named_in_the_replay(poisoned) -> None:
+    capture, poison = poisoned
+    report = replay(capture)
     assert report.reproduced
-    assert report.first_nonfinite_output is not None
-    assert False, report.text()
+    assert report.first_nonfinite_output == "backbone.net.0"  # the first layer sees NaN views
+    assert str(poison) in report.image_paths
+
+
+def test_spike_capture_replays_loss_and_gradients_bit_exactly(spike) -> None:
+    manifest = json.loads((spike / files.MANIFEST).read_text())
+    assert manifest["step"]["global_step"] == 2 and manifest["gradients"]
+    report = replay(spike)
+    assert torch.isfinite(report.loss)
+    assert report.loss_equal and report.gradients_equal and report.gradient_difference == 0
+    assert report.terms["train/loss"] == float(report.loss)
+
+
+def test_views_drawn_without_the_sample_seeds_fail_the_replay_check(tmp_path,
+                                                                     tiny_image_folder) -> None:
+    capture = fit_until_diverged(tmp_path, tiny_image_folder / "train",
+                                 transform="NumpyNoiseViews", capture_args=SPIKE)
+    report = replay(capture)
+    assert report.same_samples  # the same images ...
+    assert report.loss_equal is False and report.gradients_equal is False  # ... other views
+    assert not report.reproduced
+    assert "THE REPLAY DIFFERS FROM THE CAPTURED STEP" in report.text()
+
+
+def test_replay_command_prints_the_report_and_writes_the_views(spike, tmp_path,
+                                                               capsys) -> None:
+    views = tmp_path / "views"
+    main(["replay", str(spike), "--dump-views", str(views)])
+    out = capsys.readouterr().out
+    assert "loss: captured" in out and "-> equal" in out and "Schedules at this step" in out
+    assert sorted(p.name for p in views.iterdir()) == [
+        f"sample{i:03d}_view{v}.png" for i in range(4) for v in range(2)]
+
+
+@pytest.mark.parametrize(("make", "expected"), [
+    (lambda capture, tmp: tmp, "holds no manifest.json"),
+    (lambda capture, tmp: tmp / "missing", "is not a folder"),
+])
+def test_replay_of_a_folder_that_is_no_capture_is_one_error_line(spike, tmp_path, capsys, make,
+                                                                  expected) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["replay", str(make(spike, tmp_path))])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and err.count("\n") == 1
+
+
+def test_replay_without_the_data_says_so(spike, tmp_path, capsys) -> None:
+    config = yaml.safe_load((spike / files.CONFIG).read_text())
+    config["data"]["init_args"]["train_dir"] = str(tmp_path / "moved")
+    moved = tmp_path / "moved.yaml"
+    moved.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as exited:
+        main(["replay", str(spike), "--config", str(moved)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "the training data of the run cannot be read" in err and "moved" in err
