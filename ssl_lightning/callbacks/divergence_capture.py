@@ -224,6 +224,7 @@ class DivergenceCapture(pl.Callback):
                         "accumulate_grad_batches": trainer.accumulate_grad_batches,
                         "gradient_clip_val": trainer.gradient_clip_val,
                         "gradient_clip_algorithm": trainer.gradient_clip_algorithm},
+            "batch_norm": _batch_norm(pl_module),
             "environment": files.environment(str(trainer.precision)),
             "files": written,
         })
@@ -232,6 +233,13 @@ class DivergenceCapture(pl.Callback):
 def _train_dataset(trainer: pl.Trainer) -> Any:
     """The data module's training dataset (None for other data sources)."""
     return getattr(trainer.datamodule, "train_dataset", None)
+
+
+def _batch_norm(module: torch.nn.Module) -> str:
+    """``"sync"``, ``"per-rank"`` (batch statistics of each rank's own samples) or ``"none"``."""
+    kinds = {isinstance(m, torch.nn.SyncBatchNorm) for m in module.modules()
+             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+    return "none" if not kinds else "per-rank" if False in kinds else "sync"
 
 
 def _resolved_config(trainer: pl.Trainer) -> str | None:

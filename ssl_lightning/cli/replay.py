@@ -59,6 +59,7 @@ class ReplayReport:
     gradient_difference: float | None
     gradients_equal: bool | None
     exact_state: bool
+    batch_norm: str
     terms: dict[str, float]
     first_nonfinite_output: str | None
     first_nonfinite_gradient: str | None
@@ -99,6 +100,9 @@ class ReplayReport:
         else:
             lines.append(f"  gradients: largest difference {self.gradient_difference:.3g} -> "
                          f"{_verdict(self.gradients_equal)}")
+        if self.world_size > 1 and self.batch_norm == "per-rank":
+            lines.append("  note: the run's batch norm used each rank's own batch statistics "
+                         "(no sync_batchnorm), which one process cannot reproduce")
         if not self.exact_state:
             lines.append("  note: a parameter was changed in place before the capture; its "
                          "value before the step is not in the capture")
@@ -438,6 +442,7 @@ def _report(folder: Path, manifest: dict[str, Any], parts: list[dict[str, Any]],
         same_samples=same_samples, captured_loss=captured_loss,
         loss=recorder.loss, loss_equal=loss_equal, gradient_difference=gradient_difference,
         gradients_equal=gradients_equal, exact_state=bool(manifest.get("exact", True)),
+        batch_norm=manifest.get("batch_norm", "none"),
         terms=recorder.terms,
         first_nonfinite_output=recorder.probe.first_nonfinite_output,
         first_nonfinite_gradient=recorder.probe.first_nonfinite_gradient,

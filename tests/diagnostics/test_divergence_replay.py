@@ -163,8 +163,8 @@ def test_lr_overflow_is_captured_before_the_step(overflow) -> None:
 def test_lr_overflow_replays_bit_exactly_and_names_the_module(overflow) -> None:
     report = replay(overflow)
     assert report.same_samples and report.loss_equal and report.reproduced
-    # backbone.net: conv, BN, ReLU, conv, BN...: the huge weights overflow the second
-    # convolution's batch statistics (its output is still finite)
+    # backbone.net: conv, GroupNorm, ReLU, conv, GroupNorm...: the huge weights overflow the
+    # statistics of the second convolution's group norm (the convolution's output is finite)
     assert report.first_nonfinite_output == "backbone.net.4"
     assert report.schedules["learning rate"] == [pytest.approx(0.0853553, rel=1e-5)]
     assert len(report.image_paths) == 4
@@ -240,3 +240,42 @@ def test_replay_without_the_data_says_so(spike, tmp_path, capsys) -> None:
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "the training data of the run cannot be read" in err and "moved" in err
+
+
+def _fit_ddp(rank: int, world: int, config: str) -> int:
+    """A pool job: the CLI run on this rank of the DDP group; its exit code."""
+    import os
+
+    os.environ.update(LOCAL_RANK=str(rank), WORLD_SIZE=str(world), NODE_RANK="0")
+    torch.set_num_threads(1)
+    try:
+        main(["fit", "--config", config])
+    except SystemExit as exited:
+        return int(exited.code or 0)
+    return 0
+
+
+@pytest.mark.slow
+def test_ddp_capture_replays_on_one_process_with_the_global_batch(tmp_path,
+                                                                  tiny_image_folder) -> None:
+    from distributed_utils import run_in_processes
+
+    config = yaml.safe_load(CONFIG)
+    config["trainer"].update(devices=2, strategy="ddp", precision="64-true",
+                             default_root_dir=str(tmp_path))
+    # 2 processes = 1 process needs no per-rank batch statistics (SyncBatchNorm needs GPUs)
+    config["model"]["init_args"]["head_batch_norm"] = False
+    config["trainer"]["callbacks"] = [{"class_path": "DivergenceCapture", "init_args": SPIKE}]
+    config["data"]["init_args"]["train_dir"] = str(tiny_image_folder / "train")
+    path = tmp_path / "ddp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert run_in_processes(_fit_ddp, 2, str(path)) == [1, 1]  # both ranks stopped
+    (capture,) = (tmp_path / files.CAPTURES_DIR).glob("step-*")
+    manifest = json.loads((capture / files.MANIFEST).read_text())
+    assert manifest["world_size"] == 2 and manifest["step"]["global_step"] == 2
+    ranks = [json.loads((capture / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert not set(ranks[0]["dataset_indices"]) & set(ranks[1]["dataset_indices"])
+    report = replay(capture)  # --devices 1: the global batch of 8 on one process
+    assert report.same_samples and len(report.image_paths) == 8
+    assert report.loss_equal and report.gradients_equal  # to 1e-6 relative
+    assert report.gradient_difference < 1e-12
