@@ -89,9 +89,11 @@ class NumpyNoiseViews(SimCLRViews):
 
 
 def fit_until_diverged(root: Path, images: Path, *, callbacks=(), transform: str | None = None,
-                       capture_args: dict | None = None, capsys=None) -> Path:
+                       capture_args: dict | None = None, model: dict | None = None) -> Path:
     """Run the CLI in ``root`` until it stops on divergence; the capture folder."""
     config = yaml.safe_load(CONFIG)
+    if model is not None:
+        config["model"] = model
     config["data"]["init_args"]["train_dir"] = str(images)
     if transform is not None:
         config["data"]["init_args"]["train_transform"] = {
@@ -194,6 +196,21 @@ def test_spike_capture_replays_loss_and_gradients_bit_exactly(spike) -> None:
     assert torch.isfinite(report.loss)
     assert report.loss_equal and report.gradients_equal and report.gradient_difference == 0
     assert report.terms["train/loss"] == float(report.loss)
+
+
+def test_queue_and_teacher_are_restored_as_the_step_found_them(tmp_path,
+                                                               tiny_image_folder) -> None:
+    """MoCo v2 enqueues the step's keys during the step: the capture keeps the queue of before
+    (a copy of the buffers at each batch start), or the replayed loss would differ."""
+    model = {"class_path": "MoCoV2", "init_args": {
+        "backbone": {"class_path": "SmallConvNet", "init_args": {"widths": [8, 16]}},
+        "projection_hidden_dim": 16, "projection_dim": 8, "queue_size": 16, "lr": 0.1,
+        "warmup_epochs": 0, "lr_scaling": "none"}}
+    capture = fit_until_diverged(tmp_path, tiny_image_folder / "train", capture_args=SPIKE,
+                                 model=model)
+    report = replay(capture)
+    assert report.loss_equal and report.gradients_equal and report.reproduced
+    assert any(name.startswith("EMA momentum") for name in report.schedules)
 
 
 def test_views_drawn_without_the_sample_seeds_fail_the_replay_check(tmp_path,
