@@ -14,9 +14,13 @@ guarantee makes the same step.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +30,16 @@ import yaml
 from torch import Tensor
 
 from ssl_lightning._lightning import pl
+from ssl_lightning.cli.quiet import quiet_known_warnings
 from ssl_lightning.io import capture as files
 from ssl_lightning.optim import schedule_position
-from ssl_lightning.training.divergence import guard_paused
-from ssl_lightning.training.step_probe import StepProbe, largest, parameter_gradient_norms
+from ssl_lightning.training.divergence import ADVICE, guard_paused
+from ssl_lightning.training.step_probe import (
+    StepProbe,
+    largest,
+    nonfinite,
+    parameter_gradient_norms,
+)
 
 PROG = "python -m ssl_lightning replay"
 
@@ -63,6 +73,8 @@ class ReplayReport:
     terms: dict[str, float]
     first_nonfinite_output: str | None
     first_nonfinite_gradient: str | None
+    nonfinite_outputs: int
+    nonfinite_gradients: int
     largest_outputs: list[tuple[str, float]]
     largest_gradients: list[tuple[str, float]]
     largest_parameter_gradients: list[tuple[str, float]]
@@ -84,7 +96,8 @@ class ReplayReport:
                  f"  step: epoch {s['epoch']}, batch {s['batch']}, global step "
                  f"{s['global_step']}, captured on {self.world_size} process(es); replayed on "
                  f"1 process in {self.precision}",
-                 f"  captured because: {self.reason.split(' The step is captured')[0]}"]
+                 "  captured because: " + self.reason.split(" The step is captured")[0]
+                 .replace(ADVICE, "").strip()]
         lines.append("Reproduction")
         lines.append("  samples: " + ("the captured ones" if self.same_samples else
                                       "DIFFERENT from the capture (the data or order changed)"))
@@ -115,12 +128,14 @@ class ReplayReport:
             "  none logged"]
         lines.append("Non-finite values")
         lines.append(f"  first module with a non-finite output: "
-                     f"{self.first_nonfinite_output or 'none'}")
+                     f"{self.first_nonfinite_output or 'none'} ({self.nonfinite_outputs} "
+                     "modules in all)")
         lines.append(f"  first module with a non-finite output gradient (backward order): "
-                     f"{self.first_nonfinite_gradient or 'none'}")
-        for title, norms in (("Largest output norms", self.largest_outputs),
-                             ("Largest output-gradient norms", self.largest_gradients),
-                             ("Largest parameter-gradient norms",
+                     f"{self.first_nonfinite_gradient or 'none'} ({self.nonfinite_gradients} "
+                     "modules in all)")
+        for title, norms in (("Largest finite output norms", self.largest_outputs),
+                             ("Largest finite output-gradient norms", self.largest_gradients),
+                             ("Largest finite parameter-gradient norms",
                               self.largest_parameter_gradients)):
             lines.append(title)
             lines += [f"  {name}: {value:.4g}" for name, value in norms] or ["  none"]
@@ -296,6 +311,25 @@ def _schedules(trainer: pl.Trainer, pl_module: pl.LightningModule,
     return found
 
 
+@contextmanager
+def _quiet_lightning() -> Iterator[None]:
+    """Without Lightning's set-up messages (devices, restoring) and its warning that the
+    run's callbacks are absent (the replay needs none of them)."""
+    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning.pytorch",
+                                                    "lightning_fabric", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*callbacks used to create the checkpoint")
+        quiet_known_warnings()
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
 def _replay_checkpoint(state: dict[str, Any], datamodule: pl.LightningDataModule, seed: int,
                        folder: str) -> str:
     """The capture's state as a checkpoint to resume from: the data position is set by
@@ -384,7 +418,7 @@ def replay(capture: str | os.PathLike[str], precision: str | None = None,
         if accelerator == "cuda":
             accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     recorder = _Recorder(step, local_batch * world)
-    with tempfile.TemporaryDirectory(prefix="ssl-replay-") as work:
+    with tempfile.TemporaryDirectory(prefix="ssl-replay-") as work, _quiet_lightning():
         checkpoint = _replay_checkpoint(state, datamodule, int(manifest["data"]["seed"]), work)
         trainer = pl.Trainer(
             accelerator=accelerator, devices=1, precision=precision,  # type: ignore[arg-type]
@@ -446,6 +480,8 @@ def _report(folder: Path, manifest: dict[str, Any], parts: list[dict[str, Any]],
         terms=recorder.terms,
         first_nonfinite_output=recorder.probe.first_nonfinite_output,
         first_nonfinite_gradient=recorder.probe.first_nonfinite_gradient,
+        nonfinite_outputs=len(nonfinite(recorder.probe.output_norms)),
+        nonfinite_gradients=len(nonfinite(recorder.probe.gradient_norms)),
         largest_outputs=recorder.probe.largest_outputs(),
         largest_gradients=recorder.probe.largest_gradients(),
         largest_parameter_gradients=largest(recorder.parameter_gradients, 5),

@@ -46,10 +46,14 @@ def _merge(previous: float | None, norm: float) -> float:
 
 
 def largest(norms: dict[str, float], count: int) -> list[tuple[str, float]]:
-    """The ``count`` largest of ``norms`` (name -> norm), non-finite ones first."""
-    def key(item: tuple[str, float]) -> float:
-        return math.inf if math.isnan(item[1]) else item[1]
-    return sorted(norms.items(), key=key, reverse=True)[:count]
+    """The ``count`` largest finite norms of ``norms`` (name -> norm)."""
+    finite = [(name, norm) for name, norm in norms.items() if math.isfinite(norm)]
+    return sorted(finite, key=lambda item: item[1], reverse=True)[:count]
+
+
+def nonfinite(norms: dict[str, float]) -> list[str]:
+    """The names whose norm is NaN or inf."""
+    return [name for name, norm in norms.items() if not math.isfinite(norm)]
 
 
 @dataclass
@@ -120,4 +124,4 @@ def parameter_gradient_norms(model: nn.Module) -> dict[str, float]:
     return norms
 
 
-__all__ = ["StepProbe", "largest", "parameter_gradient_norms"]
+__all__ = ["StepProbe", "largest", "nonfinite", "parameter_gradient_norms"]
