@@ -35,6 +35,7 @@ from ssl_lightning._lightning import pl
 from ssl_lightning.data.seeding import sample_indices
 from ssl_lightning.io import capture as files
 from ssl_lightning.io.run_directory import run_directory
+from ssl_lightning.sharding import ShardedStrategy
 from ssl_lightning.training.divergence import TrainingDivergedError, check_finite_gradients
 
 
@@ -131,6 +132,10 @@ class DivergenceCapture(pl.Callback):
         is here: the checks stop all ranks together) and name it in the error."""
         if not isinstance(exception, TrainingDivergedError) or self._step is None \
                 or exception.applied:  # the weights check: the step that started it is gone
+            return
+        if isinstance(trainer.strategy, ShardedStrategy):
+            exception.args = (f"{exception.args[0]} (Sharded runs are not captured for "
+                              "replay.)",)
             return
         if exception.loss is not None:
             self._loss = exception.loss

@@ -392,6 +392,12 @@ def replay(capture: str | os.PathLike[str], precision: str | None = None,
     """
     folder = Path(capture)
     manifest = files.read_manifest(folder)
+    accumulated = manifest["trainer"]["accumulate_grad_batches"]
+    if accumulated != 1:
+        raise ReplayError(f"the run accumulated the gradients of {accumulated} batches per "
+                          "optimiser step (accumulate_grad_batches); the replay runs steps of "
+                          "one batch. (micro_batch_size, the exact way to a larger batch, "
+                          "replays.)")
     if dump_views is not None:
         _check_views_folder(dump_views)
     step = manifest["step"]
