@@ -70,6 +70,19 @@ class LrOverflow(pl.Callback):
                 group["lr"] = self.lr
 
 
+class InfGradient(pl.Callback):
+    """Puts an inf into one gradient of global step ``step`` (a finite loss, then an overflow
+    in the backward pass)."""
+
+    def __init__(self, step: int = 1) -> None:
+        self.step = step
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step:
+            grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
+            grad.view(-1)[0] = math.inf
+
+
 class PoisonedViews(SimCLRViews):
     """SimCLR views, NaN for a magenta image (a decoder gone wrong on one file)."""
 
@@ -213,6 +226,43 @@ def test_queue_and_teacher_are_restored_as_the_step_found_them(tmp_path,
     assert any(name.startswith("EMA momentum") for name in report.schedules)
 
 
+def test_a_nonfinite_gradient_stops_before_the_update_with_its_gradients(tmp_path,
+                                                                        tiny_image_folder) -> None:
+    capture = fit_until_diverged(tmp_path, tiny_image_folder / "train", callbacks=["InfGradient"])
+    manifest = json.loads((capture / files.MANIFEST).read_text())
+    assert manifest["step"]["global_step"] == 1 and manifest["gradients"]
+    assert "a gradient is not finite" in manifest["reason"]
+    gradients = torch.load(capture / files.GRADIENTS, weights_only=True)
+    assert sum(int(torch.isinf(g).sum()) for g in gradients.values()) == 1
+    state = torch.load(capture / files.STATE, weights_only=True)["state_dict"]
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+    assert torch.isfinite(torch.load(capture / "rank-0.pt", weights_only=True)["loss"])
+
+
+def test_a_run_below_the_spike_factor_writes_no_capture(tmp_path, tiny_image_folder) -> None:
+    config = yaml.safe_load(CONFIG)
+    config["data"]["init_args"]["train_dir"] = str(tiny_image_folder / "train")
+    config["trainer"]["callbacks"] = [{"class_path": "DivergenceCapture", "init_args": {
+        "spike_factor": 10.0, "spike_min_steps": 2}}]
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        cli = main(["fit", "--config", str(path)])
+    assert cli.trainer.global_step == 12 and not (tmp_path / files.CAPTURES_DIR).exists()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"spike_factor": 0.0}, "spike_factor must be > 0"),
+    ({"spike_window": 0}, "spike_window and spike_min_steps must be >= 1"),
+])
+def test_capture_arguments_are_checked(kwargs, message) -> None:
+    from ssl_lightning.callbacks import DivergenceCapture
+
+    with pytest.raises(ValueError, match=message):
+        DivergenceCapture(**kwargs)
+
+
 def test_views_drawn_without_the_sample_seeds_fail_the_replay_check(tmp_path,
                                                                      tiny_image_folder) -> None:
     capture = fit_until_diverged(tmp_path, tiny_image_folder / "train",
@@ -245,6 +295,13 @@ def test_replay_of_a_folder_that_is_no_capture_is_one_error_line(spike, tmp_path
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and expected in err and err.count("\n") == 1
+
+
+def test_replay_on_several_processes_is_refused(spike, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["replay", str(spike), "--devices", "2"])
+    assert exited.value.code == 2
+    assert "error: --devices 2: a replay runs on one process" in capsys.readouterr().err
 
 
 def test_replay_without_the_data_says_so(spike, tmp_path, capsys) -> None:
