@@ -26,7 +26,7 @@ import os
 import statistics
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -149,11 +149,11 @@ class DivergenceCapture(pl.Callback):
         rank = trainer.global_rank
         step = self._step
         assert step is not None
-        names = None
+        names: tuple[str, str] | None = None
         if rank == 0:
             temporary, final = files.new_capture_dir(run_dir, step["global_step"])
             names = (str(temporary), str(final))
-        temporary_name, final_name = strategy.broadcast(names)
+        temporary_name, final_name = cast(tuple[str, str], strategy.broadcast(names))
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         self._write_rank(trainer, temporary_name, rank)
         strategy.barrier("divergence_capture_ranks")
@@ -172,7 +172,7 @@ class DivergenceCapture(pl.Callback):
             seeds = seeds.detach().cpu()
             record["sample_seeds"] = seeds.tolist()
             dataset = _train_dataset(trainer)
-            seed = getattr(trainer.datamodule, "train_seed", None)
+            seed = getattr(_datamodule(trainer), "train_seed", None)
             if dataset is not None and seed is not None:
                 record["dataset_indices"] = sample_indices(
                     seeds, int(seed), step["epoch"], len(dataset)).tolist()
@@ -207,7 +207,7 @@ class DivergenceCapture(pl.Callback):
             write_text(os.path.join(folder, files.CONFIG), config)
             written.append(files.CONFIG)
         written += [name for r in range(trainer.world_size) for name in files.rank_files(r)]
-        datamodule = trainer.datamodule
+        datamodule = _datamodule(trainer)
         dataset = _train_dataset(trainer)
         files.write_json(os.path.join(folder, files.MANIFEST), {
             "format": files.FORMAT,
@@ -235,9 +235,14 @@ class DivergenceCapture(pl.Callback):
         })
 
 
+def _datamodule(trainer: pl.Trainer) -> Any:
+    """The fit's data module (None when the loaders were passed directly)."""
+    return getattr(trainer, "datamodule", None)
+
+
 def _train_dataset(trainer: pl.Trainer) -> Any:
     """The data module's training dataset (None for other data sources)."""
-    return getattr(trainer.datamodule, "train_dataset", None)
+    return getattr(_datamodule(trainer), "train_dataset", None)
 
 
 def _batch_norm(module: torch.nn.Module) -> str:
