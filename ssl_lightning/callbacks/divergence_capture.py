@@ -81,6 +81,8 @@ class DivergenceCapture(pl.Callback):
                       "global_step": trainer.global_step, "seeds": seeds}
         self._loss = None
         self._gradients_ready = False
+        if isinstance(trainer.strategy, ShardedStrategy):  # not captured (see on_exception)
+            return
         buffers = dict(pl_module.named_buffers())
         if buffers.keys() != self._buffers.keys() or any(
                 b.shape != self._buffers[k].shape or b.dtype != self._buffers[k].dtype

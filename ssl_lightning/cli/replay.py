@@ -54,6 +54,8 @@ class _Replayed(Exception):
 # ----------------------------------------------------------------------------- building
 def _instantiate(config_text: str) -> tuple[pl.LightningModule, pl.LightningDataModule]:
     """The method and the data module of a resolved config (its ``model`` and ``data``)."""
+    from jsonargparse import ArgumentError
+
     import ssl_lightning  # noqa: F401  (registers the short class names)
     from ssl_lightning._lightning import LightningArgumentParser
 
@@ -64,8 +66,12 @@ def _instantiate(config_text: str) -> tuple[pl.LightningModule, pl.LightningData
     parser = LightningArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(pl.LightningModule, "model", required=True)
     parser.add_subclass_arguments(pl.LightningDataModule, "data", required=True)
-    parsed = parser.parse_object({"model": config["model"], "data": config["data"]})
-    built = parser.instantiate_classes(parsed)
+    try:
+        parsed = parser.parse_object({"model": config["model"], "data": config["data"]})
+        built = parser.instantiate_classes(parsed)
+    except (ArgumentError, ImportError, TypeError, ValueError) as err:
+        raise ReplayError(f"the config's model or data cannot be built ({err}); pass --config "
+                          "with the run's fit config.") from err
     return built.model, built.data
 
 
@@ -291,6 +297,10 @@ def replay(capture: str | os.PathLike[str], precision: str | None = None,
                           "ssl_lightning fit`, so the capture holds no config; pass --config "
                           "with the run's method and data (a fit config).")
     model, datamodule = _instantiate(config_path.read_text(encoding="utf-8"))
+    if manifest["batch_size"] is None:
+        raise ReplayError("the run's training batches came from loaders passed to fit, not from "
+                          "a data module; the replay draws the batch again from the package's "
+                          "data modules (SSLDataModule).")
     local_batch = int(manifest["batch_size"])
     if hasattr(datamodule, "num_workers"):
         datamodule.num_workers = 0  # type: ignore[attr-defined]

@@ -297,6 +297,20 @@ def test_replay_of_a_folder_that_is_no_capture_is_one_error_line(spike, tmp_path
     assert err.startswith("error: ") and expected in err and err.count("\n") == 1
 
 
+def test_replay_with_a_config_that_cannot_be_built_is_one_error_line(spike, tmp_path,
+                                                                     capsys) -> None:
+    config = yaml.safe_load((spike / files.CONFIG).read_text())
+    config["model"]["class_path"] = "NoSuchMethod"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as exited:
+        main(["replay", str(spike), "--config", str(broken)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the config's model or data cannot be built") and \
+        "NoSuchMethod" in err
+
+
 def test_replay_on_several_processes_is_refused(spike, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["replay", str(spike), "--devices", "2"])
