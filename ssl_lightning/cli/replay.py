@@ -336,14 +336,16 @@ def replay(capture: str | os.PathLike[str], precision: str | None = None,
     if recorder.seeds is None and recorder.loss is None:
         raise ReplayError("the replay ended before reaching the captured step (the trainer "
                           "settings in manifest.json end the run earlier).")
-    report = _report(folder, manifest, parts, recorder, datamodule, precision)
+    report = _report(folder, manifest, parts, recorder, datamodule, precision,
+                     trainer.strategy.root_device.type)
     if dump_views is not None:
         report.views_written = _write_views(recorder.views, dump_views)
     return report
 
 
 def _report(folder: Path, manifest: dict[str, Any], parts: list[dict[str, Any]],
-            recorder: _Recorder, datamodule: Any, precision: str) -> ReplayReport:
+            recorder: _Recorder, datamodule: Any, precision: str,
+            accelerator: str) -> ReplayReport:
     world = int(manifest["world_size"])
     captured_seeds = None if parts[0]["sample_seeds"] is None else _interleave(
         [p["sample_seeds"] for p in parts])
@@ -354,22 +356,25 @@ def _report(folder: Path, manifest: dict[str, Any], parts: list[dict[str, Any]],
         [x.double() for x in losses]).mean()
     loss_equal = None
     same_precision = precision == manifest["trainer"]["precision"]
+    # bitwise on the run's own layout and device; else to RELATIVE_TOLERANCE
+    exact = world == 1 and accelerator == manifest["trainer"]["accelerator"]
     if captured_loss is not None and recorder.loss is not None and same_precision:
-        loss_equal = same_bits(captured_loss, recorder.loss) if world == 1 and \
+        loss_equal = same_bits(captured_loss, recorder.loss) if exact and \
             captured_loss.dtype == recorder.loss.dtype else close(captured_loss, recorder.loss)
     gradient_difference = None
     gradients_equal = None
     if manifest.get("gradients") and same_precision:
         captured = files.read_tensors(folder / files.GRADIENTS)
         gradient_difference, gradients_equal = compare_gradients(
-            captured, recorder.grads, exact=world == 1)
+            captured, recorder.grads, exact=exact)
     indices = None if parts[0]["dataset_indices"] is None else _interleave(
         [p["dataset_indices"] for p in parts])
     dataset = getattr(datamodule, "train_dataset", None)
     paths = [] if indices is None or dataset is None else _sample_paths(dataset, indices)
     return ReplayReport(
         capture=str(folder), step=manifest["step"], world_size=world, precision=precision,
-        captured_precision=manifest["trainer"]["precision"], reason=manifest["reason"],
+        captured_precision=manifest["trainer"]["precision"], accelerator=accelerator,
+        captured_accelerator=manifest["trainer"]["accelerator"], reason=manifest["reason"],
         same_samples=same_samples, captured_loss=captured_loss,
         loss=recorder.loss, loss_equal=loss_equal, gradient_difference=gradient_difference,
         gradients_equal=gradients_equal, exact_state=bool(manifest.get("exact", True)),

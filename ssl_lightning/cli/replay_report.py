@@ -23,6 +23,8 @@ class ReplayReport:
     world_size: int
     precision: str
     captured_precision: str
+    accelerator: str
+    captured_accelerator: str
     reason: str
     same_samples: bool
     captured_loss: Tensor | None
@@ -56,8 +58,9 @@ class ReplayReport:
         s = self.step
         lines = [f"Replay of {self.capture}",
                  f"  step: epoch {s['epoch']}, batch {s['batch']}, global step "
-                 f"{s['global_step']}, captured on {self.world_size} process(es); replayed on "
-                 f"1 process in {self.precision}",
+                 f"{s['global_step']}, captured on {self.world_size} process(es) "
+                 f"({self.captured_accelerator}); replayed on 1 process ({self.accelerator}) in "
+                 f"{self.precision}",
                  "  captured because: " + self.reason.split(" The step is captured")[0]
                  .replace(ADVICE, "").strip()]
         lines.append("Reproduction")
