@@ -136,11 +136,12 @@ def same_bits(a: Tensor, b: Tensor) -> bool:
 
 
 #: Relative tolerance of the comparisons that cannot be bitwise: a DDP capture replayed on one
-#: process (other reduction order), or another precision.
+#: process (another reduction order), or a replay on another device.
 RELATIVE_TOLERANCE = 1e-6
 
 
 def close(a: Tensor, b: Tensor) -> bool:
+    """Equal to :data:`RELATIVE_TOLERANCE` of the largest value; NaN/inf in the same places."""
     a, b = a.double(), b.double()
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
         return bool(torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
