@@ -1,7 +1,8 @@
 """Training callbacks: EMA teacher updates, evaluation (kNN, online linear probe), checkpoints
-on preemption and the console summary of a run."""
+on preemption, the console summary of a run and the capture of a diverged step."""
 
 from ssl_lightning.callbacks.collapse import CollapseMonitor
+from ssl_lightning.callbacks.divergence_capture import DivergenceCapture
 from ssl_lightning.callbacks.ema import EMACallback
 from ssl_lightning.callbacks.knn import KNNCallback, knn_predict
 from ssl_lightning.callbacks.online_probe import OnlineProbe
@@ -9,6 +10,6 @@ from ssl_lightning.callbacks.preemption import PreemptionCheckpoint
 from ssl_lightning.callbacks.run_summary import RunSummary
 
 __all__: list[str] = [
-    "CollapseMonitor", "EMACallback", "KNNCallback", "OnlineProbe", "knn_predict",
-    "PreemptionCheckpoint", "RunSummary",
+    "CollapseMonitor", "DivergenceCapture", "EMACallback", "KNNCallback", "OnlineProbe",
+    "knn_predict", "PreemptionCheckpoint", "RunSummary",
 ]

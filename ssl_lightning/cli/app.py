@@ -38,7 +38,7 @@ from ssl_lightning.backbones.spec import (
     config_class_paths,
     trust_classes,
 )
-from ssl_lightning.callbacks import PreemptionCheckpoint
+from ssl_lightning.callbacks import DivergenceCapture, PreemptionCheckpoint
 from ssl_lightning.cli.errors import (
     READABLE,
     CLIError,
@@ -115,6 +115,8 @@ class SSLLightningCLI(LightningCLI):
             kwargs.setdefault("callbacks", [c for c in callbacks if not isinstance(c, ProgressBar)])
         trainer = super().instantiate_trainer(**kwargs)
         trainer.callbacks.insert(0, RunDirectoryLock())  # type: ignore[attr-defined]
+        if not any(isinstance(c, DivergenceCapture) for c in trainer.callbacks):  # type: ignore[attr-defined]
+            trainer.callbacks.append(DivergenceCapture())  # type: ignore[attr-defined]
         return trainer
 
     def _parse_ckpt_path(self) -> None:

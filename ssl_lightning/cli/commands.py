@@ -55,6 +55,9 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "ssl_lightning.cli.shard:main"),
     Command("compare", "RUN_DIR... [--plot out.png]",
             "a table of finished runs and their curves", "ssl_lightning.cli.compare:main"),
+    Command("replay", "CAPTURE_DIR [--precision 64-true] [--devices 1] [--dump-views DIR]",
+            "run a diverged run's captured step again and report on it",
+            "ssl_lightning.cli.replay:main"),
 )}
 
 

@@ -5,10 +5,18 @@ on to write checkpoints of NaN weights (or dies later in an unrelated place, e.g
 NaN embeddings). :func:`check_finite_loss` runs in :meth:`SSLMethod.training_step` before the
 backward pass, so the step is never applied; :func:`check_finite_weights` runs after every
 training batch and before a checkpoint is written, so neither a validation nor a checkpoint ever
-sees non-finite weights and the last good checkpoint is never overwritten.
+sees non-finite weights and the last good checkpoint is never overwritten;
+:func:`check_finite_gradients` (run by :class:`~ssl_lightning.callbacks.DivergenceCapture`
+before the optimiser step) stops on a non-finite gradient before the update. The replay of a
+captured step (``python -m ssl_lightning replay``) runs the step on inside :func:`guard_paused`,
+to look at the backward pass of a non-finite loss.
 """
 
 from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -24,7 +32,32 @@ ADVICE = (
 
 
 class TrainingDivergedError(FloatingPointError):
-    """The loss or the weights became non-finite (NaN or inf)."""
+    """The loss, a gradient or the weights became non-finite (NaN or inf), or the loss spiked.
+
+    Attributes:
+        loss: This rank's loss of the step (detached), when the loss check raised it.
+        applied: The diverging update was applied (the weights check): the state before the
+            step is gone.
+    """
+
+    def __init__(self, message: str, loss: Tensor | None = None, applied: bool = False) -> None:
+        super().__init__(message)
+        self.loss = loss
+        self.applied = applied
+
+
+_paused: contextvars.ContextVar[bool] = contextvars.ContextVar("guard_paused", default=False)
+
+
+@contextmanager
+def guard_paused() -> Iterator[None]:
+    """Let :func:`check_finite_loss` pass a non-finite loss inside the block (the replay of a
+    captured step runs its backward pass to find where the gradient turns non-finite)."""
+    token = _paused.set(True)
+    try:
+        yield
+    finally:
+        _paused.reset(token)
 
 
 def _lr(trainer: pl.Trainer) -> str:
@@ -38,6 +71,8 @@ def check_finite_loss(module: pl.LightningModule, loss: Tensor, batch_idx: int) 
     Costs one scalar all-reduce and one host synchronisation per step under DDP (the flag is
     reduced so that all ranks stop at the same step, never leaving one rank in a collective).
     """
+    if _paused.get():
+        return
     bad = (~torch.isfinite(loss.detach())).sum().float().reshape(1)
     trainer = attached_trainer(module)
     if trainer is not None:
@@ -55,7 +90,30 @@ def check_finite_loss(module: pl.LightningModule, loss: Tensor, batch_idx: int) 
                 f"{trainer.global_rank}: {what})")
     raise TrainingDivergedError(
         f"Training diverged: the loss is {what}{where}. The step was not "
-        f"applied and no checkpoint was written from it. {ADVICE}"
+        f"applied and no checkpoint was written from it. {ADVICE}", loss=loss.detach()
+    )
+
+
+def check_finite_gradients(module: pl.LightningModule) -> None:
+    """Raise :class:`TrainingDivergedError` on every rank when a gradient of any rank holds
+    NaN/inf (before the optimiser step, so the update is never applied; one scalar all-reduce).
+    Not for 16-mixed precision, whose gradient scaler skips such steps by design."""
+    grads = [local_tensor(p.grad.detach()) for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return
+    bad = (~torch.isfinite(torch.stack(torch._foreach_norm(grads)))).any().float().reshape(1)
+    trainer = module._trainer
+    if trainer is not None:
+        bad = trainer.strategy.reduce(bad, reduce_op="sum")
+    if bad.item() == 0:
+        return
+    step = "" if trainer is None else (
+        f" at global step {trainer.global_step} (epoch {trainer.current_epoch}, learning "
+        f"rate {_lr(trainer)})"
+    )
+    raise TrainingDivergedError(
+        f"Training diverged: a gradient is not finite (NaN/inf){step}, although the loss was "
+        f"finite. The step was not applied and no checkpoint was written from it. {ADVICE}"
     )
 
 
@@ -86,8 +144,9 @@ def check_finite_weights(module: pl.LightningModule, reduce: bool = True) -> Non
     raise TrainingDivergedError(
         f"Training diverged: the weights are not finite (NaN/inf){step}, although the loss "
         "was finite: an update overflowed. The run stops before any validation or checkpoint "
-        f"sees them (the last checkpoint written is kept). {ADVICE}"
+        f"sees them (the last checkpoint written is kept). {ADVICE}", applied=True
     )
 
 
-__all__ = ["TrainingDivergedError", "check_finite_loss", "check_finite_weights"]
+__all__ = ["TrainingDivergedError", "check_finite_gradients", "check_finite_loss",
+           "check_finite_weights", "guard_paused"]

@@ -201,8 +201,9 @@ def test_an_error_of_our_own_type_during_training_is_one_line(fit, capsys, monke
 
     monkeypatch.setattr("ssl_lightning.methods.base.check_finite_loss", diverge)
     err = _stderr(capsys, fit, code=1)
-    assert err == ("error: TrainingDivergedError: Training diverged: the loss is nan at global "
-                   "step 0.\n")
+    assert err.startswith("error: TrainingDivergedError: Training diverged: the loss is nan at "
+                          "global step 0. The step is captured in ")  # DivergenceCapture's
+    assert "replay it with: python -m ssl_lightning replay " in err and err.count("\n") == 1
 
 
 def test_a_bug_at_set_up_keeps_its_traceback(fit, monkeypatch) -> None:
