@@ -67,6 +67,12 @@ def restored_checkpoint(trainer: pl.Trainer) -> dict[str, Any]:
     return getattr(trainer._checkpoint_connector, "_loaded_checkpoint", None) or {}
 
 
+def full_checkpoint(trainer: pl.Trainer) -> dict[str, Any]:
+    """The checkpoint dict ``trainer.save_checkpoint`` would write (model, optimisers, loops,
+    callbacks), built in memory: the divergence capture writes it with its own files."""
+    return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+
+
 def fit_train_dataloader(trainer: pl.Trainer) -> Any:
     """The fit's train loader, built now if Lightning has not built it yet (it does at the first
     epoch; ``configure_optimizers`` and the set-up checks need its batch size before that)."""

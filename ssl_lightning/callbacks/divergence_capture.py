@@ -31,11 +31,11 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from ssl_lightning._lightning import pl
+from ssl_lightning._lightning import full_checkpoint, pl
 from ssl_lightning.data.seeding import sample_indices
+from ssl_lightning.distributed.sharding import ShardedStrategy
 from ssl_lightning.io import capture as files
 from ssl_lightning.io.run_directory import run_directory
-from ssl_lightning.sharding import ShardedStrategy
 from ssl_lightning.training.divergence import TrainingDivergedError, check_finite_gradients
 
 
@@ -66,7 +66,7 @@ class DivergenceCapture(pl.Callback):
         self.spike_min_steps = spike_min_steps
         self.dirname = dirname
         self._losses: deque[float] = deque(maxlen=spike_window)
-        self._step: dict[str, Any] | None = None
+        self._pending_step: dict[str, Any] | None = None
         self._loss: Tensor | None = None
         self._buffers: dict[str, Tensor] = {}
         self._versions: dict[str, int] = {}
@@ -77,7 +77,7 @@ class DivergenceCapture(pl.Callback):
                              batch: Any, batch_idx: int) -> None:
         """Remember the step's identity and samples, and copy the buffers it starts from."""
         seeds = batch[2] if isinstance(batch, list | tuple) and len(batch) > 2 else None
-        self._step = {"epoch": trainer.current_epoch, "batch": batch_idx,
+        self._pending_step = {"epoch": trainer.current_epoch, "batch": batch_idx,
                       "global_step": trainer.global_step, "seeds": seeds}
         self._loss = None
         self._gradients_ready = False
@@ -132,7 +132,7 @@ class DivergenceCapture(pl.Callback):
                      exception: BaseException) -> None:
         """Write the capture of the step that raised :class:`TrainingDivergedError` (every rank
         is here: the checks stop all ranks together) and name it in the error."""
-        if not isinstance(exception, TrainingDivergedError) or self._step is None \
+        if not isinstance(exception, TrainingDivergedError) or self._pending_step is None \
                 or exception.applied:  # the weights check: the step that started it is gone
             return
         if isinstance(trainer.strategy, ShardedStrategy):
@@ -149,14 +149,14 @@ class DivergenceCapture(pl.Callback):
         strategy = trainer.strategy
         run_dir = run_directory(trainer)
         rank = trainer.global_rank
-        step = self._step
+        step = self._pending_step
         assert step is not None
         names: tuple[str, str] | None = None
         if rank == 0:
             temporary, final = files.new_capture_dir(run_dir, step["global_step"])
             names = (str(temporary), str(final))
         temporary_name, final_name = cast(tuple[str, str], strategy.broadcast(names))
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        checkpoint = full_checkpoint(trainer)
         self._write_rank(trainer, temporary_name, rank)
         strategy.barrier("divergence_capture_ranks")
         if rank == 0:
@@ -166,7 +166,7 @@ class DivergenceCapture(pl.Callback):
         return final_name
 
     def _write_rank(self, trainer: pl.Trainer, folder: str, rank: int) -> None:
-        step = self._step
+        step = self._pending_step
         assert step is not None
         seeds = step["seeds"]
         record: dict[str, Any] = {"rank": rank, "sample_seeds": None, "dataset_indices": None}
@@ -186,7 +186,7 @@ class DivergenceCapture(pl.Callback):
 
     def _write_shared(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                       checkpoint: dict[str, Any], folder: str, reason: str) -> None:
-        step = self._step
+        step = self._pending_step
         assert step is not None
         state = checkpoint["state_dict"]
         for name, value in self._buffers.items():  # the buffers as the step found them

@@ -102,7 +102,7 @@ def check_finite_gradients(module: pl.LightningModule) -> None:
     if not grads:
         return
     bad = (~torch.isfinite(torch.stack(torch._foreach_norm(grads)))).any().float().reshape(1)
-    trainer = module._trainer
+    trainer = attached_trainer(module)
     if trainer is not None:
         bad = trainer.strategy.reduce(bad, reduce_op="sum")
     if bad.item() == 0:

@@ -72,19 +72,19 @@ class StepProbe:
     first_nonfinite_gradient: str | None = None
     output_norms: dict[str, float] = field(default_factory=dict)
     gradient_norms: dict[str, float] = field(default_factory=dict)
-    _handles: list[RemovableHandle] = field(default_factory=list, repr=False)
+    _hook_handles: list[RemovableHandle] = field(default_factory=list, repr=False)
 
     def attach(self, model: nn.Module) -> None:
         """Hook every submodule of ``model`` (the model itself is named ``<model>``)."""
         for name, module in model.named_modules():
-            self._handles.append(module.register_forward_hook(self._forward_hook(name or
+            self._hook_handles.append(module.register_forward_hook(self._forward_hook(name or
                                                                                 "<model>")))
 
     def detach(self) -> None:
         """Remove the hooks."""
-        for handle in self._handles:
+        for handle in self._hook_handles:
             handle.remove()
-        self._handles.clear()
+        self._hook_handles.clear()
 
     def _forward_hook(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
