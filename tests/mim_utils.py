@@ -88,3 +88,16 @@ def assert_resume_is_exact(factory: Any, root: Path) -> None:
                                    str(root), epochs=2)
     for key in full:
         assert torch.equal(full[key], resumed[key]), key
+
+
+def sample_keys(batch: int, seed: int = 0) -> Any:
+    """Per-sample keys of samples ``seed .. seed + batch - 1`` (epoch 7, batch 0, rank 0)."""
+    from ssl_lightning.training.sample_rng import SampleKeys
+
+    return SampleKeys.from_seeds(torch.arange(seed, seed + batch, dtype=torch.int64), 7, 0, 1, 0)
+
+
+def float64_images(batch: int = 4) -> torch.Tensor:
+    """Seeded float64 images of :data:`SIZE` px."""
+    return torch.randn(batch, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1),
+                       dtype=torch.float64)

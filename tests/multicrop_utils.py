@@ -3,6 +3,8 @@ deterministic multi-crop data (the stop-and-resume harness is ``momentum_utils.f
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -49,4 +51,23 @@ def masked_vit(depth: int = 2, **kwargs) -> ViT:  # type: ignore[no-untyped-def]
 def multicrop_views(batch: int = 4) -> list[torch.Tensor]:
     """2 global 16 px and 2 local 8 px crops (seeded)."""
     g = torch.Generator().manual_seed(0)
+    return [torch.randn(batch, 3, s, s, generator=g) for s in (16, 16, 8, 8)]
+
+
+def small_msn(cls: Any = None, **kw: Any) -> Any:
+    """A seeded MSN (or ``cls``, e.g. PMSN) on a 16 px ViT (patch 4, 2 blocks), 10 prototypes,
+    mask ratio 0.25."""
+    from ssl_lightning.methods import MSN
+
+    torch.manual_seed(0)
+    args = dict(projection_hidden_dim=16, projection_dim=8, num_prototypes=10,
+                head_batch_norm=False, image_size=16, mask_ratio=0.25)
+    vit = ViT(image_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2,
+              drop_path_rate=kw.pop("drop_path_rate", 0.0))
+    return (cls or MSN)(vit, **{**args, **kw})
+
+
+def msn_views(batch: int = 4) -> list[torch.Tensor]:
+    """A target, an anchor (16 px) and two focal (8 px) views (seeded)."""
+    g = torch.Generator().manual_seed(1)
     return [torch.randn(batch, 3, s, s, generator=g) for s in (16, 16, 8, 8)]
