@@ -16,6 +16,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -55,6 +56,20 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def runs(request: pytest.FixtureRequest) -> Any:
+    """The expensive runs a test module shares (multi-process fits and their one-process
+    references, resume harness runs), made once per module: what the module's ``make_runs``
+    returns. Its parameters name the fixtures it needs (e.g. ``tmp_path_factory``,
+    ``make_image_folder``), and what it returns is the module's own shape."""
+    make_runs = getattr(request.module, "make_runs", None)
+    if make_runs is None:
+        raise pytest.UsageError(f"{request.module.__name__} uses the runs fixture but defines "
+                                "no make_runs(...) returning its shared runs.")
+    fixtures = inspect.signature(make_runs).parameters
+    return make_runs(**{name: request.getfixturevalue(name) for name in fixtures})
 
 
 def _restore_rendezvous() -> None:

@@ -3,6 +3,8 @@ unit vectors, seeded float64 draws and a FIFO queue of rows."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -33,3 +35,22 @@ class FifoReference:
 
     def nearest(self, z: np.ndarray) -> np.ndarray:
         return self.rows[int(np.argmax([cos(z, r) for r in self.rows]))]
+
+
+def nearest_neighbour_steps(model: Any, byol: bool, steps: list[dict[str, Any]]
+                            ) -> tuple[list[float], list[float]]:
+    """The method's loss of each step and the float64 loop reference (NNSiam: D(p1, NN(z2))/2 +
+    D(p2, NN(z1))/2; NNBYOL: (2 - 2cos) + (2 - 2cos)), the support set filled by each step's z1."""
+    support = FifoReference(model.support_set.queue.numpy())
+    got, want = [], []
+    for outputs in steps:
+        got.append(float(model.loss_from_outputs(dict(outputs))))
+        o = {k: v.numpy() for k, v in outputs.items()}
+        nn1 = [support.nearest(z) for z in o["z1"]]
+        nn2 = [support.nearest(z) for z in o["z2"]]
+        c1 = np.mean([cos(p, t) for p, t in zip(o["p1"], nn2, strict=True)])
+        c2 = np.mean([cos(p, t) for p, t in zip(o["p2"], nn1, strict=True)])
+        # NNSiam: D(p1, NN(z2))/2 + D(p2, NN(z1))/2; NNBYOL: (2 − 2cos) + (2 − 2cos)
+        want.append(4 - 2 * (c1 + c2) if byol else -(c1 + c2) / 2)
+        support.put(np.stack([unit(z) for z in o["z1"]]))
+    return got, want

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -71,3 +72,52 @@ def fit_and_resume(
         resumed, make_loader(), ckpt_path=f"{root}/ckpt/epoch={epochs - 2}.ckpt"
     )
     return full, state_of(resumed)
+
+
+#: Small heads and the plain SGD schedule of the momentum methods' tests (8 px views).
+COMMON = dict(projection_hidden_dim=16, projection_dim=8, optimizer="sgd", lr=0.5,
+              lr_scaling="none", warmup_epochs=0, image_size=8)
+
+
+def assert_own_ema_callback_and_frozen_teacher(model: Any, schedule: str) -> None:
+    """``model`` supplies its :class:`EMACallback` (momentum 0.9, ``schedule``), and its two
+    teachers take no gradient and are not among the trainable modules."""
+    from ssl_lightning.callbacks import EMACallback
+
+    (callback,) = model.configure_callbacks()
+    assert isinstance(callback, EMACallback)
+    assert callback.momentum_base == 0.9
+    assert callback.schedule == schedule
+    teachers = {id(t) for _, t in model.ema_pairs()}
+    assert len(teachers) == 2
+    for _, teacher in model.ema_pairs():
+        assert all(not p.requires_grad for p in teacher.parameters())
+    trainable = {id(p) for m in model.trainable_modules() for p in m.parameters()}
+    assert not any(id(p) in trainable for _, t in model.ema_pairs() for p in t.parameters())
+
+
+def assert_resume_is_exact(make: Callable[[], pl.LightningModule], root: str) -> dict:
+    """Teacher, queue, pointer and the tau position after fit 2 epochs == fit 1 + resume; the
+    EMA ran (the teachers left their initial values and differ from the students). Returns the
+    final state."""
+    full, resumed = fit_and_resume(make, lambda: views_loader(16, 4, size=8), root, epochs=2)
+    teacher_keys = [k for k in full if k.startswith("teacher_")]
+    assert teacher_keys
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+    # The EMA ran (the teacher left its initial value) with tau < 1 (it is not the student),
+    # so equality above pins the tau sequence of the resumed run.
+    torch.manual_seed(0)
+    initial = make().state_dict()
+    assert any(not torch.equal(full[k], initial[k]) for k in teacher_keys)
+    teacher_of = {k.split("_", 1)[1]: k for k in teacher_keys}  # student name -> teacher name
+    assert any(not torch.equal(full[s], full[t]) for s, t in teacher_of.items()
+               if full[s].is_floating_point())
+    return full
+
+
+def perturb_teachers(model: Any) -> None:
+    """Make every teacher differ from its student (so a swapped pairing shows)."""
+    for _, teacher in model.ema_pairs():
+        for p in teacher.parameters():
+            p.data.add_(0.1 * torch.randn_like(p))

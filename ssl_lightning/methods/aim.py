@@ -35,7 +35,7 @@ from ssl_lightning.training.sample_rng import active_keys, keyed_uniform
 @register_method(
     "aim", title="AIM", configs=("aim.yaml",),
     paper=Paper("Scalable Pre-training of Large Autoregressive Image Models", 2024, "2401.08541"),
-    family="predictive", views=(8,), tests="tests/methods/test_simmim_aim.py",
+    family="predictive", views=(8,), tests="tests/methods/test_aim.py",
     backbone=lambda: small_vit(),
     small=lambda backbone, **kw: AIM(backbone, head_hidden_dim=16, head_layers=2, image_size=8,
                                      **kw),

@@ -37,7 +37,7 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     paper=Paper("All4One: Symbiotic Neighbour Contrastive Learning "
                 "via Self-Attention and Redundancy Reduction",
                 2023, "2303.09417"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_relational_methods.py",
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_all4one.py",
     cli_args={
         "all4one.yaml": (*SMALL_CONVNET_ARGS,
                          "--model.init_args.projection_hidden_dim", "64",

@@ -20,7 +20,7 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
     "barlow_twins", title="Barlow Twins", configs=("barlow_twins.yaml",),
     paper=Paper("Barlow Twins: Self-Supervised Learning via Redundancy Reduction",
                 2021, "2103.03230"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/losses/test_barlow_twins.py",
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_barlow_twins.py",
     small=lambda backbone, **kw: BarlowTwins(backbone, projection_hidden_dim=16,
                                              projection_dim=16, head_batch_norm=False, **kw),
 )

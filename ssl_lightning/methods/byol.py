@@ -26,7 +26,7 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     "byol", title="BYOL", configs=("byol.yaml",),
     paper=Paper("Bootstrap Your Own Latent: A New Approach to Self-Supervised Learning",
                 2020, "2006.07733"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_byol.py",
     cli_args={
         "byol.yaml": ("--model.init_args.projection_hidden_dim", "64"),
     },

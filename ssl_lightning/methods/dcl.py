@@ -20,7 +20,7 @@ from ssl_lightning.methods.simclr import SimCLR
     "dcl", title="DCL", configs=("dcl.yaml",),
     paper=Paper("Decoupled Contrastive Learning", 2022, "2110.06848"),
     family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
-    tests="tests/methods/test_renamed_arguments.py",
+    tests="tests/methods/test_dcl.py",
     small=lambda backbone, **kw: DCL(backbone, projection_hidden_dim=16, projection_dim=8,
                                      head_batch_norm=False, **kw),
 )

@@ -32,7 +32,7 @@ from ssl_lightning.training.dino_arguments import require_local_crops
 @register_method(
     "dinov2", title="DINOv2", configs=("dinov2.yaml",),
     paper=Paper("DINOv2: Learning Robust Visual Features without Supervision", 2024, "2304.07193"),
-    family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot_dinov2.py",
+    family="distillation", views=(8, 8, 4), tests="tests/methods/test_dinov2.py",
     docs="docs/ibot_dinov2.md",
     backbone=lambda: small_vit(mask_token=True, num_registers=1),
     cli_args={

@@ -42,7 +42,7 @@ SMALL_PATCH_HEAD_ARGS = ("--model.init_args.patch_hidden_dim", "32",
 @register_method(
     "dinov3", title="DINOv3", configs=("dinov3.yaml", "dinov3_continue.yaml"),
     paper=Paper("DINOv3", 2025, "2508.10104"),
-    family="distillation", views=(8, 8, 4, 16, 16), tests="tests/training/test_gram_teacher.py",
+    family="distillation", views=(8, 8, 4, 16, 16), tests="tests/methods/test_dinov3.py",
     docs="docs/dinov3.md",
     backbone=lambda: small_vit(mask_token=True, num_registers=1),
     cli_args={

@@ -24,7 +24,7 @@ from ssl_lightning.methods.registry import SMALL_CONVNET_ARGS, TWO_VIEWS, Paper,
     "directclr", title="DirectCLR", configs=("directclr.yaml",),
     paper=Paper("Understanding Dimensional Collapse in Contrastive Self-supervised Learning",
                 2022, "2110.09348"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_directclr_loss.py",
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_directclr.py",
     cli_args={
         "directclr.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.loss_dim", "8"),
     },

@@ -22,7 +22,7 @@ from ssl_lightning.methods.simsiam import SimSiam
 @register_method(
     "fastsiam", title="FastSiam", configs=("fastsiam.yaml",),
     paper=Paper("FastSiam: Resource-Efficient Self-supervised Learning on a Single GPU", 2022),
-    family="non-contrastive", views=(8, 8, 8), tests="tests/losses/test_fastsiam_loss.py",
+    family="non-contrastive", views=(8, 8, 8), tests="tests/methods/test_fastsiam.py",
     cli_args={
         "fastsiam.yaml": (*SMALL_CONVNET_ARGS,
                           "--model.init_args.projection_hidden_dim", "64",

@@ -26,7 +26,7 @@ from ssl_lightning.methods.registry import SMALL_DINO_ARGS, Paper, register_meth
 @register_method(
     "ibot", title="iBOT", configs=("ibot.yaml", "ibot_plus_plus.yaml"),
     paper=Paper("iBOT: Image BERT Pre-Training with Online Tokenizer", 2022, "2111.07832"),
-    family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot_dinov2.py",
+    family="distillation", views=(8, 8, 4), tests="tests/methods/test_ibot.py",
     docs="docs/ibot_dinov2.md",
     backbone=lambda: small_vit(mask_token=True),
     cli_args={

@@ -48,7 +48,7 @@ from ssl_lightning.training.sample_rng import active_keys
     paper=Paper("Self-Supervised Learning from Images "
                 "with a Joint-Embedding Predictive Architecture",
                 2023, "2301.08243"),
-    family="predictive", views=(8,), tests="tests/methods/test_mim_methods.py",
+    family="predictive", views=(8,), tests="tests/methods/test_ijepa.py",
     docs="docs/masked_image_modeling.md",
     backbone=lambda: small_vit(pool="mean"),
     cli_args={

@@ -26,7 +26,7 @@ SIGREG_STREAM = 1
     "lejepa", title="LeJEPA", configs=("lejepa.yaml",),
     paper=Paper("LeJEPA: Provable and Scalable Self-Supervised Learning Without the Heuristics",
                 2025, "2511.08544"),
-    family="non-contrastive", views=MULTI_CROP, tests="tests/methods/test_bad_settings.py",
+    family="non-contrastive", views=MULTI_CROP, tests="tests/methods/test_lejepa.py",
     small=lambda backbone, **kw: LeJEPA(backbone, projection_hidden_dim=16, projection_dim=8,
                                         head_batch_norm=False, num_slices=16, **kw),
 )

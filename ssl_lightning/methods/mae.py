@@ -40,7 +40,7 @@ from ssl_lightning.training.sample_rng import active_keys
 @register_method(
     "mae", title="MAE", configs=("mae.yaml",),
     paper=Paper("Masked Autoencoders Are Scalable Vision Learners", 2022, "2111.06377"),
-    family="masked", views=(8,), tests="tests/methods/test_mim_methods.py",
+    family="masked", views=(8,), tests="tests/methods/test_mae.py",
     docs="docs/masked_image_modeling.md",
     backbone=lambda: small_vit(),
     cli_args={

@@ -21,7 +21,7 @@ from ssl_lightning.methods.registry import Paper, register_method
     paper=Paper("Learning Efficient Coding of Natural "
                 "Images with Maximum Manifold Capacity Representations",
                 2023, "2303.03307"),
-    family="non-contrastive", views=(8, 8, 8), tests="tests/methods/test_bad_settings.py",
+    family="non-contrastive", views=(8, 8, 8), tests="tests/methods/test_mmcr.py",
     small=lambda backbone, **kw: MMCR(backbone, projection_hidden_dim=16, projection_dim=8,
                                       head_batch_norm=False, **kw),
 )

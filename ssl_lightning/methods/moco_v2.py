@@ -35,7 +35,7 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
 @register_method(
     "moco_v2", title="MoCo v2", configs=("moco_v2.yaml",),
     paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_moco_v2.py",
     cli_args={
         "moco_v2.yaml": ("--model.init_args.projection_hidden_dim", "64"),
     },

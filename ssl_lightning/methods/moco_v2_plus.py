@@ -23,7 +23,7 @@ from ssl_lightning.training.ema import Schedule
 @register_method(
     "moco_v2_plus", title="MoCo v2+", configs=("moco_v2_plus.yaml",),
     paper=Paper("Improved Baselines with Momentum Contrastive Learning", 2020, "2003.04297"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/losses/test_moco_v2_plus_loss.py",
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_moco_v2_plus.py",
     cli_args={
         "moco_v2_plus.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.projection_hidden_dim", "64"),
     },

@@ -26,7 +26,7 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     "moco_v3", title="MoCo v3", configs=("moco_v3.yaml", "moco_v3_vit.yaml"),
     paper=Paper("An Empirical Study of Training Self-Supervised Vision Transformers",
                 2021, "2104.02057"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_momentum_methods.py",
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_moco_v3.py",
     cli_args={
         "moco_v3.yaml": ("--model.init_args.projection_hidden_dim", "64"),
         "moco_v3_vit.yaml": ("--model.init_args.projection_hidden_dim", "64",

@@ -25,7 +25,7 @@ from ssl_lightning.queues import NearestNeighbourSupport
                 "Friends: Nearest-Neighbor Contrastive Learning of Visual Representations",
                 2021, "2104.14548"),
     family="non-contrastive", views=TWO_VIEWS,
-    tests="tests/losses/test_nearest_neighbour_losses.py",
+    tests="tests/methods/test_nnbyol.py",
     cli_args={
         "nnbyol.yaml": (*SMALL_CONVNET_ARGS, "--model.init_args.projection_hidden_dim", "64"),
     },

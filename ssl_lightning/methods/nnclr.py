@@ -30,7 +30,7 @@ from ssl_lightning.queues import NearestNeighbourSupport
                 "Friends: Nearest-Neighbor Contrastive Learning of Visual Representations",
                 2021, "2104.14548"),
     family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
-    tests="tests/methods/test_renamed_arguments.py",
+    tests="tests/methods/test_nnclr.py",
     cli_args={
         "nnclr.yaml": ("--model.init_args.projection_hidden_dim", "64",
                        "--model.init_args.predictor_hidden_dim", "64"),

@@ -20,7 +20,7 @@ from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method, s
     "pmsn", title="PMSN", configs=("pmsn.yaml",),
     paper=Paper("The Hidden Uniform Cluster Prior in Self-Supervised Learning",
                 2023, "2210.07277"),
-    family="clustering", views=MULTI_CROP, tests="tests/methods/test_msn.py",
+    family="clustering", views=MULTI_CROP, tests="tests/methods/test_pmsn.py",
     backbone=small_vit,
     small=lambda backbone, **kw: PMSN(backbone, projection_hidden_dim=16, projection_dim=8,
                                       head_batch_norm=False, num_prototypes=10, mask_ratio=0.25,

@@ -35,7 +35,7 @@ from ssl_lightning.training.ema import Schedule, momentum_teacher
     "ressl", title="ReSSL", configs=("ressl.yaml",),
     paper=Paper("ReSSL: Relational Self-Supervised Learning with Weak Augmentation",
                 2021, "2107.09282"),
-    family="distillation", views=TWO_VIEWS, tests="tests/methods/test_relational_methods.py",
+    family="distillation", views=TWO_VIEWS, tests="tests/methods/test_ressl.py",
     cli_args={
         "ressl.yaml": (*SMALL_CONVNET_ARGS,
                        "--model.init_args.projection_hidden_dim", "64",

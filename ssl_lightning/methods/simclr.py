@@ -20,7 +20,7 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
     "simclr", title="SimCLR", configs=("simclr.yaml",),
     paper=Paper("A Simple Framework for Contrastive Learning of Visual Representations",
                 2020, "2002.05709"),
-    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_extension_points.py",
+    family="contrastive", views=TWO_VIEWS, tests="tests/methods/test_simclr.py",
     small=lambda backbone, **kw: SimCLR(backbone, projection_hidden_dim=16, projection_dim=8,
                                         head_batch_norm=False, **kw),
 )

@@ -35,7 +35,7 @@ from ssl_lightning.training.sample_rng import active_keys
 @register_method(
     "simmim", title="SimMIM", configs=("simmim.yaml",),
     paper=Paper("SimMIM: A Simple Framework for Masked Image Modeling", 2022, "2111.09886"),
-    family="masked", views=(8,), tests="tests/methods/test_simmim_aim.py",
+    family="masked", views=(8,), tests="tests/methods/test_simmim.py",
     backbone=lambda: small_vit(mask_token=True),
     small=lambda backbone, **kw: SimMIM(backbone, mask_patch_size=4, image_size=8, **kw),
 )

@@ -19,7 +19,7 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 @register_method(
     "simsiam", title="SimSiam", configs=("simsiam.yaml",),
     paper=Paper("Exploring Simple Siamese Representation Learning", 2021, "2011.10566"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/losses/test_simsiam.py",
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_simsiam.py",
     small=lambda backbone, **kw: SimSiam(backbone, projection_hidden_dim=16, projection_dim=16,
                                          predictor_hidden_dim=8, head_batch_norm=False, **kw),
 )

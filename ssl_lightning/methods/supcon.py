@@ -26,7 +26,7 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
     "supcon", title="SupCon", configs=("supcon.yaml",),
     paper=Paper("Supervised Contrastive Learning", 2020, "2004.11362"),
     family="contrastive", views=TWO_VIEWS, docs="docs/contrastive_methods.md",
-    tests="tests/distributed/test_contrastive_ddp.py",
+    tests="tests/methods/test_supcon.py",
     small=lambda backbone, **kw: SupCon(backbone, projection_hidden_dim=16, projection_dim=8,
                                         head_batch_norm=False, **kw),
 )

@@ -24,7 +24,7 @@ from ssl_lightning.training.ema import momentum_teacher
     paper=Paper("TiCo: Transformation Invariance and Covariance "
                 "Contrast for Self-Supervised Visual Representation Learning",
                 2022, "2206.10698"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_bad_settings.py",
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_tico.py",
     small=lambda backbone, **kw: TiCo(backbone, projection_hidden_dim=16, projection_dim=8,
                                       head_batch_norm=False, momentum_base=0.9, **kw),
 )

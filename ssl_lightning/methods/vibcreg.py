@@ -20,7 +20,7 @@ from ssl_lightning.methods.vicreg import VICReg
     paper=Paper("VIbCReg: Variance-Invariance-better-Covariance Regularization for "
                 "Self-Supervised Learning on Time Series",
                 2021, "2109.00783"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_bad_settings.py",
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_vibcreg.py",
     # IterNorm, like BatchNorm, normalises each micro-batch by its own statistics: off here.
     small=lambda backbone, **kw: VIbCReg(backbone, expander_hidden_dim=16, expander_dim=16,
                                          head_batch_norm=False, iternorm=False,

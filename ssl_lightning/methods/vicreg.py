@@ -22,7 +22,7 @@ from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
     paper=Paper("VICReg: Variance-Invariance-Covariance Regularization "
                 "for Self-Supervised Learning",
                 2022, "2105.04906"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/losses/test_vicreg.py",
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_vicreg.py",
     small=lambda backbone, **kw: VICReg(backbone, expander_hidden_dim=16, expander_dim=16,
                                         head_batch_norm=False, **kw),
 )

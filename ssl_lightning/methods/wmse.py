@@ -23,7 +23,7 @@ WHITENING_STREAM = 2
 @register_method(
     "wmse", title="W-MSE", configs=("wmse.yaml",),
     paper=Paper("Whitening for Self-Supervised Representation Learning", 2021, "2007.06346"),
-    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_bad_settings.py",
+    family="non-contrastive", views=TWO_VIEWS, tests="tests/methods/test_wmse.py",
     cli_args={
         "wmse.yaml": ("--model.init_args.whitening_size", "4",
                       "--model.init_args.projection_dim", "2"),

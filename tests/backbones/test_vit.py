@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from mim_utils import SIZE
+from mim_utils import tiny_vit as mim_vit
 
 from ssl_lightning.backbones import ViT, feature_dim
 from ssl_lightning.backbones.vit import Block, DropPath, sincos_position_embedding
@@ -166,3 +168,17 @@ def test_a_patch_size_mismatch_names_the_transform_the_settings_and_valid_sizes(
     with pytest.raises(ValueError, match=r"eval_transform: crop_size and resize_size of "
                                          r"EvalTransform.*30 -> 28 or 42, 45 -> 42 or 56"):
         vit.eval()(torch.zeros(1, 3, 30, 45))
+
+
+def test_vit_pool_mean_averages_the_patch_tokens_and_cls_stays_the_default() -> None:
+    torch.manual_seed(0)
+    vit = mim_vit(num_registers=2)
+    x = torch.randn(2, 3, SIZE, SIZE)
+    tokens = vit.forward_tokens(x)
+    torch.testing.assert_close(vit(x), tokens[:, 0])
+    vit.pool = "mean"
+    torch.testing.assert_close(vit(x), tokens[:, 3:].mean(dim=1))  # registers excluded
+    with pytest.raises(ValueError, match="pool"):
+        mim_vit(pool="max")
+    with pytest.raises(ValueError, match=r"image_size \(30\) must be a multiple of patch_size"):
+        ViT(image_size=30, patch_size=4)

@@ -188,8 +188,7 @@ def _relative_difference(actual: dict[str, Tensor], expected: dict[str, Tensor])
     return worst
 
 
-@pytest.fixture(scope="module")
-def runs() -> tuple[list[dict], dict[str, dict[str, Tensor]], dict[str, dict[str, Tensor]]]:
+def make_runs() -> tuple[list[dict], dict[str, dict[str, Tensor]], dict[str, dict[str, Tensor]]]:
     ranks = run_in_processes(_worker, 2)
     order = ddp_global_order(SAMPLES, 2, BATCH, sampler_order=True)
     single, initial = {}, {}

@@ -60,8 +60,7 @@ def _both(rank: int, world: int) -> dict:
     return {"good": _train(rank, world, Distillation), "bad": _train(rank, world, PerRankQueue)}
 
 
-@pytest.fixture(scope="module")
-def runs() -> tuple[list[dict], dict]:
+def make_runs() -> tuple[list[dict], dict]:
     """One 2-process spawn for both variants, and the single-process reference."""
     return run_in_processes(_both, WORLD), _both(0, 1)
 

@@ -56,8 +56,7 @@ def _both(rank: int, world: int) -> dict:
     return {"v2": _train_moco_v2(rank, world, True), "v3": _moco_v3_grads(rank, world)}
 
 
-@pytest.fixture(scope="module")
-def runs() -> tuple[list[dict], dict]:
+def make_runs() -> tuple[list[dict], dict]:
     """One 2-process spawn for both MoCo checks, and the single-process reference."""
     return run_in_processes(_both, WORLD), _both(0, 1)
 

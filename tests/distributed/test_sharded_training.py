@@ -20,8 +20,7 @@ pytestmark = pytest.mark.slow
 ATOL = 1e-9
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[str, Any]:
+def make_runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("sharded")
     make_image_folder(root / "train", classes=2, per_class=12, seed=0)
     make_image_folder(root / "test", classes=2, per_class=6, seed=1)

@@ -100,8 +100,7 @@ def _all_cases(rank: int, world: int) -> dict:
     return results
 
 
-@pytest.fixture(scope="module")
-def runs() -> tuple[dict, list[dict]]:
+def make_runs() -> tuple[dict, list[dict]]:
     return _all_cases(0, 1), run_in_processes(_all_cases, 2)
 
 

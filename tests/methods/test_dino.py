@@ -3,6 +3,7 @@ weight-decay schedule and exact resume (centre, teacher, schedules)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -10,12 +11,18 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from momentum_utils import cpu_trainer, fit_and_resume, state_of
-from multicrop_utils import CountingModule, multicrop_loader
+from multicrop_utils import (
+    DINO_SMALL,
+    CountingModule,
+    masked_vit,
+    multicrop_loader,
+    multicrop_views,
+)
 
 from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.backbones.vit import DropPath
 from ssl_lightning.heads import DINOHead
-from ssl_lightning.methods import DINO
+from ssl_lightning.methods import DINO, IBOT, DINOv2, DINOv3
 
 
 def make_dino(**kwargs) -> DINO:
@@ -153,3 +160,34 @@ def test_exact_resume_centre_teacher_and_schedules(tmp_path):
     for key, value in full.items():
         assert torch.equal(resumed[key], value), key
     assert full["criterion.center"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("preset", [IBOT, DINOv2, DINOv3])
+def test_presets_are_dino_with_their_defaults(preset: type[DINO]) -> None:
+    """A preset is DINO with its defaults passed explicitly: the same modules, weights, loss."""
+    extra: dict = dict(num_local_crops=2)
+    if preset is DINOv3:
+        extra.update(patch_hidden_dim=12, patch_bottleneck_dim=6, patch_out_dim=24)
+    torch.manual_seed(0)
+    made = preset(masked_vit(), **DINO_SMALL, **extra)
+    defaults = {name: parameter.default
+                for name, parameter in inspect.signature(preset.__init__).parameters.items()
+                if name not in ("self", "backbone", "kwargs") and name not in DINO_SMALL | extra}
+    torch.manual_seed(0)
+    plain = DINO(masked_vit(), **DINO_SMALL, **extra, **defaults)
+    assert DINO in preset.__bases__ and type(plain) is DINO
+    made.refresh_gram_teacher(0), plain.refresh_gram_teacher(0)  # DINOv3's first snapshot
+    assert made.state_dict().keys() == plain.state_dict().keys()
+    for key, value in made.state_dict().items():
+        assert torch.equal(value, plain.state_dict()[key]), key
+    torch.manual_seed(1)
+    loss = made.training_loss(multicrop_views())[0]
+    torch.manual_seed(1)
+    assert torch.equal(loss, plain.training_loss(multicrop_views())[0])
+
+
+def test_an_argument_of_a_switched_off_term_is_refused() -> None:
+    with pytest.raises(ValueError, match="mask_ratio only apply with patch_distillation=True"):
+        DINO(masked_vit(), **DINO_SMALL, mask_ratio=(0.2, 0.4))
+    with pytest.raises(ValueError, match="gram_weight only apply with gram_anchoring=True"):
+        DINOv2(masked_vit(), **DINO_SMALL, gram_weight=1.0)

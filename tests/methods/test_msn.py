@@ -1,8 +1,8 @@
-"""MSN and PMSN behaviour: the anchor view's tokens are dropped per sample from its key (the
-same for any batch layout, the focal views and the target unmasked), the teacher sees the
-unmasked target view without stochastic depth, the prototypes get no weight decay and no
-clipping, the step outputs have the shapes the loss expects, PMSN's prior enters the loss, and
-bad settings fail in ``__init__`` or at the first step with a message naming the value."""
+"""MSN (Assran et al., ECCV 2022) behaviour: the anchor view's tokens are dropped per sample from
+its key (the same for any batch layout, the focal views and the target unmasked), the teacher
+sees the unmasked target view without stochastic depth, the prototypes get no weight decay and
+no clipping, the step outputs have the shapes the loss expects, and bad settings fail in
+``__init__`` or at the first step with a message naming the value."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 import torch
+from multicrop_utils import msn_views, small_msn
 from torch import Tensor
 
 from ssl_lightning.backbones import SmallConvNet, ViT
 from ssl_lightning.backbones.vit import DropPath
-from ssl_lightning.methods import MSN, PMSN
+from ssl_lightning.methods import MSN
 from ssl_lightning.training.sample_rng import SampleKeys, keyed_forward
 
 
@@ -22,25 +23,13 @@ def _vit(**kw: Any) -> ViT:
     return ViT(image_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, **kw)
 
 
-def _msn(cls: type[MSN] = MSN, **kw: Any) -> MSN:
-    torch.manual_seed(0)
-    args = dict(projection_hidden_dim=16, projection_dim=8, num_prototypes=10,
-                head_batch_norm=False, image_size=16, mask_ratio=0.25)
-    return cls(_vit(drop_path_rate=kw.pop("drop_path_rate", 0.0)), **{**args, **kw})
-
-
-def _views(batch: int = 4) -> list[Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return [torch.randn(batch, 3, s, s, generator=g) for s in (16, 16, 8, 8)]
-
-
 def _keys(seeds: Tensor, world: int = 1, rank: int = 0) -> SampleKeys:
     return SampleKeys.from_seeds(seeds, rng_seed=3, rank=rank, world_size=world, step_seed=5)
 
 
 def test_step_outputs_have_the_loss_shapes() -> None:
-    model = _msn()
-    out = model.forward_views(_views())
+    model = small_msn()
+    out = model.forward_views(msn_views())
     assert out["anchors"].shape == (4, 3, 8)  # anchor + 2 focal views
     assert out["targets"].shape == (4, 8) and not out["targets"].requires_grad
     assert out["features"].shape == (4, 16)
@@ -50,7 +39,7 @@ def test_step_outputs_have_the_loss_shapes() -> None:
 
 
 def test_only_the_anchor_view_is_masked_with_keys_of_its_samples() -> None:
-    model = _msn()
+    model = small_msn()
     seen: list[int] = []  # per call: minus the kept tokens, or the side of unmasked crops
     vit = model.backbone
     real = vit.forward_tokens
@@ -60,7 +49,7 @@ def test_only_the_anchor_view_is_masked_with_keys_of_its_samples() -> None:
         return real(x, keep=keep, **kw)
 
     vit.forward_tokens = record  # type: ignore[method-assign]
-    model.forward_views(_views())
+    model.forward_views(msn_views())
     assert seen == [-12, 8]  # anchor: 12 of 16 tokens kept; focal views (8 px) whole
     seeds = torch.arange(6, dtype=torch.int64) * 1000
     with keyed_forward(_keys(seeds)):
@@ -72,7 +61,7 @@ def test_only_the_anchor_view_is_masked_with_keys_of_its_samples() -> None:
 
 
 def test_the_teacher_has_no_stochastic_depth_and_follows_the_student() -> None:
-    model = _msn(drop_path_rate=0.3)
+    model = small_msn(drop_path_rate=0.3)
     assert all(m.drop_prob == 0.0 for m in model.teacher_backbone.modules()
                if isinstance(m, DropPath))
     assert any(m.drop_prob > 0 for m in model.backbone.modules() if isinstance(m, DropPath))
@@ -82,7 +71,7 @@ def test_the_teacher_has_no_stochastic_depth_and_follows_the_student() -> None:
 
 
 def test_prototypes_have_no_weight_decay() -> None:
-    model = _msn()
+    model = small_msn()
     groups = model.param_groups()
     prototype_group = [g for g in groups if any(p is model.prototypes.weight
                                                 for p in g["params"])]
@@ -93,8 +82,8 @@ def test_prototypes_have_no_weight_decay() -> None:
 
 
 def test_clip_bounds_the_encoder_gradient_not_the_prototypes() -> None:
-    model = _msn(clip_grad=1e-3, weight_decay_end=None)
-    model.loss_from_outputs(model.forward_views(_views())).backward()
+    model = small_msn(clip_grad=1e-3, weight_decay_end=None)
+    model.loss_from_outputs(model.forward_views(msn_views())).backward()
     prototypes = model.prototypes.weight.grad.clone()
     model.on_before_optimizer_step(torch.optim.SGD(model.parameters(), lr=0.1))
     encoder = [p.grad for m in (model.backbone, model.projector) for p in m.parameters()
@@ -103,18 +92,10 @@ def test_clip_bounds_the_encoder_gradient_not_the_prototypes() -> None:
     assert torch.equal(model.prototypes.weight.grad, prototypes)
 
 
-def test_pmsn_prior_enters_the_loss() -> None:
-    out = _msn().forward_views(_views())
-    msn = _msn().loss_from_outputs(out)
-    pmsn = _msn(PMSN).loss_from_outputs(out)
-    same_prior = _msn(PMSN, power_law_exponent=0.0).loss_from_outputs(out)
-    assert torch.equal(msn, same_prior) and not torch.allclose(msn, pmsn)
-
-
 def test_unmasked_msn_takes_any_backbone() -> None:
     model = MSN(SmallConvNet((4, 8)), projection_hidden_dim=16, projection_dim=8,
                 num_prototypes=10, mask_ratio=0.0)
-    assert model.forward_views(_views())["anchors"].shape == (4, 3, 8)
+    assert model.forward_views(msn_views())["anchors"].shape == (4, 3, 8)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -128,19 +109,17 @@ def test_unmasked_msn_takes_any_backbone() -> None:
 ])
 def test_bad_settings_fail_in_init(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        _msn(**kwargs)
+        small_msn(**kwargs)
 
 
-def test_bad_settings_of_pmsn_and_backbone_fail_in_init() -> None:
-    with pytest.raises(ValueError, match="power_law_exponent must be >= 0"):
-        _msn(PMSN, power_law_exponent=-1.0)
+def test_a_masked_msn_needs_a_vit_backbone() -> None:
     with pytest.raises(ValueError, match="needs a ViT backbone"):
         MSN(SmallConvNet((4, 8)), projection_hidden_dim=16, projection_dim=8, mask_ratio=0.15)
 
 
 def test_bad_views_fail_at_the_step() -> None:
-    model = _msn()
-    views = _views()
+    model = small_msn()
+    views = msn_views()
     with pytest.raises(ValueError, match="needs 2 views per sample, got 1"):
         model.forward_views(views[:1])
     with pytest.raises(ValueError, match="target and anchor views"):

@@ -67,11 +67,16 @@ def test_every_registered_method_has_a_docs_section() -> None:
 
 
 def test_every_registered_method_has_its_own_test_file() -> None:
-    missing = [f"{e.name}: {e.tests or '(none given)'} "
-               f"{'does not name ' + e.cls.__name__ if (ROOT / e.tests).is_file() else 'absent'}"
-               for e in ENTRIES
-               if not e.tests or not (ROOT / e.tests).is_file()
-               or not re.search(rf"\b{e.cls.__name__}\b", (ROOT / e.tests).read_text())]
+    """``tests/methods/test_<name>.py``, registered as ``tests=``, naming the class."""
+    missing = []
+    for e in ENTRIES:
+        own = f"tests/methods/test_{e.name}.py"
+        if e.tests != own:
+            missing.append(f"{e.name}: tests={e.tests or '(none given)'!s}, not {own}")
+        elif not (ROOT / own).is_file():
+            missing.append(f"{e.name}: {own} is absent")
+        elif not re.search(rf"\b{e.cls.__name__}\b", (ROOT / own).read_text()):
+            missing.append(f"{e.name}: {own} does not name {e.cls.__name__}")
     assert not missing, missing
 
 
@@ -131,6 +136,9 @@ def test_registration_refuses_a_taken_name_and_an_opt_out_without_reason() -> No
         register_method("x", **entry_args(opt_outs={"micro_batching": " "}))
     with pytest.raises(ValueError, match="must name one of"):
         register_method("x", **entry_args(opt_outs={"no_such_property": "why"}))
+    with pytest.raises(ValueError, match="CLI arguments for 'other.yaml', which is not one"):
+        register_method("x", **entry_args(configs=("x.yaml",),
+                                          cli_args={"other.yaml": ("--model.x", "1")}))
     assert method_entry("simclr").cls is ssl_lightning.methods.SimCLR
     with pytest.raises(KeyError, match="no method registered as 'nope'"):
         method_entry("nope")

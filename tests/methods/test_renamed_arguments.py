@@ -20,7 +20,6 @@ import yaml
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.backbones import SmallConvNet
-from ssl_lightning.backbones.spec import backbone_spec
 from ssl_lightning.backbones.vit import ViT
 from ssl_lightning.cli import main
 from ssl_lightning.cli.resume import check_architecture
@@ -213,10 +212,7 @@ def _vit() -> ViT:
     (lambda: IBOT(_vit(), head_out_dim=8, mask_ratio=(0.6, 0.2)), "mask_ratio must satisfy"),
     (lambda: SimCLR(SmallConvNet((8,)), queue_size=-1), "queue_size must be >= 0"),
     (lambda: MoCoV2(SmallConvNet((8,)), queue_size=0), r"queue_size \(the negatives\) must be"),
-    (lambda: NNCLR(SmallConvNet((8,)), queue_size=0), r"queue_size \(the support set\) must be"),
     (lambda: SwAV(SmallConvNet((8,)), queue_size=-8), "queue_size must be >= 0"),
-    (lambda: DCL(SmallConvNet((8,)), queue_size=8), "DCL has no queue_size"),
-    (lambda: DCL(SmallConvNet((8,)), memory_bank_size=8), "DCL has no memory_bank_size"),
 ])
 def test_validation_errors_name_the_argument_the_user_passed(build, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -242,16 +238,3 @@ def test_resuming_an_old_name_checkpoint_warns_about_no_renamed_hyperparameter()
     config["init_args"]["queue_size"] = 16
     with pytest.warns(UserWarning, match=r"queue_size: 8 \(checkpoint\) -> 16 \(this run\)"):
         check_method_and_hyperparameters(checkpoint, "old.ckpt", config)
-
-
-def test_a_dcl_checkpoint_from_when_dcl_was_a_simclr_subclass_loads(tmp_path) -> None:
-    """Such checkpoints record SimCLR's NT-Xent options at 0 (``margin``, ``queue_size``);
-    DCL no longer takes them, yet ``load_from_checkpoint`` of such a file rebuilds it."""
-    model = DCL(SmallConvNet((8,)), projection_hidden_dim=8, projection_dim=4, weight_sigma=0.5)
-    path = tmp_path / "old_dcl.ckpt"
-    torch.save({"state_dict": model.state_dict(), "pytorch-lightning_version": pl.__version__,
-                "hyper_parameters": {**model.hparams, "margin": 0.0, "queue_size": 0},
-                "backbone_spec": backbone_spec(model.backbone)}, path)
-    loaded = DCL.load_from_checkpoint(str(path))
-    assert loaded.weight_sigma == 0.5 and "margin" not in loaded.hparams
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())

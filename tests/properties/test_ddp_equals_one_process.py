@@ -66,8 +66,7 @@ def _worker(rank: int, world: int) -> dict[str, dict[str, Tensor]]:
     return {entry.name: _fit(entry, BATCH, world) for entry in _checked()}
 
 
-@pytest.fixture(scope="module")
-def runs() -> tuple[list[dict], dict]:
+def make_runs() -> tuple[list[dict], dict]:
     """The 2-process runs (one pool job) and the 1-process runs in the sampler's order."""
     ranks = run_in_processes(_worker, WORLD)
     order = ddp_global_order(SAMPLES, WORLD, BATCH, sampler_order=True)

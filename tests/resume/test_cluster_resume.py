@@ -22,8 +22,7 @@ pytestmark = pytest.mark.slow
 METHODS = ["deepcluster_v2", "deepcluster_v2_unsaved", "smog", "smog_unsaved"]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
+def make_runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
     return straight_and_resumed(tmp_path_factory.mktemp("cluster_resume"), make_image_folder,
                                 ["deepcluster_v2", "smog"], {m: m.replace("_unsaved", "")
                                                              for m in METHODS})

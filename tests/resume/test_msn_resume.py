@@ -24,8 +24,7 @@ pytestmark = pytest.mark.slow
 METHODS = ["msn", "pmsn"]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
+def make_runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
     return straight_and_resumed(tmp_path_factory.mktemp("msn_resume"), make_image_folder,
                                 METHODS, {m: m for m in METHODS})
 

@@ -104,8 +104,7 @@ def _sigterm_run(job: dict[str, Any], path: Path) -> dict[str, Any]:
             "checkpoint": ckpt, "saved_s": ckpt.stat().st_mtime - sent if ckpt.exists() else None}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[str, Any]:
+def make_runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("resume_exact")
     data = root / "data"
     make_image_folder(data / "train", classes=2, per_class=12, seed=0)

@@ -22,8 +22,7 @@ pytestmark = pytest.mark.slow
 METHODS = ["simmim", "aim", "aim_init_stream"]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
+def make_runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> Any:  # type: ignore[no-untyped-def]
     return straight_and_resumed(tmp_path_factory.mktemp("resume_simmim_aim"), make_image_folder,
                                 METHODS, {m: m for m in METHODS})
 

@@ -94,8 +94,7 @@ def _max_grad_diff(a: dict, b: dict) -> float:
     return max(float((a[n] - b[n]).abs().max()) for n in b)
 
 
-@pytest.fixture(scope="module")
-def runs():
+def make_runs():
     data = _data()
     head = _head(data["head"])
     loss = _projector_step(head, data["x1"], data["x2"], lambda z: z, 0)
