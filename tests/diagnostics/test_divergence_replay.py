@@ -166,12 +166,13 @@ def test_lr_overflow_is_captured_before_the_step(overflow) -> None:
     for name in manifest["files"]:
         path = overflow / name
         if name.endswith(".json"):
-            json.loads(path.read_text())
+            json.loads(path.read_text(), parse_constant=pytest.fail)  # strict: no NaN
         elif name.endswith((".pt", ".ckpt")):
             torch.load(path, weights_only=True)
     rank = json.loads((overflow / "rank-0.json").read_text())
     assert len(rank["sample_seeds"]) == len(rank["dataset_indices"]) == 4
-    assert math.isnan(rank["loss"])
+    assert rank["loss"] == "nan"  # strict JSON: the exact tensor is in rank-0.pt
+    assert torch.isnan(torch.load(overflow / "rank-0.pt", weights_only=True)["loss"])
     assert not list(overflow.parent.glob(".*"))  # no temporary folder left
 
 
