@@ -22,6 +22,7 @@ Python, pass ``Trainer(callbacks=[DivergenceCapture()])``.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections import deque
@@ -179,7 +180,9 @@ class DivergenceCapture(pl.Callback):
                 record["dataset_indices"] = sample_indices(
                     seeds, int(seed), step["epoch"], len(dataset)).tolist()
         loss = None if self._loss is None else self._loss.detach().cpu()
-        record["loss"] = None if loss is None else float(loss)
+        value = None if loss is None else float(loss)
+        # strict JSON has no NaN / Infinity: a non-finite loss is written as text ("nan")
+        record["loss"] = value if value is None or math.isfinite(value) else str(value)
         text, tensors = files.rank_files(rank)
         files.write_tensors(os.path.join(folder, tensors), {"loss": loss})
         files.write_json(os.path.join(folder, text), record)

@@ -317,16 +317,21 @@ def replay(capture: str | os.PathLike[str], precision: str | None = None,
     recorder = _Recorder(step, local_batch * world)
     with tempfile.TemporaryDirectory(prefix="ssl-replay-") as work, _quiet_lightning():
         checkpoint = _replay_checkpoint(state, datamodule, int(manifest["data"]["seed"]), work)
-        trainer = pl.Trainer(
-            accelerator=accelerator, devices=1, precision=precision,  # type: ignore[arg-type]
-            max_epochs=trainer_settings["max_epochs"], max_steps=trainer_settings["max_steps"],
-            limit_train_batches=trainer_settings["limit_train_batches"],
-            accumulate_grad_batches=trainer_settings["accumulate_grad_batches"],
-            gradient_clip_val=trainer_settings["gradient_clip_val"],
-            gradient_clip_algorithm=trainer_settings["gradient_clip_algorithm"],
-            limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            callbacks=[recorder], default_root_dir=work)
+        try:
+            trainer = pl.Trainer(
+                accelerator=accelerator, devices=1, precision=precision,  # type: ignore[arg-type]
+                max_epochs=trainer_settings["max_epochs"],
+                max_steps=trainer_settings["max_steps"],
+                limit_train_batches=trainer_settings["limit_train_batches"],
+                accumulate_grad_batches=trainer_settings["accumulate_grad_batches"],
+                gradient_clip_val=trainer_settings["gradient_clip_val"],
+                gradient_clip_algorithm=trainer_settings["gradient_clip_algorithm"],
+                limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+                enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, callbacks=[recorder], default_root_dir=work)
+        except (ImportError, ValueError) as err:  # Lightning's refusal of a precision / device
+            raise ReplayError(f"--precision {precision} / --accelerator {accelerator}: {err}") \
+                from err
         try:
             with guard_paused():
                 trainer.fit(model, datamodule=datamodule, ckpt_path=checkpoint,

@@ -62,9 +62,9 @@ def new_capture_dir(run_dir: str | os.PathLike, global_step: int) -> tuple[Path,
 
 
 def write_json(path: str | os.PathLike, value: Any) -> None:
-    """``value`` as indented JSON, written atomically."""
+    """``value`` as indented, strict JSON (no NaN), written atomically."""
     with atomic_open(path, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, indent=1, sort_keys=True)
+        json.dump(value, handle, indent=1, sort_keys=True, allow_nan=False)
         handle.write("\n")
 
 

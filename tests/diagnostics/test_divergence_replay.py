@@ -166,12 +166,13 @@ def test_lr_overflow_is_captured_before_the_step(overflow) -> None:
     for name in manifest["files"]:
         path = overflow / name
         if name.endswith(".json"):
-            json.loads(path.read_text())
+            json.loads(path.read_text(), parse_constant=pytest.fail)  # strict: no NaN
         elif name.endswith((".pt", ".ckpt")):
             torch.load(path, weights_only=True)
     rank = json.loads((overflow / "rank-0.json").read_text())
     assert len(rank["sample_seeds"]) == len(rank["dataset_indices"]) == 4
-    assert math.isnan(rank["loss"])
+    assert rank["loss"] == "nan"  # strict JSON: the exact tensor is in rank-0.pt
+    assert torch.isnan(torch.load(overflow / "rank-0.pt", weights_only=True)["loss"])
     assert not list(overflow.parent.glob(".*"))  # no temporary folder left
 
 
@@ -311,11 +312,16 @@ def test_replay_with_a_config_that_cannot_be_built_is_one_error_line(spike, tmp_
         "NoSuchMethod" in err
 
 
-def test_replay_on_several_processes_is_refused(spike, capsys) -> None:
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--devices", "2"], "error: --devices 2: a replay runs on one process"),
+    (["--precision", "banana"], "error: --precision banana / --accelerator cpu: Precision "),
+])
+def test_replay_options_it_cannot_run_are_one_error_line(spike, capsys, args, expected) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["replay", str(spike), "--devices", "2"])
+        main(["replay", str(spike), *args])
     assert exited.value.code == 2
-    assert "error: --devices 2: a replay runs on one process" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(expected) and err.count("\n") == 1
 
 
 def test_replay_without_the_data_says_so(spike, tmp_path, capsys) -> None:
