@@ -36,6 +36,7 @@ from ssl_lightning.losses.tico import TiCoLoss
 from ssl_lightning.losses.vibcreg import VIbCRegLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
 from ssl_lightning.losses.wmse import WMSELoss
+from ssl_lightning.losses.densecl import DenseCLLoss
 
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
@@ -44,4 +45,5 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
-           "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss"]
+           "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
+           "DenseCLLoss"]
