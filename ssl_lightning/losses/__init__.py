@@ -37,6 +37,7 @@ from ssl_lightning.losses.vibcreg import VIbCRegLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
 from ssl_lightning.losses.wmse import WMSELoss
 from ssl_lightning.losses.densecl import DenseCLLoss
+from ssl_lightning.losses.vicregl import VICRegLLoss
 
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
@@ -46,4 +47,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
            "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
-           "DenseCLLoss"]
+           "DenseCLLoss", "VICRegLLoss"]

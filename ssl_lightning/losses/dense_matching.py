@@ -66,3 +66,24 @@ def gather_locations(values: Tensor, index: Tensor) -> Tensor:
         raise ValueError(f"Expected values (B, M, D) and an index (B, N), got "
                          f"{tuple(values.shape)} and {tuple(index.shape)}.")
     return torch.gather(values, 1, index.unsqueeze(2).expand(-1, -1, values.shape[2]))
+
+
+def best_matches(distances: Tensor, num_matches: int) -> tuple[Tensor, Tensor]:
+    """The ``num_matches`` closest pairs of each sample (VICRegL's filtered nearest neighbours):
+    every input location is paired with its nearest candidate, and the ``num_matches`` input
+    locations with the smallest such distance are kept, closest first (ties: lowest index).
+
+    Args:
+        distances: (B, N, M) distances of N input to M candidate locations
+            (:func:`pairwise_distance`).
+        num_matches: Pairs kept per sample, at most N (more: all N).
+
+    Returns:
+        ``(input_index, candidate_index)``, both (B, K) with K = min(num_matches, N).
+    """
+    if num_matches < 1:
+        raise ValueError(f"num_matches must be >= 1, got {num_matches}.")
+    nearest_distance, candidate = distances.min(dim=2)
+    order = torch.sort(nearest_distance, dim=1, stable=True).indices
+    input_index = order[:, :min(num_matches, distances.shape[1])]
+    return input_index, torch.gather(candidate, 1, input_index)
