@@ -66,7 +66,7 @@ class VICRegLLoss(nn.Module):
         self.eps = eps
 
     def forward(self, embeddings: Sequence[Tensor], local_features: Sequence[Tensor],
-                locations: Sequence[Tensor], num_global: int = 2) -> Tensor:
+                locations: Sequence[Tensor] | None, num_global: int = 2) -> Tensor:
         """``α·global + (1 − α)·local`` in fp32 (float64 for float64 inputs).
 
         Args:
@@ -75,21 +75,24 @@ class VICRegLLoss(nn.Module):
             local_features: One (B, N_v, D') tensor of local features per view (its feature
                 map's locations, :func:`~ssl_lightning.losses.dense_matching.map_to_locations`).
             locations: One (B, N_v, 2) tensor per view: each location's position (y, x) in the
-                original image, in the same units for every view.
+                original image, in the same units for every view. None: no matching by
+                position (the local term is then the feature-matched one alone).
             num_global: How many of the views are global.
         """
         views = len(embeddings)
-        if not (len(local_features) == len(locations) == views) or not 1 <= num_global <= views \
+        positions = [None] * views if locations is None else list(locations)
+        if not (len(local_features) == len(positions) == views) or not 1 <= num_global <= views \
                 or views < 2:
             raise ValueError(
                 f"VICRegLLoss needs at least 2 views with one embedding, local-feature tensor and "
                 f"location tensor each, and 1 <= num_global <= views; got {len(embeddings)}, "
-                f"{len(local_features)}, {len(locations)} and num_global={num_global}."
+                f"{len(local_features)}, {len(positions)} and num_global={num_global}."
             )
-        for local, where in zip(local_features, locations, strict=True):
-            if local.dim() != 3 or where.shape != (*local.shape[:2], 2):
+        for local, where in zip(local_features, positions, strict=True):
+            if local.dim() != 3 or (where is not None and where.shape != (*local.shape[:2], 2)):
+                shape = None if where is None else tuple(where.shape)
                 raise ValueError(f"Local features (B, N, D) need locations (B, N, 2), got "
-                                 f"{tuple(local.shape)} and {tuple(where.shape)}.")
+                                 f"{tuple(local.shape)} and {shape}.")
         with torch.autocast(device_type=embeddings[0].device.type, enabled=False):
             z = [at_least_fp32(e) for e in embeddings]
             maps = [at_least_fp32(f).to(z[0].dtype) for f in local_features]
@@ -99,14 +102,17 @@ class VICRegLLoss(nn.Module):
             covariance = sum(covariance_term(e) for e in z) / views
             lam, mu, nu = self.weights
             global_term = lam * invariance + mu * variance + nu * covariance
-            local_term = sum(self._local(maps[a], maps[b], locations[a], locations[b])
+            local_term = sum(self._local(maps[a], maps[b], positions[a], positions[b])
                              for a, b in pairs) / len(pairs)
             return self.alpha * global_term + (1 - self.alpha) * local_term
 
-    def _local(self, za: Tensor, zb: Tensor, where_a: Tensor, where_b: Tensor) -> Tensor:
+    def _local(self, za: Tensor, zb: Tensor, where_a: Tensor | None, where_b: Tensor | None
+               ) -> Tensor:
         """The feature-matched plus the position-matched term of the pair (a, b)."""
         by_features = (self._matched(za, zb, pairwise_distance(za, zb, "l2"), 0)
                        + self._matched(zb, za, pairwise_distance(zb, za, "l2"), 1)) / 2
+        if where_a is None or where_b is None:
+            return by_features
         by_position = (self._matched(za, zb, pairwise_distance(where_a, where_b, "l2"), 0)
                        + self._matched(zb, za, pairwise_distance(where_b, where_a, "l2"), 1)) / 2
         return by_features + by_position
