@@ -1,7 +1,8 @@
 """Exact resume of the dense methods: stopped inside epoch 0 and inside epoch 1 and resumed, a
 run with the real image-folder data module and random augmentations ends bit-identical to the
-uninterrupted run (weights, teachers, DenseCL's global and dense queues, optimiser, schedules,
-probe; ``tests/resume_harness.py`` runs the registered small instances by name)."""
+uninterrupted run (weights, teachers, DenseCL's global and dense queues, VICRegL's heads,
+optimiser, schedules, probe; ``tests/resume_harness.py`` runs the registered small instances by
+name)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from test_resume_exact import RESUME_POINTS, _assert_identical, straight_and_res
 
 pytestmark = pytest.mark.slow
 
-METHODS = ["densecl"]
+METHODS = ["densecl", "vicregl"]
 
 
 @pytest.fixture(scope="module")
@@ -29,3 +30,9 @@ def test_densecl_resume_inside_epoch_0_and_1_is_bit_identical(runs: Any) -> None
     assert not torch.equal(straight["model"]["dense_queue.queue"].float(), initial)
     for step in RESUME_POINTS:
         _assert_identical(runs(f"densecl_from{step}"), straight)
+
+
+def test_vicregl_resume_inside_epoch_0_and_1_is_bit_identical(runs: Any) -> None:
+    straight = runs("vicregl")
+    for step in RESUME_POINTS:
+        _assert_identical(runs(f"vicregl_from{step}"), straight)
