@@ -5,8 +5,8 @@ methods that pair locations by their position in the original image (VICRegL).
 and, after the views, one box per view: ``(top, left, height, width, flipped)`` of its random
 resized crop in pixels of the image the crop was taken from (after the preset's square resize),
 ``flipped`` 1.0 when the crop was mirrored. The crop and flip are drawn from the global torch RNG,
-which the data modules seed per sample and view (keyed randomness, :mod:`ssl_lightning.data.seeding`),
-so a view and its box are one draw. :func:`map_positions` turns a box into the image positions
+which the data modules seed per sample and view (keyed randomness,
+:mod:`ssl_lightning.data.seeding`), so a view and its box are one draw. :func:`map_positions` turns a box into the image positions
 of a feature map's locations.
 """
 

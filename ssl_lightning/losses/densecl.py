@@ -7,7 +7,8 @@ Pre-Training", CVPR 2021, Eqs. (1)-(3):
   negatives a queue of global keys;
 - dense: for every location r of the query view's dense projection, the positive is the key
   view's dense projection at the location whose *backbone* feature is most similar (cosine) to
-  the query's backbone feature at r (:func:`~ssl_lightning.losses.dense_matching.nearest_locations`);
+  the query's backbone feature at r
+  (:func:`~ssl_lightning.losses.dense_matching.nearest_locations`);
   the negatives are a second queue, of the key view's dense projections averaged over locations
   (the authors' code, ``queue2``); ``L_r`` is the InfoNCE of every location, averaged over the
   B·S² locations;

@@ -12,6 +12,7 @@ from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.deepcluster_v2 import DeepClusterV2
+from ssl_lightning.methods.densecl import DenseCL
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.methods.dinov3 import DINOv3
@@ -42,9 +43,8 @@ from ssl_lightning.methods.swav import SwAV
 from ssl_lightning.methods.tico import TiCo
 from ssl_lightning.methods.vibcreg import VIbCReg
 from ssl_lightning.methods.vicreg import VICReg
-from ssl_lightning.methods.wmse import WMSE
-from ssl_lightning.methods.densecl import DenseCL
 from ssl_lightning.methods.vicregl import VICRegL
+from ssl_lightning.methods.wmse import WMSE
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",

@@ -72,7 +72,7 @@ def test_map_positions_mirror_a_flipped_view() -> None:
 def _batch(seed: int = 0) -> list[Tensor]:
     g = torch.Generator().manual_seed(seed)
     views = [torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(2)]
-    boxes = [torch.tensor([[t, l, 20.0, 20.0, f] for t, l, f in
+    boxes = [torch.tensor([[top, left, 20.0, 20.0, f] for top, left, f in
                            ((0, 0, 0), (4, 2, 1), (8, 8, 0), (2, 6, 1))], dtype=torch.float64)
              + k for k in range(2)]
     return views + boxes
