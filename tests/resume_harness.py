@@ -44,6 +44,7 @@ from ssl_lightning.data import (
     GramCropViews,
     ImageFolderDataModule,
     LinearEvalTransform,
+    LocatedViews,
     MultiCropViews,
     MultiViewTransform,
     SimCLRViews,
@@ -134,6 +135,9 @@ TUNED: dict[str, Callable[[], pl.LightningModule]] = {
                          freeze_prototypes_steps=3, queue_size=8, queue_start_epoch=1, **OPT),
     "vicreg": lambda: VICReg(_net(), expander_hidden_dim=8, expander_dim=6,
                              **{**OPT, "lr": 0.02}),
+    # VICRegL's small instance with position matching, on LocatedViews (below).
+    "vicregl": lambda: method_entry("vicregl").small(_net(), position_matching=True,
+                                                     **{**OPT, "lr": 0.02}),
     "barlow_twins": lambda: BarlowTwins(_net(), projection_hidden_dim=8, projection_dim=6, **OPT),
     "simsiam": lambda: SimSiam(_net(), projection_hidden_dim=8, projection_dim=6,
                                predictor_hidden_dim=4, **OPT),
@@ -214,6 +218,8 @@ def transform(method: str, model: pl.LightningModule) -> MultiViewTransform:
                              local_size=8)
     if method in ("byol", "moco_v3"):
         return BYOLViews("cifar", crop_size=SIZE)
+    if method == "vicregl":
+        return LocatedViews("cifar", crop_size=SIZE)
     if method == "linear":
         return LinearEvalTransform("cifar", crop_size=SIZE)
     if method in ("distillation", "simmim", "aim", "aim_init_stream"):

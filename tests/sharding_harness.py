@@ -83,6 +83,7 @@ def vit(**kwargs: Any) -> ViT:
 SETTINGS: dict[str, dict[str, Any]] = {
     "moco_v2": dict(shuffle_bn=False),
     "moco_v2_plus": dict(shuffle_bn=False),
+    "densecl": dict(shuffle_bn=False),
     "dinov3": DINOV3_SGD,
     "distillation": dict(mixup=False),
 }

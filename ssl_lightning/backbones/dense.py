@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, cast
 
+import torch
 from torch import Tensor, nn
 
 
@@ -55,3 +56,15 @@ def tokens_to_map(patch_tokens: Tensor, grid_h: int, grid_w: int) -> Tensor:
     if n != grid_h * grid_w:
         raise ValueError(f"{n} patch tokens do not fill a {grid_h}x{grid_w} grid.")
     return patch_tokens.transpose(1, 2).reshape(b, d, grid_h, grid_w)
+
+
+@torch.no_grad()
+def dense_channels(backbone: nn.Module, image_size: int = 32) -> int:
+    """The channels C of ``backbone``'s feature map, from one forward pass in eval mode on two
+    black ``image_size`` images (the mode is restored)."""
+    was_training = backbone.training
+    backbone.eval()
+    try:
+        return int(dense_features(backbone, torch.zeros(2, 3, image_size, image_size))[0].shape[1])
+    finally:
+        backbone.train(was_training)

@@ -7,6 +7,7 @@ from ssl_lightning.data.datasets import CorruptImageError, ImageFolderDataset
 from ssl_lightning.data.device_views import DeviceViews, UInt8Image
 from ssl_lightning.data.gram_crops import GramCropViews
 from ssl_lightning.data.image_folder import ImageFolderDataModule
+from ssl_lightning.data.located_views import LocatedViews
 from ssl_lightning.data.mae_views import MAEViews
 from ssl_lightning.data.multichannel_device_views import ArrayImage, MultiChannelDeviceViews
 from ssl_lightning.data.multichannel_views import MultiChannelEval, MultiChannelViews
@@ -30,6 +31,7 @@ __all__ = [
     "CorruptImageError",
     "MultiViewTransform",
     "SimCLRViews",
+    "LocatedViews",
     "BYOLViews",
     "MAEViews",
     "DeviceViews",

@@ -6,6 +6,7 @@ from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.deepcluster import DeepClusterLoss
+from ssl_lightning.losses.densecl import DenseCLLoss
 from ssl_lightning.losses.dino import DINOLoss
 from ssl_lightning.losses.distillation import (
     DistillationLoss,
@@ -35,6 +36,7 @@ from ssl_lightning.losses.swav import SwAVLoss
 from ssl_lightning.losses.tico import TiCoLoss
 from ssl_lightning.losses.vibcreg import VIbCRegLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
+from ssl_lightning.losses.vicregl import VICRegLLoss
 from ssl_lightning.losses.wmse import WMSELoss
 
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
@@ -44,4 +46,5 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "FastSiamLoss", "SIGRegLoss", "LeJEPALoss", "TiCoLoss", "MMCRLoss", "WMSELoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
-           "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss"]
+           "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
+           "DenseCLLoss", "VICRegLLoss"]

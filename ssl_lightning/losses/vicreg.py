@@ -99,11 +99,26 @@ class VICRegLoss(nn.Module):
                 + self.covariance_weight * covariance)
 
     def _variance(self, z: Tensor) -> Tensor:
-        std = torch.sqrt(z.var(dim=0) + self.eps)
-        return F.relu(1 - std).mean()
+        return variance_term(z, self.eps)
 
     @staticmethod
     def _covariance(z: Tensor) -> Tensor:
-        centered = z - z.mean(dim=0)
+        return covariance_term(z)
+
+
+def variance_term(z: Tensor, eps: float = 1e-4) -> Tensor:
+    """``v(Z)``: the mean hinge ``max(0, 1 − sqrt(Var(z^j) + ε))`` of the unbiased variances
+    over dim 0 of ``z`` (B, ..., D) (for (B, K, D), one variance per slot k and feature j)."""
+    return F.relu(1 - torch.sqrt(z.var(dim=0) + eps)).mean()
+
+
+def covariance_term(z: Tensor) -> Tensor:
+    """``c(Z)``: ``1/D Σ_{i≠j} C(Z)_ij²`` of the covariance over dim 0 of ``z`` (B, ..., D),
+    averaged over the other dimensions (for (B, K, D), one covariance matrix per slot k)."""
+    centered = z - z.mean(dim=0)
+    if z.dim() == 2:
         cov = centered.T @ centered / (z.shape[0] - 1)
         return off_diagonal(cov).pow(2).sum() / z.shape[1]
+    cov = torch.einsum("b...c,b...d->...cd", centered, centered) / (z.shape[0] - 1)
+    diagonal = torch.diagonal(cov, dim1=-2, dim2=-1).pow(2).sum(-1)
+    return ((cov.pow(2).sum((-2, -1)) - diagonal) / z.shape[-1]).mean()

@@ -12,6 +12,7 @@ from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.deepcluster_v2 import DeepClusterV2
+from ssl_lightning.methods.densecl import DenseCL
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.methods.dinov3 import DINOv3
@@ -42,6 +43,7 @@ from ssl_lightning.methods.swav import SwAV
 from ssl_lightning.methods.tico import TiCo
 from ssl_lightning.methods.vibcreg import VIbCReg
 from ssl_lightning.methods.vicreg import VICReg
+from ssl_lightning.methods.vicregl import VICRegL
 from ssl_lightning.methods.wmse import WMSE
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
@@ -49,4 +51,5 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
-           "ReSSL", "All4One", "DeepClusterV2", "SMoG"]
+           "ReSSL", "All4One", "DeepClusterV2", "SMoG",
+           "DenseCL", "VICRegL"]

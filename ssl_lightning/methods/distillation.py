@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones import backbone_spec, feature_dim
 from ssl_lightning.backbones.checkpoint import DEFAULT_PREFIX
-from ssl_lightning.backbones.dense import dense_features
+from ssl_lightning.backbones.dense import dense_channels, dense_features
 from ssl_lightning.backbones.teacher import frozen_teacher, weight_fingerprint
 from ssl_lightning.backbones.tokens import layout
 from ssl_lightning.distributed.sharding import full_state_dict
@@ -158,12 +158,9 @@ class Distillation(SSLMethod):
             self.global_head = nn.Linear(self.feature_dim, teacher_dim)
             self.queue = FeatureQueue(queue_size, teacher_dim)
         if variant != "global":
-            was_training = self.backbone.training
             with torch.no_grad():
                 teacher_channels = self.teacher_features(torch.zeros(2, 3, size, size))[0].shape[1]
-                student_channels = dense_features(self.backbone.eval(), torch.zeros(
-                    2, 3, student_size, student_size))[0].shape[1]
-            self.backbone.train(was_training)
+            student_channels = dense_channels(self.backbone, student_size)
             self.patch_head = (nn.Linear(student_channels, teacher_channels)
                                if variant == "global_local" else
                                build_mlp(student_channels, head_hidden_dim, teacher_channels,

@@ -16,7 +16,7 @@ BatchNorm layer. We chose shuffle-BN as the default because it is the recipe of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -116,19 +116,29 @@ class MoCoV2(MomentumMethod):
     def encode_keys(self, x: Tensor) -> Tensor:
         """Normalised keys of the local batch (B, D). With shuffle-BN under DDP this gathers
         the images and the keys (the one collective inside :meth:`forward_views`)."""
+        return self.shuffled_teacher(lambda images: (F.normalize(
+            self.teacher_projector(self.teacher_backbone(images)), dim=1),), x)[0]
+
+    @torch.no_grad()
+    def shuffled_teacher(self, encode: Callable[[Tensor], tuple[Tensor, ...]], x: Tensor
+                         ) -> tuple[Tensor, ...]:
+        """``encode(x)`` (per-sample teacher outputs, batch in dim 0), with shuffle-BN under
+        DDP: the gathered images are encoded in the chunk a shared permutation gives this rank
+        and the outputs un-shuffled, so each sample's outputs come back in its own row."""
         batch, offset = x.shape[0], self.rank_offset(x.shape[0])
         x_all = self.gather_no_grad(x) if self.shuffle_bn else x
         if x_all.shape[0] == batch:  # one process (or no shuffling): plain forward
-            return F.normalize(self.teacher_projector(self.teacher_backbone(x)), dim=1)
+            return encode(x)
         generator = torch.Generator().manual_seed(int(self.shuffle_step))
         perm = torch.randperm(x_all.shape[0], generator=generator).to(x.device)
-        chunk = x_all[perm[offset : offset + batch]]
-        shuffled = self.gather_no_grad(
-            F.normalize(self.teacher_projector(self.teacher_backbone(chunk)), dim=1))
-        keys_all = torch.empty_like(shuffled)
-        keys_all[perm] = shuffled  # row j of `shuffled` is the key of sample perm[j]
         self.shuffle_step += 1
-        return keys_all[offset : offset + batch]
+        results = []
+        for shuffled in (self.gather_no_grad(out) for out in encode(
+                x_all[perm[offset : offset + batch]])):
+            unshuffled = torch.empty_like(shuffled)
+            unshuffled[perm] = shuffled  # row j of `shuffled` is the output of sample perm[j]
+            results.append(unshuffled[offset : offset + batch])
+        return tuple(results)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

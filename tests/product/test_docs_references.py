@@ -32,6 +32,7 @@ OUTPUT_DIRS = ("runs/", "data/", "lightning_logs/", "mlruns/", "wandb/", "out/",
 #: ``/proc/self/status`` fields; they are not ours, so they are not looked up in the tree.
 FOREIGN_NAMES = frozenset({
     "main_dino.py", "main_swav.py", "main_ibot.py", "main_deepclusterv2.py", "train.py",
+    "main_vicregl.py", "configs/selfsup/densecl/densecl_r50_200ep.py",
     "ssl_default_config.yaml",
     "vitg14.yaml", "in1k_vith14_ep300.yaml", "configs/in1k_vith14_ep300.yaml",
     "SimCLRTransform", "DataAugmentationDINO", "MultiCropWrapper", "CosineWDSchedule",
