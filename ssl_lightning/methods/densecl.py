@@ -25,7 +25,7 @@ from ssl_lightning.losses import DenseCLLoss
 from ssl_lightning.losses.dense_matching import map_to_locations
 from ssl_lightning.methods.moco_v2 import MoCoV2
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
-from ssl_lightning.queue import FeatureQueue
+from ssl_lightning.queues import FeatureQueue
 from ssl_lightning.training.ema import momentum_teacher
 
 
