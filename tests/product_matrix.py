@@ -48,6 +48,8 @@ CONFIGS = [c for c in sorted((ROOT / "configs").glob("*.yaml")) if c.name not in
 #: Extra CLI arguments of a config (after the generic shrinking), e.g. for a new method.
 EXTRA_ARGS: dict[str, list[str]] = {
     "mae.yaml": ["--model.init_args.decoder_depth", "1", "--model.init_args.decoder_heads", "2"],
+    "pixio.yaml": ["--model.init_args.decoder_depth", "1",
+                   "--model.init_args.decoder_heads", "2"],
     "ijepa.yaml": ["--model.init_args.predictor_depth", "1",
                    "--model.init_args.predictor_heads", "2"],
     "directclr.yaml": ["--model.init_args.loss_dim", "8"],  # of SmallConvNet's 16 features
