@@ -50,6 +50,8 @@ EXTRA_ARGS: dict[str, list[str]] = {
     "mae.yaml": ["--model.init_args.decoder_depth", "1", "--model.init_args.decoder_heads", "2"],
     "pixio.yaml": ["--model.init_args.decoder_depth", "1",
                    "--model.init_args.decoder_heads", "2"],
+    "capi.yaml": ["--model.init_args.predictor_depth", "1", "--model.init_args.predictor_heads",
+                  "2", "--model.init_args.num_clusters", "8"],
     "ijepa.yaml": ["--model.init_args.predictor_depth", "1",
                    "--model.init_args.predictor_heads", "2"],
     "directclr.yaml": ["--model.init_args.loss_dim", "8"],  # of SmallConvNet's 16 features

@@ -44,6 +44,7 @@ from ssl_lightning.methods.vibcreg import VIbCReg
 from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.wmse import WMSE
 from ssl_lightning.methods.pixio import Pixio
+from ssl_lightning.methods.capi import CAPI
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
@@ -51,4 +52,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
-           "Pixio"]
+           "Pixio", "CAPI"]
