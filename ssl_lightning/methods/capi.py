@@ -1,9 +1,10 @@
 """CAPI: Darcet, Baldassarre, Oquab, Mairal & Bojanowski, "Cluster and Predict Latent Patches for
 Improved Masked Image Modeling", arXiv 2502.08769, 2025.
 
-One view per image. Per sample, a random ``mask_ratio`` (65 %) of the patches is masked
-(:class:`~ssl_lightning.masking.RandomMasking`, the official code's ``Uniform`` generator) and a
-random ``prediction_subsampling`` (5 %) of the masked patches is predicted. The student encoder
+One view per image. Per sample, ``mask_ratio`` (65 %) of the patches is masked, all but one
+rolled rectangle (:class:`~ssl_lightning.masking.InverseBlockMasking`, the official default;
+``mask_generator="uniform"``: :class:`~ssl_lightning.masking.RandomMasking`), and a random
+``prediction_subsampling`` (5 %) of the masked patches is predicted. The student encoder
 (``backbone``, a ViT with registers) sees the visible patches; a predictor of cross-attention
 blocks (:class:`~ssl_lightning.heads.CrossAttentionPredictor`) puts a mask token at each
 predicted position that attends to the student's tokens, and a weight-normalised head on
@@ -22,7 +23,7 @@ forward. ``LinearEval`` reads them with ``checkpoint_prefix: teacher_backbone.``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +32,7 @@ from ssl_lightning.backbones.tokens import as_token_backbone, check_views, layou
 from ssl_lightning.backbones.vit import DropPath
 from ssl_lightning.heads import CrossAttentionPredictor, L2NormLinear
 from ssl_lightning.losses import CAPILoss
-from ssl_lightning.masking import RandomMasking
+from ssl_lightning.masking import InverseBlockMasking, RandomMasking
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
@@ -58,6 +59,8 @@ class CAPI(MomentumMethod):
             its EMA copy); ``image_size`` must be its image size.
         num_clusters: Clusters K of the online clustering and the student head (16384).
         mask_ratio: Fraction of the patches masked per sample, in (0, 1) (0.65).
+        mask_generator: ``"inverse_block"`` (visible patches in one rolled rectangle, the
+            official default) or ``"uniform"`` (MAE's random patches).
         prediction_subsampling: Fraction of the masked patches predicted, in (0, 1] (0.05).
         predictor_dim: Predictor width (the encoder's: 1024 for ViT-L).
         predictor_depth: Predictor blocks (12).
@@ -89,6 +92,7 @@ class CAPI(MomentumMethod):
         backbone: nn.Module,
         num_clusters: int = 16384,
         mask_ratio: float = 0.65,
+        mask_generator: Literal["inverse_block", "uniform"] = "inverse_block",
         prediction_subsampling: float = 0.05,
         predictor_dim: int = 1024,
         predictor_depth: int = 12,
@@ -119,7 +123,11 @@ class CAPI(MomentumMethod):
                              f"{clustering_lr_multiplier} and {clustering_weight_decay}.")
         self.image_size = int(self.hparams["image_size"])
         grid = token_grid(backbone, self.image_size, "CAPI")
-        self.masking = RandomMasking(grid ** 2, mask_ratio)  # validates the ratio
+        if mask_generator not in ("inverse_block", "uniform"):
+            raise ValueError("CAPI mask_generator must be 'inverse_block' or 'uniform', got "
+                             f"{mask_generator!r}.")
+        self.masking = (InverseBlockMasking(grid, mask_ratio) if mask_generator == "inverse_block"
+                        else RandomMasking(grid ** 2, mask_ratio))  # both validate the ratio
         masked = grid ** 2 - self.masking.num_keep
         self.num_predict = int(masked * prediction_subsampling)
         if not 0 < prediction_subsampling <= 1 or self.num_predict < 1:

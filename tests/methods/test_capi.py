@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from lightly.loss.capi_loss import CAPILoss as LightlyCAPILoss
@@ -14,7 +15,9 @@ from mim_utils import GRID, SIZE, tiny_vit
 from momentum_utils import fit_and_resume, views_loader
 
 from ssl_lightning.losses import CAPILoss
+from ssl_lightning.masking import InverseBlockMasking
 from ssl_lightning.methods import CAPI
+from ssl_lightning.training.sample_rng import keyed_uniform
 
 
 def tiny_capi(**kwargs) -> CAPI:  # type: ignore[no-untyped-def]
@@ -125,7 +128,7 @@ def test_student_sees_the_visible_patches_and_predicts_a_subset_of_the_masked() 
     x = torch.randn(2, 3, SIZE, SIZE)
     torch.manual_seed(3)
     out = model.forward_views([x])
-    keep = int(GRID * GRID * 0.35)
+    keep = GRID * GRID - int(GRID * GRID * 0.65)  # the official count of visible patches
     assert counts == [2 + keep]  # [CLS] + 1 register + the visible patches
     torch.manual_seed(3)
     visible, predict = model.draw_masks(2)
@@ -157,8 +160,46 @@ def test_resume_is_exact(tmp_path) -> None:  # type: ignore[no-untyped-def]
         assert torch.equal(full[key], resumed[key]), key
 
 
+def official_inverse_block(grid: int, visible: int, u: list[float]) -> set[int]:
+    """The official ``InverseBlockMasking(roll=True)`` of ``data.py`` with its random draws
+    replaced by ``u``: a ceil-sized rectangle, truncated to ``visible`` patches by np.where,
+    then np.roll; returns the visible patch indices."""
+    low = max(math.log(0.5), np.log(visible / grid ** 2))
+    high = min(math.log(2.0), np.log(grid ** 2 / (visible + 1e-5)))
+    aspect = math.exp(low + u[0] * (high - low))
+    h, w = int(np.ceil(math.sqrt(visible * aspect))), int(np.ceil(math.sqrt(visible / aspect)))
+    top, left = int(u[1] * (grid - h + 1)), int(u[2] * (grid - w + 1))
+    mask = np.zeros((grid, grid), dtype=bool)
+    mask[top:top + h, left:left + w] = True
+    ids = np.where(mask.flatten())[0][:visible]
+    mask = np.zeros(grid * grid, dtype=bool)
+    mask[ids] = True
+    mask = np.roll(mask.reshape(grid, grid), (int(u[3] * grid), int(u[4] * grid)), (0, 1))
+    return set(np.where(mask.flatten())[0].tolist())
+
+
+def test_inverse_block_masks_are_the_official_rolled_rectangles() -> None:
+    masking = InverseBlockMasking(GRID, 0.65)
+    seeds = torch.arange(40, dtype=torch.int64) * 7919
+    keep, masked = masking(40, seeds=seeds)
+    draws = keyed_uniform(seeds, 5 + GRID * GRID)
+    for b in range(40):
+        assert set(keep[b].tolist()) == official_inverse_block(GRID, 23, draws[b, :5].tolist())
+        assert sorted(keep[b].tolist() + masked[b].tolist()) == list(range(GRID * GRID))
+    # Masked patches come in the order of the sample's noise (a random subset when cut).
+    noise = draws[0, 5:]
+    assert torch.equal(masked[0], masked[0][noise[masked[0]].argsort()])
+    # A sample's mask depends on its own seed only; without seeds the CPU generator draws.
+    keep_one, masked_one = masking(1, seeds=seeds[3:4])
+    assert torch.equal(keep_one, keep[3:4]) and torch.equal(masked_one, masked[3:4])
+    torch.manual_seed(1)
+    first = masking(4)
+    torch.manual_seed(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, masking(4), strict=True))
+
+
 def test_bad_input_is_refused_before_training() -> None:
-    with pytest.raises(ValueError, match="prediction_subsampling 0.01 predicts 0 of the 42"):
+    with pytest.raises(ValueError, match="prediction_subsampling 0.01 predicts 0 of the 41"):
         tiny_capi(prediction_subsampling=0.01)
     with pytest.raises(ValueError, match="num_clusters must be >= 1"):
         tiny_capi(num_clusters=0)
@@ -166,6 +207,10 @@ def test_bad_input_is_refused_before_training() -> None:
         tiny_capi(student_temperature=0.0)
     with pytest.raises(ValueError, match="mask_ratio"):
         tiny_capi(mask_ratio=1.0)
+    with pytest.raises(ValueError, match="mask_generator must be 'inverse_block' or 'uniform'"):
+        tiny_capi(mask_generator="block")
+    with pytest.raises(ValueError, match="min_aspect must be in"):
+        InverseBlockMasking(GRID, 0.65, min_aspect=2.0)
     with pytest.raises(ValueError, match="clustering_lr_multiplier must be > 0"):
         tiny_capi(clustering_lr_multiplier=0.0)
     with pytest.raises(ValueError, match=r"student_logits \(2, 3, 7\) must be \(B, P, K\)"):
