@@ -195,6 +195,10 @@ class CAPI(MomentumMethod):
         teacher_logits = self.clustering(outputs["teacher_patches"])
         capi, clustering = self.criterion(outputs["student_logits"], teacher_logits,
                                           outputs["predict"])
+        if self._trainer is not None:
+            for name, value in (("prediction", capi), ("clustering", clustering)):
+                self.log(f"train/capi_{name}", value.detach(), on_step=False, on_epoch=True,
+                         sync_dist=True, batch_size=teacher_logits.shape[0])
         return capi + clustering
 
     def validation_step(
