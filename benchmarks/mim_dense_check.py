@@ -9,10 +9,11 @@
 
 Writes a synthetic labelled segmentation set (``tests/dense_utils.py``: coloured squares on a
 background, 4 classes, 32 px) under ``--out/seg``, pretrains the same small ViT (4 blocks of
-width 64, 4 px patches) with each method for ``--steps`` steps of batch 32 on its training
-images (flips only), and saves one checkpoint per method (``random``: the initial weights) for
-``benchmarks/dense_probes.py``. The set is trivial (a pixel's class is its colour), so the
-numbers check that pretraining, checkpoints and both dense probes run end to end.
+width 64, 4 px patches) with each method for ``--steps`` steps of batch 32 (AdamW, lr 1e-3) on
+its training images (flips only), and saves one checkpoint per method (``random``: the initial
+weights) for ``benchmarks/dense_probes.py``. The set is trivial (a pixel's class is its
+colour), so the numbers check that pretraining, checkpoints and both dense probes run end to
+end.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def vit(**kwargs: Any) -> ViT:
 
 
 def methods() -> dict[str, pl.LightningModule]:
-    common = dict(image_size=SIZE, lr=1.5e-4, lr_scaling="linear", warmup_epochs=0)
+    common = dict(image_size=SIZE, lr=1e-3, lr_scaling="none", warmup_epochs=0)
     return {
         "random": MAE(vit(), decoder_dim=64, decoder_depth=2, decoder_heads=4, **common),
         "mae": MAE(vit(), decoder_dim=64, decoder_depth=2, decoder_heads=4, **common),
@@ -94,7 +95,13 @@ def main() -> None:
         if name == "random":  # one step attaches the trainer; keep the initial weights
             model.load_state_dict(initial)
         trainer.save_checkpoint(out / f"{name}.ckpt")
-        print(name, "saved", out / f"{name}.ckpt", flush=True)
+        moved = sum(float((v - initial[k]).norm() ** 2) for k, v in model.state_dict().items()
+                    if k.startswith("backbone.") and v.is_floating_point()) ** 0.5
+        norm = sum(float(v.norm() ** 2) for k, v in initial.items()
+                   if k.startswith("backbone.") and v.is_floating_point()) ** 0.5
+        print(f"{name}: saved {out / f'{name}.ckpt'}; backbone moved by {moved / norm:.3f} of "
+              f"its norm; last loss {float(trainer.callback_metrics.get('train/loss', 0)):.4f}",
+              flush=True)
 
 
 if __name__ == "__main__":
