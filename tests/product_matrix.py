@@ -13,10 +13,11 @@ heads, the tiny image folder, batch 4, 2 training batches per epoch, validation 
 The first leg is the config's 2-epoch schedule stopped after epoch 1 (:class:`MatrixProbe`);
 the resume leg reruns the same command with ``--ckpt_path last.ckpt`` and must start at the
 saved ``global_step`` and finish the schedule. A config that needs more registers it in
-``EXTRA_ARGS`` (extra CLI arguments; a method's come from ``matrix_args`` of its registry entry), ``SUBCOMMANDS`` (not ``fit``) or ``CHECKPOINT_FROM`` (the
-config whose ``last.ckpt`` it evaluates, or distils: ``CHECKPOINT_ARGUMENTS`` names the model
-argument that receives it). ``COMPOSED`` legs run a config with shared pieces composed after it
-(``--config dinov3.yaml --config shared/fsdp.yaml``) on 2 processes, with their strategy.
+``EXTRA_ARGS`` (extra CLI arguments; a method's come from ``matrix_args`` of its registry entry),
+``SUBCOMMANDS`` (not ``fit``) or ``CHECKPOINT_FROM`` (the config whose ``last.ckpt`` it evaluates,
+or distils: ``CHECKPOINT_ARGUMENTS`` names the model argument that receives it). ``COMPOSED`` legs
+run a config with shared pieces composed after it (``--config dinov3.yaml --config
+shared/fsdp.yaml``) on 2 processes, with their strategy.
 """
 
 from __future__ import annotations

@@ -151,7 +151,9 @@ def patch_size_error(height: int, width: int, patch: int, training: bool) -> Val
 
 class ViT(nn.Module):
     """Vision Transformer; ``forward`` returns the final-LayerNorm [CLS] token (B, embed_dim),
-    or the mean of the patch tokens with ``pool="mean"`` (I-JEPA's evaluation features).
+    the mean of the patch tokens with ``pool="mean"`` (I-JEPA's evaluation features), or the
+    mean of the [CLS] and register tokens with ``pool="prefix"`` (Pixio's evaluation features
+    of its 8 class tokens).
 
     Args:
         arch: ``"tiny"``, ``"small"`` or ``"base"`` (width/depth/heads of DeiT).
@@ -170,8 +172,9 @@ class ViT(nn.Module):
         mask_token: Create a learned mask token for ``forward_tokens(x, mask=...)`` (iBOT,
             SimMIM).
             Both default off, so existing checkpoints keep their keys.
-        pool: Features of ``forward``: ``"cls"`` (the [CLS] token) or ``"mean"`` (the average of
-            the patch tokens); no parameters, so checkpoints are the same for both.
+        pool: Features of ``forward``: ``"cls"`` (the [CLS] token), ``"mean"`` (the average of
+            the patch tokens) or ``"prefix"`` (the average of [CLS] and the registers); no
+            parameters, so checkpoints are the same for all.
         pretrained_path: A local state-dict file to start from (our export, or released
             DINOv2 / DINOv3 weights in the official or timm layout); see
             :mod:`ssl_lightning.backbones.pretrained`.
@@ -204,7 +207,7 @@ class ViT(nn.Module):
         pos_embed: Literal["learned", "sincos", "rope"] = "learned",
         num_registers: int = 0,
         mask_token: bool = False,
-        pool: Literal["cls", "mean"] = "cls",
+        pool: Literal["cls", "mean", "prefix"] = "cls",
         pretrained_path: str | None = None,
         rope_base: float = 100.0,
         rope_shift: float = 0.0,
@@ -237,8 +240,8 @@ class ViT(nn.Module):
             raise ValueError(f"norm_eps must be > 0, got {norm_eps}.")
         if num_registers < 0:
             raise ValueError(f"num_registers must be >= 0, got {num_registers}.")
-        if pool not in ("cls", "mean"):
-            raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}.")
+        if pool not in ("cls", "mean", "prefix"):
+            raise ValueError(f"pool must be 'cls', 'mean' or 'prefix', got {pool!r}.")
         self.pool = pool
         self.patch_size = patch_size
         self.num_registers = num_registers
@@ -290,7 +293,8 @@ class ViT(nn.Module):
         return torch.cat([cls_pos, patch_pos.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
 
     def forward(self, x: Tensor) -> Tensor:
-        """The final-LayerNorm [CLS] token, or the mean patch token (``pool``): (B, embed_dim)."""
+        """The final-LayerNorm [CLS] token, the mean patch token or the mean of the prefix
+        tokens (``pool``): (B, embed_dim)."""
         return self.pool_tokens(self.forward_tokens(x))
 
     def forward_dense(self, x: Tensor, last_blocks: int = 1) -> tuple[Tensor, Tensor]:
@@ -321,6 +325,8 @@ class ViT(nn.Module):
         """Features (B, D) of :meth:`forward_tokens`' output, as ``pool`` says."""
         if self.pool == "mean":
             return tokens[:, self.num_prefix_tokens:].mean(dim=1)
+        if self.pool == "prefix":
+            return tokens[:, :self.num_prefix_tokens].mean(dim=1)
         return tokens[:, 0]
 
     def forward_tokens(

@@ -6,8 +6,8 @@ and, after the views, one box per view: ``(top, left, height, width, flipped)`` 
 resized crop in pixels of the image the crop was taken from (after the preset's square resize),
 ``flipped`` 1.0 when the crop was mirrored. The crop and flip are drawn from the global torch RNG,
 which the data modules seed per sample and view (keyed randomness,
-:mod:`ssl_lightning.data.seeding`), so a view and its box are one draw. :func:`map_positions` turns a box into the image positions
-of a feature map's locations.
+:mod:`ssl_lightning.data.seeding`), so a view and its box are one draw. :func:`map_positions`
+turns a box into the image positions of a feature map's locations.
 """
 
 from __future__ import annotations

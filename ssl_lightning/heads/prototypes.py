@@ -7,6 +7,10 @@
 - SwAV prototypes: Caron et al., "Unsupervised Learning of Visual Features by Contrasting Cluster
   Assignments", NeurIPS 2020, §3.1: a bias-free linear layer whose rows (the prototypes) are
   L2-normalised before every training step.
+- L2-normalised linear layers: Darcet et al., "Cluster and Predict Latent Patches for Improved
+  Masked Image Modeling", arXiv 2502.08769, 2025: CAPI's student head (a weight-normalised
+  layer without bias, the magnitude of each row trainable from 1) and its clustering layer (a
+  plain layer with a bias, weights drawn from N(0, 1)), both on L2-normalised inputs.
 """
 
 from __future__ import annotations
@@ -105,3 +109,35 @@ class SwAVPrototypes(nn.Module):
         """A copy of the prototypes (K, D) in the graph, for a loss that takes the matrix (MSN).
         A forward method, so a sharded (FSDP2) module gathers its weight first."""
         return self.layer.weight.clone()
+
+
+class L2NormLinear(nn.Module):
+    """``W x̂ + b`` on the L2-normalised input ``x̂``: CAPI's student head and clustering layer.
+
+    Args:
+        in_dim: Input size.
+        out_dim: Outputs (CAPI: 16384 clusters).
+        bias: A bias ``b`` (the clustering layer; the student head has none).
+        weight_norm: ``W = g · v / ||v||`` per row with a trainable ``g`` starting at 1 and
+            ``v`` from a truncated normal of std 0.02 (the student head); else ``W`` from
+            N(0, ``init_std``²) (the clustering layer, std 1).
+        init_std: Std of the plain weights.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = False, weight_norm: bool = True,
+                 init_std: float = 1.0) -> None:
+        super().__init__()
+        if min(in_dim, out_dim) < 1:
+            raise ValueError(f"L2NormLinear needs in_dim, out_dim >= 1, got {in_dim}, {out_dim}.")
+        self.weight = nn.Parameter(torch.empty(out_dim, in_dim))
+        self.weight_g = nn.Parameter(torch.ones(out_dim, 1)) if weight_norm else None
+        self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
+        if weight_norm:
+            nn.init.trunc_normal_(self.weight, std=0.02)
+        else:
+            nn.init.normal_(self.weight, std=init_std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight = self.weight if self.weight_g is None else \
+            self.weight_g * F.normalize(self.weight, dim=1)
+        return F.linear(F.normalize(x, dim=-1), weight, self.bias)

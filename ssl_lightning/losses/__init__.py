@@ -4,6 +4,7 @@ from ssl_lightning.losses.aim import AIMLoss
 from ssl_lightning.losses.all4one import All4OneLoss, FeatureRedundancyLoss
 from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
+from ssl_lightning.losses.capi import CAPILoss
 from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.deepcluster import DeepClusterLoss
 from ssl_lightning.losses.densecl import DenseCLLoss
@@ -47,4 +48,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
            "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
-           "DenseCLLoss", "VICRegLLoss"]
+           "DenseCLLoss", "VICRegLLoss", "CAPILoss"]

@@ -11,7 +11,10 @@ every rank for MAE).
 SimMIM (Xie et al., "SimMIM: A Simple Framework for Masked Image Modeling", CVPR 2022, §3.1)
 masks square units of ``unit × unit`` patches (its 32 px mask patches on 16 px ViT patches):
 :class:`RandomUnitMasking` draws a :class:`RandomMasking` mask over the units and spreads each
-unit's decision over its patches.
+unit's decision over its patches. Pixio (Yang et al., "In Pursuit of Pixel Supervision for
+Visual Pre-training", arXiv 2512.15715, §3) masks the same way (its ``mask_grid``: 4 × 4
+patches) and drops the masked patches from the encoder as MAE does:
+:meth:`RandomUnitMasking.indices` gives the kept and masked patch indices.
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ class RandomMasking:
         order = noise.argsort(dim=1)
         return order[:, :self.num_keep], order[:, self.num_keep:]
 
+    def indices(self, batch: int, world_size: int = 1, rank: int = 0,
+                seeds: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The same as calling it: the ``(keep, masked)`` interface it shares with
+        :meth:`RandomUnitMasking.indices`."""
+        return self(batch, world_size, rank, seeds)
+
 
 class RandomUnitMasking:
     """SimMIM masking: a random ``mask_ratio`` of the ``unit × unit``-patch units of a
@@ -87,6 +96,15 @@ class RandomUnitMasking:
         units.scatter_(1, masked, True)
         units = units.view(batch, side, 1, side, 1).expand(-1, -1, self.unit, -1, self.unit)
         return units.reshape(batch, self.grid * self.grid)
+
+    def indices(self, batch: int, world_size: int = 1, rank: int = 0,
+                seeds: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(keep, masked)`` patch indices (B, K) and (B, grid² − K) of the same masks as
+        :meth:`__call__`, each in row-major order (every sample keeps the same number)."""
+        masked = self(batch, world_size, rank, seeds)
+        order = masked.to(torch.int8).argsort(dim=1, stable=True)
+        num_keep = self.units.num_keep * self.unit ** 2
+        return order[:, :num_keep], order[:, num_keep:]
 
 
 def random_masking(

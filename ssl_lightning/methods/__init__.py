@@ -10,6 +10,7 @@ from ssl_lightning.methods.all4one import All4One
 from ssl_lightning.methods.barlow_twins import BarlowTwins
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
+from ssl_lightning.methods.capi import CAPI
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.deepcluster_v2 import DeepClusterV2
 from ssl_lightning.methods.densecl import DenseCL
@@ -32,6 +33,7 @@ from ssl_lightning.methods.msn import MSN
 from ssl_lightning.methods.nnbyol import NNBYOL
 from ssl_lightning.methods.nnclr import NNCLR
 from ssl_lightning.methods.nnsiam import NNSiam
+from ssl_lightning.methods.pixio import Pixio
 from ssl_lightning.methods.pmsn import PMSN
 from ssl_lightning.methods.ressl import ReSSL
 from ssl_lightning.methods.simclr import SimCLR
@@ -52,4 +54,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
-           "DenseCL", "VICRegL"]
+           "DenseCL", "VICRegL", "Pixio", "CAPI"]

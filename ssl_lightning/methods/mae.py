@@ -30,7 +30,7 @@ from ssl_lightning.backbones.tokens import (
 from ssl_lightning.heads import MaskedPredictor
 from ssl_lightning.losses import MAELoss
 from ssl_lightning.losses.mae import patchify
-from ssl_lightning.masking import RandomMasking
+from ssl_lightning.masking import RandomMasking, RandomUnitMasking
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.registry import Paper, register_method, small_vit
 from ssl_lightning.optim import OptimizerName
@@ -97,7 +97,8 @@ class MAE(SSLMethod):
         super().__init__(backbone, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
                          betas=betas, warmup_epochs=warmup_epochs, **kwargs)
         self.grid = token_grid(backbone, self.image_size, "MAE")
-        self.masking = RandomMasking(self.grid ** 2, mask_ratio)  # validates the ratio
+        self.masking: RandomMasking | RandomUnitMasking = RandomMasking(self.grid ** 2,
+                                                                        mask_ratio)
         self.patch_size = as_token_backbone(backbone).patch_size
         self.num_prefix_tokens = as_token_backbone(backbone).num_prefix_tokens
         self.decoder = MaskedPredictor(self.feature_dim, self.patch_size ** 2 * 3, self.grid,
@@ -112,9 +113,9 @@ class MAE(SSLMethod):
         their keys inside a keyed forward, else from the CPU stream shared by the ranks."""
         keys = active_keys()
         if keys is not None:
-            return self.masking(batch, seeds=keys.streams(0))
+            return self.masking.indices(batch, seeds=keys.streams(0))
         world, rank = layout(self)
-        return self.masking(batch, world, rank)
+        return self.masking.indices(batch, world, rank)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         x = check_views(views, self.image_size, "MAE")
