@@ -45,10 +45,12 @@ from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.wmse import WMSE
 from ssl_lightning.methods.dinov2_matryoshka import DINOv2Matryoshka
 from ssl_lightning.methods.dinov2_paka import DINOv2PaKA
+from ssl_lightning.methods.visreg import VISReg
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
            "SupCon", "IBOT", "DINOv2", "DINOv3", "MoCoV2Plus", "FastSiam",
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
-           "ReSSL", "All4One", "DeepClusterV2", "SMoG", "DINOv2Matryoshka", "DINOv2PaKA"]
+           "ReSSL", "All4One", "DeepClusterV2", "SMoG", "DINOv2Matryoshka", "DINOv2PaKA",
+           "VISReg"]
