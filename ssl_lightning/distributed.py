@@ -12,6 +12,7 @@ Importing this module registers :func:`destroy_process_group_at_exit` with ``ate
 from __future__ import annotations
 
 import atexit
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,6 +71,29 @@ def sampler_order(gathered: Tensor, world: int) -> Tensor:
     return gathered.unflatten(0, (world, -1)).transpose(0, 1).flatten(0, 1)
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # noqa: ARG004
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # noqa: ARG004
+        return grad.contiguous()
+
+
+def contiguous_grad(x: Tensor) -> Tensor:
+    """``x``, with the gradient that reaches it made contiguous in the backward pass.
+
+    torch's differentiable ``all_gather`` passes the slices of its output's gradient to an
+    all-to-all, which on gloo reads non-contiguous (transposed or expanded, e.g. from a
+    ``mean``'s backward) tensors in the wrong order and returns wrong gradients; the gathered
+    result goes through this first.
+    """
+    return _ContiguousGrad.apply(x)
+
+
 def all_gather_with_grad(x: Tensor) -> Tensor:
     """Concatenate ``x`` from every rank along dim 0, differentiably.
 
@@ -79,7 +103,7 @@ def all_gather_with_grad(x: Tensor) -> Tensor:
         return x
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(x), dim=0)
+    return contiguous_grad(torch.cat(all_gather(x), dim=0))
 
 
 @torch.no_grad()

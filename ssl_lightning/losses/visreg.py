@@ -24,21 +24,14 @@ device with per-device random directions; docs/methods.md).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor, nn
 
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
-class VISRegTerms(NamedTuple):
-    """The unweighted terms of :class:`VISRegLoss`."""
-
-    invariance: Tensor
-    scale: Tensor
-    shape: Tensor
-    center: Tensor
+#: The names of the terms :meth:`VISRegLoss.terms` returns, in order.
+TERMS = ("invariance", "scale", "shape", "center")
 
 
 def gaussian_quantiles(n: int, like: Tensor) -> Tensor:
@@ -80,8 +73,10 @@ class VISRegLoss(nn.Module):
         self.lambda_scale, self.lambda_shape = lambda_scale, lambda_shape
         self.lambda_center, self.eps = lambda_center, eps
 
-    def terms(self, z: Tensor, z_all: Tensor, directions: Tensor) -> VISRegTerms:
-        """The unweighted terms, in fp32 (or fp64).
+    def terms(self, z: Tensor, z_all: Tensor, directions: Tensor
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The unweighted terms :data:`TERMS` ``(invariance, scale, shape, center)``, in fp32
+        (or fp64).
 
         Args:
             z: This rank's embeddings (B, V, D), the G global views first.
@@ -111,14 +106,15 @@ class VISRegLoss(nn.Module):
             projections = normalised @ directions.to(normalised.dtype)
             quantiles = gaussian_quantiles(views.shape[1], projections)
             shape = (projections.sort(dim=1).values - quantiles).square().mean()
-        return VISRegTerms(invariance, scale, shape, center)
+        return invariance, scale, shape, center
 
-    def combine(self, terms: VISRegTerms) -> Tensor:
-        """The weighted loss from :meth:`terms`."""
-        regulariser = (self.lambda_scale * terms.scale + self.lambda_shape * terms.shape
-                       + self.lambda_center * terms.center)
-        return (1 - self.lambda_param) * terms.invariance + self.lambda_param * regulariser
+    def combine(self, invariance: Tensor, scale: Tensor, shape: Tensor, center: Tensor
+                ) -> Tensor:
+        """The weighted loss from the output of :meth:`terms`."""
+        regulariser = (self.lambda_scale * scale + self.lambda_shape * shape
+                       + self.lambda_center * center)
+        return (1 - self.lambda_param) * invariance + self.lambda_param * regulariser
 
     def forward(self, z: Tensor, z_all: Tensor, directions: Tensor) -> Tensor:
         """The loss of this rank (arguments as in :meth:`terms`)."""
-        return self.combine(self.terms(z, z_all, directions))
+        return self.combine(*self.terms(z, z_all, directions))

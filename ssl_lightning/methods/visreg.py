@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.losses.sigreg import sigreg_directions
-from ssl_lightning.losses.visreg import VISRegLoss
+from ssl_lightning.losses.visreg import TERMS, VISRegLoss
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
 
@@ -104,7 +104,7 @@ class VISReg(SSLMethod):
         z = outputs["z"]
         terms = self.criterion.terms(z, self.gather(z), self.directions(z.shape[-1], z))
         if self._trainer is not None:
-            for name, value in terms._asdict().items():
+            for name, value in zip(TERMS, terms, strict=True):
                 self.log(f"train/visreg_{name}", value, on_step=False, on_epoch=True,
                          sync_dist=True, batch_size=z.shape[0])
-        return self.criterion.combine(terms)
+        return self.criterion.combine(*terms)
