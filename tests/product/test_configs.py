@@ -64,7 +64,7 @@ EXTRA_ARGS: dict[str, list[str]] = {
               "--model.init_args.head_hidden_dim", "32",
               "--model.init_args.head_bottleneck_dim", "16"]
        for name in ("ibot.yaml", "dinov2.yaml", "ibot_plus_plus.yaml", "dinov3.yaml",
-                    "dinov3_continue.yaml")},
+                    "dinov3_continue.yaml", "dinov2_matryoshka.yaml", "dinov2_paka.yaml")},
     # clusters of the tiny data (24 training images), not of CIFAR-10's 50 000
     "deepcluster_v2.yaml": [*SMALL_BACKBONE, "--model.init_args.projection_hidden_dim", "64",
                             "--model.init_args.num_prototypes", "[4, 3]"],
@@ -80,6 +80,8 @@ for _name in ("dinov3.yaml", "dinov3_continue.yaml"):  # the patch head's own si
     EXTRA_ARGS[_name] += ["--model.init_args.patch_hidden_dim", "32",
                           "--model.init_args.patch_bottleneck_dim", "16",
                           "--model.init_args.gram_start_step", "0"]
+EXTRA_ARGS["dinov2_paka.yaml"] += ["--model.init_args.paka_hidden_dim", "32",
+                                   "--model.init_args.paka_dim", "16"]
 EXTRA_ARGS["dinov3_continue.yaml"] += [  # the shape of _released_backbone's file
     "--model.init_args.backbone.init_args.embed_dim", "32",
     "--model.init_args.backbone.init_args.num_heads", "2",
