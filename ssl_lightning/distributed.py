@@ -12,7 +12,6 @@ Importing this module registers :func:`destroy_process_group_at_exit` with ``ate
 from __future__ import annotations
 
 import atexit
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,18 +70,6 @@ def sampler_order(gathered: Tensor, world: int) -> Tensor:
     return gathered.unflatten(0, (world, -1)).transpose(0, 1).flatten(0, 1)
 
 
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:  # noqa: ARG004
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:  # noqa: ARG004
-        return grad.contiguous()
-
-
 def contiguous_grad(x: Tensor) -> Tensor:
     """``x``, with the gradient that reaches it made contiguous in the backward pass.
 
@@ -91,7 +78,9 @@ def contiguous_grad(x: Tensor) -> Tensor:
     ``mean``'s backward) tensors in the wrong order and returns wrong gradients; the gathered
     result goes through this first.
     """
-    return _ContiguousGrad.apply(x)
+    if x.requires_grad:
+        x.register_hook(lambda grad: grad.contiguous())
+    return x
 
 
 def all_gather_with_grad(x: Tensor) -> Tensor:
