@@ -9,6 +9,8 @@ prefix width (``K · d / D``), so the coarse heads cluster into few groups and t
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -52,18 +54,19 @@ class MatryoshkaDINOHead(nn.Module):
             raise ValueError(f"The narrowest Matryoshka level ({self.widths[0]} of {in_dim} "
                              f"features) gets {out_dim} * {self.widths[0]} // {in_dim} = 0 "
                              "prototypes; raise head_out_dim or use fewer levels.")
-        self.projections = nn.ModuleList(nn.Linear(width, width) for width in self.widths)
-        for projection in self.projections:
+        projections = [nn.Linear(width, width) for width in self.widths]
+        for projection in projections:
             nn.init.trunc_normal_(projection.weight, std=0.02)
             nn.init.zeros_(projection.bias)
+        self.projections = nn.ModuleList(projections)
         self.heads = nn.ModuleList(
             DINOHead(width, size, hidden_dim, bottleneck_dim, norm_last_layer=norm_last_layer)
-            for width, size in zip(self.widths, self.out_sizes))
+            for width, size in zip(self.widths, self.out_sizes, strict=True))
 
     def last_layer_parameters(self) -> list[nn.Parameter]:
         """Every level's prototypes (frozen during DINO's first epoch(s))."""
-        return [p for head in self.heads for p in head.last_layer_parameters()]
+        return [p for head in self.heads for p in cast(DINOHead, head).last_layer_parameters()]
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.cat([head(projection(x[..., :width])) for width, projection, head
-                          in zip(self.widths, self.projections, self.heads)], dim=-1)
+                          in zip(self.widths, self.projections, self.heads, strict=True)], dim=-1)

@@ -53,5 +53,6 @@ class MatryoshkaLoss(nn.Module):
                 raise ValueError(f"MatryoshkaLoss expects {name} logits of width {width} "
                                  f"(levels {self.sizes}), got {last}.")
         students, teachers = split_levels(student, self.sizes), split_levels(teacher, self.sizes)
-        losses = [loss(s, t, *rest) for loss, s, t in zip(self.levels, students, teachers)]
+        losses = [loss(s, t, *rest)
+                  for loss, s, t in zip(self.levels, students, teachers, strict=True)]
         return sum(losses[1:], losses[0])

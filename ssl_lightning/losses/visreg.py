@@ -29,7 +29,6 @@ from torch import Tensor, nn
 
 from ssl_lightning.losses.numerics import at_least_fp32
 
-
 #: The names of the terms :meth:`VISRegLoss.terms` returns, in order.
 TERMS = ("invariance", "scale", "shape", "center")
 

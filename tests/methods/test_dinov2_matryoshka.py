@@ -42,11 +42,11 @@ def reference_loss(student: list[list[list[float]]], teacher: list[list[list[flo
                 if s_crop == t_crop:
                     continue
                 batch_sum = 0.0
-                for s_row, t_row in zip(s_rows, t_rows):
+                for s_row, t_row in zip(s_rows, t_rows, strict=True):
                     t_exp = [math.exp((t_row[k] - centres[level][k - start]) / tau_t)
                              for k in cols]
                     s_norm = math.log(sum(math.exp(s_row[k] / tau_s) for k in cols))
-                    for k, e in zip(cols, t_exp):
+                    for k, e in zip(cols, t_exp, strict=True):
                         batch_sum -= e / sum(t_exp) * (s_row[k] / tau_s - s_norm)
                 level_sum += batch_sum / len(s_rows)
                 pairs += 1
@@ -61,7 +61,7 @@ def test_summed_level_losses_equal_the_float64_loop_and_update_each_centre():
     teacher = [torch.randn(5, sum(SIZES), generator=g, dtype=torch.float64) for _ in range(2)]
     loss = MatryoshkaLoss([DINOLoss(k, 0.1, 0.9) for k in SIZES], SIZES).double()
     centres = [torch.randn(1, k, generator=g, dtype=torch.float64) for k in SIZES]
-    for level, centre in zip(loss.levels, centres):
+    for level, centre in zip(loss.levels, centres, strict=True):
         level.center.copy_(centre)
     value = loss(student, teacher, 0.05)
     expected = reference_loss([s.tolist() for s in student], [t.tolist() for t in teacher],
@@ -69,7 +69,7 @@ def test_summed_level_losses_equal_the_float64_loop_and_update_each_centre():
     assert value.item() == pytest.approx(expected, rel=1e-12)
     # Each level's centre moves towards its own slice's mean.
     means = torch.stack(teacher).flatten(0, 1).split(SIZES, dim=-1)
-    for level, centre, mean in zip(loss.levels, centres, means):
+    for level, centre, mean in zip(loss.levels, centres, means, strict=True):
         torch.testing.assert_close(level.center, 0.9 * centre + 0.1 * mean.mean(0, keepdim=True))
     # Known-bad: one softmax over the concatenated levels is a different loss.
     flat = DINOLoss(sum(SIZES), 0.1, 0.9).double()

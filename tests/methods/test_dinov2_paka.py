@@ -21,11 +21,12 @@ def reference_loss(student: torch.Tensor, teacher: torch.Tensor) -> float:
     """Mean over images of 1 − ⟨HK_sH, HK_tH⟩_F / (‖HK_sH‖_F ‖HK_tH‖_F), K = Z Zᵀ, written
     entry by entry."""
     losses = []
-    for z_s, z_t in zip(student.tolist(), teacher.tolist()):
+    for z_s, z_t in zip(student.tolist(), teacher.tolist(), strict=True):
         n = len(z_s)
         centred = []
         for z in (z_s, z_t):
-            k = [[sum(a * b for a, b in zip(z[i], z[j])) for j in range(n)] for i in range(n)]
+            k = [[sum(a * b for a, b in zip(z[i], z[j], strict=True)) for j in range(n)]
+                 for i in range(n)]
             row = [sum(k[i]) / n for i in range(n)]
             col = [sum(k[i][j] for i in range(n)) / n for j in range(n)]
             total = sum(row) / n
@@ -33,7 +34,7 @@ def reference_loss(student: torch.Tensor, teacher: torch.Tensor) -> float:
                             for i in range(n)])
         k_s, k_t = centred
 
-        def inner(a, b):
+        def inner(a, b, n=n):
             return sum(a[i][j] * b[i][j] for i in range(n) for j in range(n))
 
         losses.append(1 - inner(k_s, k_t) / (inner(k_s, k_s) * inner(k_t, k_t)) ** 0.5)

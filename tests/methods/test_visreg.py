@@ -48,7 +48,8 @@ def reference(z: list, directions: list, lam: float, weights: tuple, eps: float,
         for m in range(slices):
             projected = sorted(sum((z[b][v][d] - mean[d]) / (std[d] + eps) * directions[d][m]
                                    for d in range(dim)) for b in range(n))
-            shape += sum((p - q) ** 2 for p, q in zip(projected, quantiles)) / (n * slices)
+            shape += sum((p - q) ** 2 for p, q in zip(projected, quantiles, strict=True)
+                         ) / (n * slices)
     regulariser = (weights[0] * scale + weights[1] * shape + weights[2] * center) / views
     return (1 - lam) * invariance + lam * regulariser
 
