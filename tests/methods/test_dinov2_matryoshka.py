@@ -128,3 +128,18 @@ def test_batch_norm_heads_are_refused():
 
 def test_widths_helper():
     assert matryoshka_widths(384, 5) == [24, 48, 96, 192, 384]
+
+
+def test_plain_dino_with_levels_sums_one_dino_loss_per_level():
+    from ssl_lightning.methods.registry import small_convnet
+
+    torch.manual_seed(0)
+    model = DINO(small_convnet(), head_out_dim=16, head_hidden_dim=16, head_bottleneck_dim=8,
+                 matryoshka_levels=2, warmup_teacher_temperature_epochs=0).double()
+    views = [torch.randn(4, 3, s, s, dtype=torch.float64) for s in (32, 32, 16)]
+    outputs = model.forward_views(views)
+    expected = sum(
+        DINOLoss(size, 0.1).double()(list(s), list(t), 0.07) for size, s, t in zip(
+            [8, 16], zip(*(x.split([8, 16], -1) for x in outputs["student"]), strict=True),
+            zip(*(x.split([8, 16], -1) for x in outputs["teacher"]), strict=True), strict=True))
+    torch.testing.assert_close(model.loss_from_outputs(outputs), expected)
