@@ -70,6 +70,19 @@ def sampler_order(gathered: Tensor, world: int) -> Tensor:
     return gathered.unflatten(0, (world, -1)).transpose(0, 1).flatten(0, 1)
 
 
+def contiguous_grad(x: Tensor) -> Tensor:
+    """``x``, with the gradient that reaches it made contiguous in the backward pass.
+
+    torch's differentiable ``all_gather`` passes the slices of its output's gradient to an
+    all-to-all, which on gloo reads non-contiguous (transposed or expanded, e.g. from a
+    ``mean``'s backward) tensors in the wrong order and returns wrong gradients; the gathered
+    result goes through this first.
+    """
+    if x.requires_grad:
+        x.register_hook(lambda grad: grad.contiguous())
+    return x
+
+
 def all_gather_with_grad(x: Tensor) -> Tensor:
     """Concatenate ``x`` from every rank along dim 0, differentiably.
 
@@ -79,7 +92,7 @@ def all_gather_with_grad(x: Tensor) -> Tensor:
         return x
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(x), dim=0)
+    return contiguous_grad(torch.cat(all_gather(x), dim=0))
 
 
 @torch.no_grad()

@@ -16,6 +16,8 @@ from ssl_lightning.methods.deepcluster_v2 import DeepClusterV2
 from ssl_lightning.methods.densecl import DenseCL
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
+from ssl_lightning.methods.dinov2_matryoshka import DINOv2Matryoshka
+from ssl_lightning.methods.dinov2_paka import DINOv2PaKA
 from ssl_lightning.methods.dinov3 import DINOv3
 from ssl_lightning.methods.directclr import DirectCLR
 from ssl_lightning.methods.distillation import Distillation
@@ -46,6 +48,7 @@ from ssl_lightning.methods.tico import TiCo
 from ssl_lightning.methods.vibcreg import VIbCReg
 from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.vicregl import VICRegL
+from ssl_lightning.methods.visreg import VISReg
 from ssl_lightning.methods.wmse import WMSE
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
@@ -54,4 +57,5 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "NNBYOL", "NNSiam", "DirectCLR", "LeJEPA",
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
-           "DenseCL", "VICRegL", "Pixio", "CAPI"]
+           "DenseCL", "VICRegL", "Pixio", "CAPI",
+           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg"]

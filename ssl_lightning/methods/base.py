@@ -33,6 +33,7 @@ from ssl_lightning.data.preprocessing import PREPROCESSING_KEY, preprocessing_re
 from ssl_lightning.distributed import (
     all_gather_no_grad,
     all_gather_with_grad,
+    contiguous_grad,
     flatten_gathered,
     rank,
 )
@@ -340,7 +341,8 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
         """
         if attached_trainer(self) is None:
             return all_gather_with_grad(x)
-        return flatten_gathered(cast(Tensor, self.all_gather(x, sync_grads=True)), x)
+        return contiguous_grad(flatten_gathered(cast(Tensor, self.all_gather(x, sync_grads=True)),
+                                                x))
 
     def gather_no_grad(self, x: Tensor) -> Tensor:
         """Concatenate ``x`` over all ranks (rank-major) outside autograd (keys, queues)."""

@@ -9,7 +9,11 @@ in DINOv3's ``SSLMetaArch``, where each loss is an option of one class:
 - ``patch_distillation``: iBOT's masked-patch loss (:class:`IBOTPatchLoss`; the student's global
   crops are block-masked; iBOT++ with ``patch_visible_weight``), see :mod:`.ibot`;
 - ``koleo_weight``: DINOv2's KoLeo regulariser on the student's [CLS] features, see :mod:`.dinov2`;
-- ``gram_anchoring``: DINOv3's Gram loss against a Gram teacher, see :mod:`.dinov3`.
+- ``gram_anchoring``: DINOv3's Gram loss against a Gram teacher, see :mod:`.dinov3`;
+- ``matryoshka_levels``: Franca's nested Matryoshka heads (every head and its loss at several
+  prototype counts on prefixes of the features), see :mod:`.dinov2_matryoshka`;
+- ``paka_weight``: PaKA's patch kernel alignment between the student's and teacher's patch
+  tokens, see :mod:`.dinov2_paka`.
 
 :class:`~ssl_lightning.methods.IBOT`, :class:`~ssl_lightning.methods.DINOv2` and
 :class:`~ssl_lightning.methods.DINOv3` are presets: subclasses of :class:`DINO` that only change
@@ -23,7 +27,7 @@ clip of each module's gradient norm), teacher momentum 0.996 → 1 (cosine, thro
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -33,10 +37,13 @@ from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.backbones.rope import RotaryPositionEmbedding
 from ssl_lightning.backbones.vit import DropPath
-from ssl_lightning.heads import DINOHead
+from ssl_lightning.heads import DINOHead, build_mlp
+from ssl_lightning.heads.matryoshka import MatryoshkaDINOHead
 from ssl_lightning.losses import DINOLoss, GramLoss, IBOTPatchLoss, KoLeoLoss
 from ssl_lightning.losses.centering import Centering
 from ssl_lightning.losses.gram import ClampNegatives
+from ssl_lightning.losses.matryoshka import MatryoshkaLoss
+from ssl_lightning.losses.paka import PaKALoss
 from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
@@ -148,6 +155,17 @@ class DINO(MomentumMethod):
             (DINOv3's high-resolution stage, :class:`~ssl_lightning.training.mixed_resolution.
             MixedResolution`); needs ``num_local_crops``; None: the data's sizes.
         mixed_resolution_ratios: Frequency of each set (default: equal).
+        matryoshka_levels: Franca's nested heads: L > 1 replaces each head by
+            :class:`~ssl_lightning.heads.matryoshka.MatryoshkaDINOHead` (L heads on the feature
+            prefixes D/2^(L-1) … D with K/2^(L-1) … K prototypes) and each loss by the sum of
+            the levels' losses (:class:`~ssl_lightning.losses.matryoshka.MatryoshkaLoss`);
+            Franca: 5. 1: one head.
+        paka_weight: Weight of PaKA's patch kernel alignment
+            (:class:`~ssl_lightning.losses.paka.PaKALoss`) between the student's patch tokens
+            of its (masked) global crops and the teacher's of the unmasked crops, both through
+            a PaKA projection MLP (EMA for the teacher); needs ``patch_distillation``; 0: off.
+        paka_hidden_dim: Hidden width of the 3-layer PaKA MLP (2048, lightly-train).
+        paka_dim: Output width of the PaKA MLP (256, lightly-train).
         **kwargs: Other arguments of :class:`MomentumMethod` / :class:`SSLMethod`, e.g.
             ``weight_decay_end`` (the paper's 0.04 → 0.4 cosine schedule with AdamW).
     """
@@ -201,6 +219,10 @@ class DINO(MomentumMethod):
         gram_clamp_negatives: ClampNegatives = "none",
         mixed_resolution_sizes: list[list[int]] | None = None,
         mixed_resolution_ratios: list[float] | None = None,
+        matryoshka_levels: int = 1,
+        paka_weight: float = 0.0,
+        paka_hidden_dim: int = 2048,
+        paka_dim: int = 256,
         **kwargs: Any,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "backbone", "kwargs",
@@ -228,9 +250,10 @@ class DINO(MomentumMethod):
         self.gram_anchoring, self.gram_tokens = gram_anchoring, gram_tokens
         self.gram_weight_max, self.gram_start_step = gram_weight, gram_start_step
         self.gram_weight_ramp_steps = gram_weight_ramp_steps
+        self.matryoshka_levels, self.paka_weight = matryoshka_levels, paka_weight
 
-        self.head = DINOHead(self.feature_dim, head_out_dim, head_hidden_dim, head_bottleneck_dim,
-                             batch_norm=head_batch_norm, norm_last_layer=norm_last_layer)
+        self.head = self.prototype_head(head_out_dim, head_hidden_dim, head_bottleneck_dim,
+                                        head_batch_norm, norm_last_layer)
         self.teacher_backbone = momentum_teacher(self.backbone)
         for module in self.teacher_backbone.modules():
             if isinstance(module, DropPath):  # the paper's teacher has no stochastic depth
@@ -238,20 +261,27 @@ class DINO(MomentumMethod):
             elif isinstance(module, RotaryPositionEmbedding):  # DINOv3: nor RoPE augmentation
                 module.shift, module.jitter, module.rescale = 0.0, 1.0, 1.0
         self.teacher_head = momentum_teacher(self.head)
-        self.patch_head: DINOHead | None = None
+        self.patch_head: nn.Module | None = None
         self.teacher_patch_head: nn.Module | None = None
         if patch_distillation:
             self.masking = BlockMasking(mask_ratio, mask_probability, mask_min_patches)
             patch_dim = patch_out_dim or head_out_dim
             if not shared_head:
-                self.patch_head = DINOHead(self.feature_dim, patch_dim,
-                                           patch_hidden_dim or head_hidden_dim,
-                                           patch_bottleneck_dim or head_bottleneck_dim,
-                                           norm_last_layer=norm_last_layer)
+                self.patch_head = self.prototype_head(
+                    patch_dim, patch_hidden_dim or head_hidden_dim,
+                    patch_bottleneck_dim or head_bottleneck_dim, False, norm_last_layer)
                 self.teacher_patch_head = momentum_teacher(self.patch_head)
-            self.patch_criterion = IBOTPatchLoss(patch_dim, patch_student_temperature,
-                                                 patch_center_momentum, centering,
-                                                 sinkhorn_iterations, patch_visible_weight)
+            self.patch_criterion = self.level_losses(
+                self.patch_head or self.head, patch_dim,
+                lambda k: IBOTPatchLoss(k, patch_student_temperature, patch_center_momentum,
+                                        centering, sinkhorn_iterations, patch_visible_weight))
+        self.paka_head: nn.Module | None = None
+        self.teacher_paka_head: nn.Module | None = None
+        if paka_weight > 0:
+            self.paka_head = build_mlp(self.feature_dim, paka_hidden_dim, paka_dim, 3,
+                                       batch_norm=False, activation=nn.GELU)
+            self.teacher_paka_head = momentum_teacher(self.paka_head)
+            self.paka_loss = PaKALoss()
         self.koleo = KoLeoLoss() if koleo_weight > 0 else None
         self.mixed_resolution = mixed
         self.step_sizes: tuple[int, int, int] | None = None
@@ -262,14 +292,35 @@ class DINO(MomentumMethod):
                                             gram_refresh_every, gram_max_refreshes)
 
     def build_criterion(self) -> nn.Module:
-        """DINO's [CLS] loss with this method's ``centering`` (centre or Sinkhorn)."""
-        return DINOLoss(self.head_out_dim, self.student_temperature, self.center_momentum,
-                        self.centering, self.sinkhorn_iterations)
+        """DINO's [CLS] loss with this method's ``centering`` (centre or Sinkhorn), one per
+        Matryoshka level."""
+        return self.level_losses(self.head, self.head_out_dim, lambda k: DINOLoss(
+            k, self.student_temperature, self.center_momentum, self.centering,
+            self.sinkhorn_iterations))
+
+    def prototype_head(self, out_dim: int, hidden_dim: int, bottleneck_dim: int,
+                       batch_norm: bool, norm_last_layer: bool) -> nn.Module:
+        """A :class:`DINOHead`, or Franca's nested heads with ``matryoshka_levels`` > 1."""
+        if self.matryoshka_levels > 1:
+            return MatryoshkaDINOHead(self.feature_dim, out_dim, hidden_dim, bottleneck_dim,
+                                      self.matryoshka_levels, norm_last_layer)
+        return DINOHead(self.feature_dim, out_dim, hidden_dim, bottleneck_dim,
+                        batch_norm=batch_norm, norm_last_layer=norm_last_layer)
+
+    @staticmethod
+    def level_losses(head: nn.Module, out_dim: int,
+                     make: Callable[[int], nn.Module]) -> nn.Module:
+        """``make(out_dim)``, or for Matryoshka heads the sum of ``make(K_l)`` over levels."""
+        if isinstance(head, MatryoshkaDINOHead):
+            return MatryoshkaLoss([make(size) for size in head.out_sizes], head.out_sizes)
+        return make(out_dim)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         pairs = [(self.backbone, self.teacher_backbone), (self.head, self.teacher_head)]
-        if self.patch_head is not None and self.teacher_patch_head is not None:
-            pairs.append((self.patch_head, self.teacher_patch_head))
+        for student, teacher in ((self.patch_head, self.teacher_patch_head),
+                                 (self.paka_head, self.teacher_paka_head)):
+            if student is not None and teacher is not None:
+                pairs.append((student, teacher))
         return pairs
 
     def trainable_modules(self) -> list[nn.Module]:
@@ -394,15 +445,22 @@ class DINO(MomentumMethod):
         def per_sample(x: Tensor) -> Tensor:  # (V·B, ...) view-major -> (B, V, ...)
             return x.unflatten(0, (-1, batch)).transpose(0, 1)
 
-        return {"student_cls": per_sample(student_cls), "teacher_cls": per_sample(teacher_cls),
-                "student_patch": per_sample(student_patch),
-                "teacher_patch": per_sample(teacher_patch), "masks": masks,
-                "patch_tokens": per_sample(tokens[:, prefix:]),
-                "global_features": per_sample(tokens[:, 0]), "features": tokens[:batch, 0]}
+        outputs = {"student_cls": per_sample(student_cls),
+                   "teacher_cls": per_sample(teacher_cls),
+                   "student_patch": per_sample(student_patch),
+                   "teacher_patch": per_sample(teacher_patch), "masks": masks,
+                   "patch_tokens": per_sample(tokens[:, prefix:]),
+                   "global_features": per_sample(tokens[:, 0]), "features": tokens[:batch, 0]}
+        if self.paka_head is not None and self.teacher_paka_head is not None:
+            outputs["paka_student"] = per_sample(self.paka_head(tokens[:, prefix:]))
+            with torch.no_grad():
+                outputs["paka_teacher"] = per_sample(
+                    self.teacher_paka_head(teacher_tokens[:, prefix:]))
+        return outputs
 
     # --------------------------------------------------------------------------------- loss
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
-        """The [CLS] loss, plus each term that is on: patch, KoLeo, Gram."""
+        """The [CLS] loss, plus each term that is on: patch, KoLeo, PaKA, Gram."""
         epoch = self.current_epoch
         if not self.patch_distillation:
             temperature = self.teacher_temperature(epoch)
@@ -424,6 +482,10 @@ class DINO(MomentumMethod):
             koleo = self.koleo_loss(outputs["global_features"])
             self.log_terms(koleo=koleo)
             loss = loss + self.koleo_weight * koleo
+        if self.paka_weight != 0:
+            paka = self.paka_loss(outputs["paka_student"], outputs["paka_teacher"])
+            self.log_terms(paka_loss=paka)
+            loss = loss + self.paka_weight * paka
         weight = self.gram_weight(self.global_step)
         if weight != 0:
             tokens = self.gram_tokens
@@ -470,7 +532,7 @@ class DINO(MomentumMethod):
                     p.grad.mul_(scale.clamp(max=1.0))
         if epoch < self.freeze_last_layer_epochs:
             for head in (self.head, self.patch_head):
-                for p in head.last_layer_parameters() if head is not None else ():
+                for p in cast(Any, head).last_layer_parameters() if head is not None else ():
                     p.grad = None  # skipped by the optimiser: no momentum, no weight decay
 
     def trainable_parameters(self) -> list[nn.Parameter]:

@@ -2,7 +2,8 @@
 
 Each check raises a ``ValueError`` naming the value before anything is built, and an argument of
 a switched-off loss term (a ``patch_*`` / ``mask_*`` argument without ``patch_distillation``, a
-``gram_*`` argument without ``gram_anchoring``) is refused rather than ignored.
+``gram_*`` argument without ``gram_anchoring``, a ``paka_*`` argument with ``paka_weight`` 0) is
+refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ PATCH_ARGUMENTS = ("patch_out_dim", "shared_head", "patch_hidden_dim", "patch_bo
 GRAM_ARGUMENTS = ("gram_weight", "gram_start_step", "gram_refresh_every", "gram_max_refreshes",
                   "gram_weight_ramp_steps", "gram_tokens", "gram_clamp_negatives")
 
+#: Arguments that only apply with ``paka_weight`` > 0 (PaKA's patch kernel alignment).
+PAKA_ARGUMENTS = ("paka_hidden_dim", "paka_dim")
+
 
 def check_dino_arguments(name: str, backbone: nn.Module, args: Mapping[str, Any],
                          defaults: Mapping[str, Any]) -> None:
@@ -33,6 +37,12 @@ def check_dino_arguments(name: str, backbone: nn.Module, args: Mapping[str, Any]
     (``defaults``: the constructor's defaults, to find arguments of a switched-off term)."""
     _refuse_unused(args, defaults, "patch_distillation", PATCH_ARGUMENTS)
     _refuse_unused(args, defaults, "gram_anchoring", GRAM_ARGUMENTS)
+    if args["paka_weight"] < 0:
+        raise ValueError(f"paka_weight must be >= 0 (0: no PaKA term), got {args['paka_weight']}.")
+    changed = [n for n in PAKA_ARGUMENTS if args[n] != defaults[n]]
+    if args["paka_weight"] == 0 and changed:
+        raise ValueError(f"{', '.join(changed)} only apply with paka_weight > 0 (got 0); set "
+                         "paka_weight or leave them out.")
     _positive(args, "teacher_temperature", "warmup_teacher_temperature")
     for arg in ("warmup_teacher_temperature_epochs", "freeze_last_layer_epochs"):
         if args[arg] < 0:
@@ -52,6 +62,9 @@ def check_dino_arguments(name: str, backbone: nn.Module, args: Mapping[str, Any]
         _check_patch_arguments(name, backbone, args)
     if args["gram_anchoring"]:
         _check_gram_arguments(name, args)
+    if args["paka_weight"] > 0:
+        _check_paka_arguments(name, args)
+    _check_matryoshka_arguments(args)
     if args["mixed_resolution_sizes"] is not None and args["num_local_crops"] is None:
         raise ValueError(f"{name} needs num_local_crops (an int) with mixed_resolution_sizes: "
                          "the local crops are resized to the step's local size.")
@@ -113,6 +126,25 @@ def _check_patch_arguments(name: str, backbone: nn.Module, args: Mapping[str, An
         raise ValueError(f"mask_probability must be in [0, 1], got {args['mask_probability']}.")
     if args["mask_min_patches"] < 1:
         raise ValueError(f"mask_min_patches must be >= 1, got {args['mask_min_patches']}.")
+
+
+def _check_paka_arguments(name: str, args: Mapping[str, Any]) -> None:
+    if not args["patch_distillation"]:
+        raise ValueError(f"{name}'s PaKA term aligns the student's and teacher's patch tokens of "
+                         "the global crops: set patch_distillation: true (or paka_weight: 0).")
+    for arg in PAKA_ARGUMENTS:
+        if args[arg] < 1:
+            raise ValueError(f"{arg} must be >= 1, got {args[arg]}.")
+
+
+def _check_matryoshka_arguments(args: Mapping[str, Any]) -> None:
+    levels = args["matryoshka_levels"]
+    if not isinstance(levels, int) or levels < 1:
+        raise ValueError(f"matryoshka_levels must be an int >= 1 (1: one head; Franca: 5), got "
+                         f"{levels!r}.")
+    if levels > 1 and args["head_batch_norm"]:
+        raise ValueError("Matryoshka heads have no BatchNorm: set head_batch_norm: false or "
+                         "matryoshka_levels: 1.")
 
 
 def _check_gram_arguments(name: str, args: Mapping[str, Any]) -> None:
