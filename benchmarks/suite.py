@@ -49,10 +49,12 @@ import streaming_throughput  # noqa: E402
 import views_speed  # noqa: E402
 
 README = HERE.parent / "README.md"
+#: The pages that hold the table between the markers (``--readme`` writes both).
+PAGES = (README, HERE.parent / "docs" / "performance.md")
 BEGIN, END = "<!-- benchmarks/suite.py: begin -->", "<!-- benchmarks/suite.py: end -->"
 FULL: dict[str, dict[str, Any]] = {
     "loss": {"batch": 4096, "repeats": 3, "rounds": 1},
-    "views": {"images": 1024, "batch": 256, "rounds": 2},
+    "views": {"images": 1024, "batch": 256, "rounds": 3},
     "grad_cache": {"batch_size": 256, "micro_batch_size": 32},
     "streaming": {"batch": 128, "batches": 8, "rounds": 2},
     "index": {"files": 100_000, "folders": 100, "repeats": 3},
@@ -70,7 +72,7 @@ TINY: dict[str, dict[str, Any]] = {
 }
 #: The benchmarks' names up to their first comma (the tiny-mode test checks that all run).
 BENCHMARKS = (
-    *(f"{loss} fwd+bwd" for loss in loss_speed.LOSSES), "2-view SimCLR views",
+    *(f"{loss} fwd+bwd" for loss in loss_speed.LOSSES), "2-view SimCLR views", "seeding cost",
     "SimCLR step peak activation memory", "SimCLR step time", "decode loader",
     "simclr loader", "listing an image folder", "embed", "SimCLR training step")
 
@@ -112,9 +114,17 @@ def run(sizes: dict[str, dict[str, Any]], root: str | None) -> list[dict[str, An
         train = str(Path(folder) / "train")
         images = sum(1 for p in Path(train).rglob("*") if p.is_file())
         views = views_speed.measure(folder, **sizes["views"])
+        rate = {v: r["images_per_cpu_s"] for v, r in views.items()}
         rows += rows_of(f"2-view SimCLR views, {sizes['views']['images']} JPEGs; ratio to "
-                        "lightly", {v: r["images_per_cpu_s"] for v, r in views.items()},
-                        "images/CPU s", "lightly SimCLRTransform")
+                        "lightly", rate, "images/CPU s", "lightly SimCLRTransform")
+        batch = sizes["views"]["batch"]
+        for path, unseeded, seeded in (
+                ("per-image", "ours SimCLRViews", "ours SimCLRViews seeded"),
+                ("batched", f"ours DeviceViews on CPU (batch {batch})",
+                 f"ours DeviceViews on CPU seeded (batch {batch})")):
+            rows += rows_of(f"seeding cost, {path} views (same run); ratio to unseeded",
+                            {unseeded: rate[unseeded], seeded: rate[seeded]}, "images/CPU s",
+                            unseeded)
         rows += _grad_cache_rows(**sizes["grad_cache"])
         stream = streaming_throughput.measure(train, **sizes["streaming"])
         for pipeline in ("decode", "simclr"):
@@ -180,7 +190,7 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any], command: str) -> 
 
 
 def readme_table(text: str) -> str:
-    """The part of the README between the suite's markers."""
+    """The part of a page (the README, docs/performance.md) between the suite's markers."""
     start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
     return text[start:stop].strip("\n") + "\n"
 
@@ -197,7 +207,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (a check, not figures)")
     parser.add_argument("--root", help="ImageFolder root with train/ (default: synthetic JPEGs)")
     parser.add_argument("--output", default=str(HERE), help="folder for results.md/json")
-    parser.add_argument("--readme", action="store_true", help="copy the table into README.md")
+    parser.add_argument("--readme", action="store_true",
+                        help="copy the table into README.md and docs/performance.md")
     args = parser.parse_args()
     command = "python benchmarks/suite.py" + (" --tiny" if args.tiny else "")
     rows = run(TINY if args.tiny else FULL, args.root)
@@ -210,9 +221,10 @@ def main() -> None:
                                                      "rows": rows}, indent=2) + "\n")
     print(table)
     if args.readme:
-        text = README.read_text()
-        start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
-        write(README, text[:start] + "\n" + table + text[stop:])
+        for page in PAGES:
+            text = page.read_text()
+            start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+            write(page, text[:start] + "\n" + table + text[stop:])
 
 
 if __name__ == "__main__":
