@@ -57,6 +57,20 @@ def one_step(batch_size: int, micro_batch_size: int | None, threads: int) -> dic
             "baseline_mb": before}
 
 
+def measure(batch_size: int, micro_batch_size: int,
+            threads: int = 1) -> dict[str, dict[str, float]]:
+    """:func:`one_step` of the whole batch and of micro-batches, each in its own subprocess."""
+    results = {}
+    for variant in ("whole", "micro"):
+        child = subprocess.run(
+            [sys.executable, __file__, "--variant", variant, "--batch-size", str(batch_size),
+             "--micro-batch-size", str(micro_batch_size), "--threads", str(threads)],
+            check=True, capture_output=True, text=True,
+        )
+        results[variant] = json.loads(child.stdout.strip().splitlines()[-1])
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch-size", type=int, default=512)
@@ -68,15 +82,8 @@ def main() -> None:
         micro = args.micro_batch_size if args.variant == "micro" else None
         print(json.dumps(one_step(args.batch_size, micro, args.threads)))
         return
-    results = {}
-    for variant in ("whole", "micro"):
-        child = subprocess.run(
-            [sys.executable, __file__, "--variant", variant, "--batch-size", str(args.batch_size),
-             "--micro-batch-size", str(args.micro_batch_size), "--threads", str(args.threads)],
-            check=True, capture_output=True, text=True,
-        )
-        results[variant] = json.loads(child.stdout.strip().splitlines()[-1])
-        r = results[variant]
+    results = measure(args.batch_size, args.micro_batch_size, args.threads)
+    for variant, r in results.items():
         print(f"{variant:>5}: peak RSS +{r['peak_growth_mb']:.0f} MB over {r['baseline_mb']:.0f} "
               f"MB, step {r['seconds']:.1f} s", flush=True)
     whole, micro = results["whole"], results["micro"]

@@ -1,12 +1,24 @@
-"""NT-Xent forward + backward on CPU: ours vs lightly's ``NTXentLoss``, side by side.
+"""The contrastive losses on the shared kernel, forward + backward on CPU, against their
+reference side by side: lightly's counterpart where it has one, else the loss as written in
+plain PyTorch (dense logits and ``F.cross_entropy``).
+
+- ``nt_xent``, ``dcl``: two views of B × D; lightly's ``NTXentLoss``, ``DCLLoss``;
+- ``nnclr``: both directions of (detached neighbours, predictions), B × D each; lightly's NNCLR
+  loss is its ``NTXentLoss`` on the same pairs (which also contrasts the neighbours among
+  themselves: more work, the loss lightly's NNCLR trains with);
+- ``moco_v3``: both directions of (queries, detached keys); reference: plain PyTorch;
+- ``supcon``: two views of B × D with labels of 100 classes; reference: plain PyTorch (Khosla
+  et al., Eq. 2, with a (2B × 2B) positive mask);
+- ``infonce``: B queries against their keys and 2B negatives; lightly's ``NTXentLoss`` with a
+  memory bank of 2B (the MoCo v2 loss).
 
 Every variant runs in a fresh subprocess (so allocator caches and earlier peaks do not leak
-between them) on the same fp32 inputs (two views of B × D, default 4096 × 128, unit-free random
-embeddings that require grad). Reported per variant:
+between them) on the same fp32 inputs (default B × D = 4096 × 128, unit-free random embeddings).
+Reported per variant:
 
 - median wall time and median process CPU time (user + system, all threads; the better
-  figure on a shared machine) of ``loss = f(z1, z2); loss.backward()`` over ``--repeats`` runs
-  after one warm-up;
+  figure on a shared machine) of one step (``loss = f(...); loss.backward()``) over
+  ``--repeats`` runs after one warm-up;
 - peak memory: the process's peak resident set size (``VmHWM``) during those runs minus the
   resident size just before them (inputs allocated, warm-up done, peak counter reset through
   ``/proc/self/clear_refs``), i.e. the extra memory the loss needs at its peak.
@@ -16,20 +28,23 @@ Requires ``pip install lightly`` (the ``benchmark`` extra) for the reference. Ru
     python benchmarks/loss_speed.py --threads 1
     python benchmarks/loss_speed.py --threads 1 --loss dcl --rounds 3
 
-``matmul_bound`` runs only the four matrix products of the chunked kernel (the logits, their
+``ours_dense`` is our loss with ``chunk_size=None`` (the full logit matrix). ``matmul_bound``
+(two-view losses) runs only the four matrix products of the chunked kernel (the logits, their
 recomputation in the backward pass, the two gradients): the floor for an exact fp32 loss.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
-VARIANTS = ("ours", "ours_dense", "lightly", "matmul_bound")
+VARIANTS = ("ours", "ours_dense", "lightly", "plain_torch", "matmul_bound")
 
 
 def _memory_kib() -> dict[str, int]:
@@ -60,26 +75,120 @@ def _matmul_bound(z1, z2):  # type: ignore[no-untyped-def]
     return (grad_a.sum() + grad_c.sum()).requires_grad_()
 
 
-# The losses on the shared kernel that lightly also has, by their (common) class name.
-LIGHTLY_NAMES = {"nt_xent": "NTXentLoss", "dcl": "DCLLoss"}
-LOSSES = tuple(LIGHTLY_NAMES)
+def _supcon_plain(z1, z2, labels, temperature: float):  # type: ignore[no-untyped-def]
+    """SupCon (Khosla et al., Eq. 2, L_out) as written in plain PyTorch: dense logits and an
+    (2B × 2B) positive mask."""
+    import torch
+    import torch.nn.functional as F
+
+    features = F.normalize(torch.cat([z1, z2]), dim=1)
+    classes = labels.repeat(2)
+    logits = features @ features.T / temperature
+    own = torch.eye(len(features), dtype=torch.bool)
+    log_prob = logits - logits.masked_fill(own, float("-inf")).logsumexp(dim=1, keepdim=True)
+    positive = (classes[:, None] == classes[None, :]) & ~own
+    return -((log_prob * positive).sum(dim=1) / positive.sum(dim=1)).mean()
 
 
-def _make_loss(variant: str, loss: str, temperature: float):  # type: ignore[no-untyped-def]
+def _moco_v3_plain(query, keys, temperature: float):  # type: ignore[no-untyped-def]
+    """One MoCo v3 direction as in the paper's pseudocode: ``2T · CE(q kᵀ / T, arange)``."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k = F.normalize(query, dim=1), F.normalize(keys.detach(), dim=1)
+    labels = torch.arange(len(q))
+    return F.cross_entropy(q @ k.T / temperature, labels) * (2 * temperature)
+
+
+class Case(NamedTuple):
+    """One loss of the shared kernel: our class, its reference (lightly's class, or ``None``
+    for the loss written in plain PyTorch), and how one training step calls it."""
+
+    ours: str
+    lightly: str | None
+    call: str  # "two_views", "two_directions", "labels" or "bank"
+
+
+CASES = {
+    "nt_xent": Case("NTXentLoss", "NTXentLoss", "two_views"),
+    "dcl": Case("DCLLoss", "DCLLoss", "two_views"),
+    # lightly's NNCLR loss is its NTXentLoss on (neighbours, predictions), both directions
+    "nnclr": Case("NNCLRLoss", "NTXentLoss", "two_directions"),
+    "moco_v3": Case("MoCoV3Loss", None, "two_directions"),
+    "supcon": Case("SupConLoss", None, "labels"),
+    # lightly's InfoNCE (MoCo v2) is its NTXentLoss with a memory bank of negatives
+    "infonce": Case("InfoNCELoss", "NTXentLoss", "bank"),
+}
+LOSSES = tuple(CASES)
+SUPCON_CLASSES = 100
+
+
+def variants_of(loss: str) -> tuple[str, ...]:
+    """The variants measured for ``loss``: ours (chunked), our dense path, the reference
+    (``lightly`` or ``plain_torch``) and, for the two-view losses, the bound."""
+    return (("ours", "ours_dense", reference_of(loss))
+            + (("matmul_bound",) if CASES[loss].call == "two_views" else ()))
+
+
+def reference_of(loss: str) -> str:
+    """The variant the others are compared with."""
+    return "lightly" if CASES[loss].lightly else "plain_torch"
+
+
+def _inputs(loss: str, batch: int, dim: int):  # type: ignore[no-untyped-def]
+    """The tensors of one step (fixed seed) and those of them that receive gradients."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(rows: int, grad: bool):  # type: ignore[no-untyped-def]
+        return torch.randn(rows, dim, generator=generator).requires_grad_(grad)
+
+    call = CASES[loss].call
+    if call == "two_views":
+        z = (randn(batch, True), randn(batch, True))
+        return z, list(z)
+    if call == "labels":
+        z = (randn(batch, True), randn(batch, True))
+        labels = torch.randint(0, SUPCON_CLASSES, (batch,), generator=generator)
+        return (*z, labels), list(z)
+    if call == "two_directions":  # (detached neighbours or keys, predictions or queries) x 2
+        a1, a2, p1, p2 = randn(batch, False), randn(batch, False), randn(batch, True), randn(
+            batch, True)
+        return (a1, a2, p1, p2), [p1, p2]
+    query, key, negatives = randn(batch, True), randn(batch, False), randn(2 * batch, False)
+    return (query, key, negatives), [query]
+
+
+def _make_step(variant: str, loss: str, temperature: float, batch: int, dim: int):  # type: ignore[no-untyped-def]
+    """``step(*inputs) -> loss`` of one training step of ``loss`` in ``variant``."""
+    case = CASES[loss]
     if variant == "matmul_bound":
         return _matmul_bound
-    if variant == "lightly":
+    if variant == "plain_torch":
+        if loss == "supcon":
+            return lambda z1, z2, labels: _supcon_plain(z1, z2, labels, temperature)
+        fn = functools.partial(_moco_v3_plain, temperature=temperature)
+    elif variant == "lightly":
         import lightly.loss
 
-        return getattr(lightly.loss, LIGHTLY_NAMES[loss])(temperature=temperature)
-    from ssl_lightning import losses
+        cls = getattr(lightly.loss, case.lightly)
+        if case.call == "bank":  # a full bank of 2 x batch negatives from the first call
+            bank = cls(temperature=temperature, memory_bank_size=(2 * batch, dim))
+            return lambda query, key, negatives: bank(query, key)
+        fn = cls(temperature=temperature)
+    elif variant in ("ours", "ours_dense"):
+        from ssl_lightning import losses
 
-    ours = getattr(losses, LIGHTLY_NAMES[loss])  # the same class names
-    if variant == "ours":  # the default: row-chunked log-sum-exp (chunk_size=1024)
-        return ours(temperature)
-    if variant == "ours_dense":  # the full (2B x 2B) logit matrix
-        return ours(temperature, chunk_size=None)
-    raise ValueError(f"Unknown variant {variant!r}; choose from {VARIANTS}.")
+        cls = getattr(losses, case.ours)
+        fn = cls(temperature, chunk_size=None) if variant == "ours_dense" else cls(temperature)
+    else:
+        raise ValueError(f"Unknown variant {variant!r}; choose from {VARIANTS}.")
+    if loss == "moco_v3":  # (queries, keys of the other view), both ways
+        return lambda k1, k2, q1, q2: (fn(q1, k2) + fn(q2, k1)) / 2
+    if loss == "nnclr":  # (neighbours, predictions of the other view), both ways
+        return lambda n1, n2, p1, p2: (fn(n1, p2) + fn(n2, p1)) / 2
+    return fn
 
 
 def run_variant(args: argparse.Namespace) -> dict[str, float]:
@@ -87,19 +196,19 @@ def run_variant(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     torch.set_num_threads(args.threads)
-    generator = torch.Generator().manual_seed(0)
-    z1 = torch.randn(args.batch, args.dim, generator=generator).requires_grad_()
-    z2 = torch.randn(args.batch, args.dim, generator=generator).requires_grad_()
-    loss_fn = _make_loss(args.variant, args.loss, args.temperature)
+    inputs, leaves = _inputs(args.loss, args.batch, args.dim)
+    loss_fn = _make_step(args.variant, args.loss, args.temperature, args.batch, args.dim)
 
     def step() -> float:
-        z1.grad = z2.grad = None
-        loss = loss_fn(z1, z2)
+        for leaf in leaves:
+            leaf.grad = None
+        loss = loss_fn(*inputs)
         loss.backward()
         return float(loss)
 
     value = step()  # warm-up
-    z1.grad = z2.grad = None
+    for leaf in leaves:
+        leaf.grad = None
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak-RSS counter to the current RSS
     baseline = _memory_kib()["VmRSS"]
@@ -115,10 +224,12 @@ def run_variant(args: argparse.Namespace) -> dict[str, float]:
 
 
 def measure(loss: str = "nt_xent", batch: int = 4096, dim: int = 128, temperature: float = 0.5,
-            repeats: int = 5, threads: int = 1, variants: tuple[str, ...] = VARIANTS,
+            repeats: int = 5, threads: int = 1, variants: tuple[str, ...] | None = None,
             rounds: int = 1) -> dict[str, dict[str, float]]:
-    """Per variant, the medians over ``rounds`` of its child process' figures; the variants'
-    children alternate within each round, so load changes hit them alike."""
+    """Per variant (default: :func:`variants_of`), the medians over ``rounds`` of its child
+    process' figures; the variants' children alternate within each round, so load changes hit
+    them alike."""
+    variants = variants or variants_of(loss)
     runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
     for _ in range(rounds):
         for variant in variants:
@@ -140,19 +251,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of children")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--loss", default="nt_xent", choices=LOSSES)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS,
+                        help="default: all of the loss's (ours, ours_dense, its reference, ...)")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # set in the child process
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(run_variant(args)))
         return
     results = measure(args.loss, args.batch, args.dim, args.temperature, args.repeats,
-                      args.threads, tuple(args.variants), args.rounds)
-    reference = results.get("lightly")
-    print(f"{args.loss} fwd+bwd, 2 x {args.batch} x {args.dim} fp32, CPU, {args.threads} "
-          f"thread(s), median of {args.repeats} x {args.rounds} round(s)")
-    print(f"{'variant':<13}{'wall s':>8}{'cpu s':>8}{'peak MiB':>10}{'cpu/lightly':>13}"
-          f"{'wall/lightly':>14}{'mem/lightly':>13}{'loss':>9}")
+                      args.threads, tuple(args.variants or ()), args.rounds)
+    reference = results.get(reference_of(args.loss))
+    print(f"{args.loss} fwd+bwd, B x D = {args.batch} x {args.dim} fp32, CPU, {args.threads} "
+          f"thread(s), median of {args.repeats} x {args.rounds} round(s); ratios to "
+          f"{reference_of(args.loss)}")
+    print(f"{'variant':<13}{'wall s':>8}{'cpu s':>8}{'peak MiB':>10}{'cpu ratio':>13}"
+          f"{'wall ratio':>14}{'mem ratio':>13}{'loss':>9}")
     for variant, r in results.items():
         ratios = [r[k] / reference[k] if reference else float("nan")
                   for k in ("median_cpu_s", "median_s", "peak_extra_mib")]

@@ -96,6 +96,24 @@ def hand_steps(backbone: str, loader: DataLoader, steps: int) -> list[tuple[floa
     return _deltas(starts)
 
 
+def measure(backbone: str, batch: int, steps: int, rounds: int, threads: int = 1) -> dict[str, Any]:
+    """Median ms per step of Lightning and the hand-written loop, alternating over ``rounds``,
+    in wall and CPU time (``{clock}_ms_per_step``), and Lightning's overhead (``{clock}_overhead``,
+    a fraction)."""
+    torch.set_num_threads(threads)
+    loader = DataLoader(FixedViews(batch * (steps + 2)), batch_size=batch, drop_last=True)
+    times: dict[str, list[tuple[float, float]]] = {"lightning": [], "hand-written loop": []}
+    for _ in range(rounds):
+        times["hand-written loop"] += hand_steps(backbone, loader, steps)
+        times["lightning"] += lightning_steps(backbone, loader, steps)
+    results: dict[str, Any] = {}
+    for clock, index in (("wall", 0), ("cpu", 1)):
+        median = {name: statistics.median(t[index] for t in ts) for name, ts in times.items()}
+        results[f"{clock}_ms_per_step"] = {k: v * 1e3 for k, v in median.items()}
+        results[f"{clock}_overhead"] = median["lightning"] / median["hand-written loop"] - 1
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backbone", choices=["small", "resnet18"], default="small")
@@ -105,22 +123,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    loader = DataLoader(FixedViews(args.batch * (args.steps + 2)), batch_size=args.batch,
-                        drop_last=True)
-    times: dict[str, list[tuple[float, float]]] = {"lightning": [], "hand-written loop": []}
-    for _ in range(args.rounds):
-        times["hand-written loop"] += hand_steps(args.backbone, loader, args.steps)
-        times["lightning"] += lightning_steps(args.backbone, loader, args.steps)
     results: dict[str, Any] = dict(vars(args))
-    for clock, index in (("wall", 0), ("cpu", 1)):
-        median = {name: statistics.median(t[index] for t in ts) for name, ts in times.items()}
-        overhead = median["lightning"] / median["hand-written loop"] - 1
-        for name, t in median.items():
-            print(f"{clock:4s} {name:20s} {t * 1e3:8.1f} ms/step")
-        print(f"{clock:4s} Lightning overhead: {overhead * 100:+.1f}%")
-        results[f"{clock}_ms_per_step"] = {k: v * 1e3 for k, v in median.items()}
-        results[f"{clock}_overhead"] = overhead
+    results.update(measure(args.backbone, args.batch, args.steps, args.rounds, args.threads))
+    for clock in ("wall", "cpu"):
+        for name, t in results[f"{clock}_ms_per_step"].items():
+            print(f"{clock:4s} {name:20s} {t:8.1f} ms/step")
+        print(f"{clock:4s} Lightning overhead: {results[f'{clock}_overhead'] * 100:+.1f}%")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

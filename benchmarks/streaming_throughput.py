@@ -60,6 +60,33 @@ def build(path: str, images: str, shards: str, transform: Any, batch: int) -> SS
     return StreamingDataModule(shards, **common)
 
 
+def measure(images: str, batch: int = 256, batches: int = 20, rounds: int = 3,
+            shards: str | None = None) -> dict[str, Any]:
+    """Images/s of both paths for both pipelines (medians of ``rounds`` alternating rounds),
+    and the shard command's figures; shards in ``shards`` or a temporary folder."""
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as temp:
+        folder = Path(shards or Path(temp) / "shards")
+        start = time.perf_counter()
+        manifest = write_shards(images, folder, shard_size=1000, progress=False)
+        shard_s = time.perf_counter() - start
+        pipelines = {"decode": lambda: UInt8Image.for_preset("cifar"),
+                     "simclr": lambda: SimCLRViews("cifar")}
+        results: dict[str, Any] = {"images": images, "num_images": manifest["num_images"],
+                                   "shards": len(manifest["shards"]), "shard_s": round(shard_s, 2),
+                                   "batch": batch, "batches": batches}
+        for name, transform in pipelines.items():
+            rates: dict[str, list[float]] = {"folder": [], "streaming": []}
+            for _ in range(rounds):
+                for path in rates:
+                    module = build(path, images, str(folder), transform(), batch)
+                    rates[path].append(images_per_second(module, batches))
+            folder_rate, stream = (statistics.median(rates[p]) for p in ("folder", "streaming"))
+            results[name] = {"folder_img_s": folder_rate, "streaming_img_s": stream,
+                             "ratio_streaming_over_folder": stream / folder_rate}
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", required=True, help="ImageFolder of JPEGs (class folders)")
@@ -68,28 +95,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="batches per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     options = parser.parse_args()
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as temp:
-        shards = Path(options.shards or Path(temp) / "shards")
-        start = time.perf_counter()
-        manifest = write_shards(options.images, shards, shard_size=1000, progress=False)
-        shard_s = time.perf_counter() - start
-        pipelines = {"decode": lambda: UInt8Image.for_preset("cifar"),
-                     "simclr": lambda: SimCLRViews("cifar")}
-        results: dict[str, Any] = {"images": options.images, "num_images": manifest["num_images"],
-                                   "shards": len(manifest["shards"]), "shard_s": round(shard_s, 2),
-                                   "batch": options.batch, "batches": options.batches}
-        for name, transform in pipelines.items():
-            rates: dict[str, list[float]] = {"folder": [], "streaming": []}
-            for _ in range(options.rounds):
-                for path in rates:
-                    module = build(path, options.images, str(shards), transform(), options.batch)
-                    rates[path].append(images_per_second(module, options.batches))
-            folder, stream = (statistics.median(rates[p]) for p in ("folder", "streaming"))
-            results[name] = {"folder_img_s": round(folder), "streaming_img_s": round(stream),
-                             "ratio_streaming_over_folder": round(stream / folder, 3)}
-            print(f"{name:7s} folder {folder:8.0f} img/s   streaming {stream:8.0f} img/s   "
-                  f"ratio {stream / folder:.3f}", flush=True)
+    results = measure(options.images, options.batch, options.batches, options.rounds,
+                      options.shards)
+    for name in ("decode", "simclr"):
+        r = results[name]
+        print(f"{name:7s} folder {r['folder_img_s']:8.0f} img/s   streaming "
+              f"{r['streaming_img_s']:8.0f} img/s   ratio {r['ratio_streaming_over_folder']:.3f}")
     print(json.dumps(results))
 
 

@@ -117,9 +117,9 @@ def configured_path() -> str:
 
 def measure(root: str, images: int = 2048, batch: int = 256,
             rounds: int = 3) -> dict[str, dict[str, float]]:
-    """Images per CPU second and per wall second of each pipeline (medians over interleaved
-    rounds, so load changes hit every pipeline; CPU time is the steadier figure on a shared
-    machine)."""
+    """Images per CPU second and per wall second of each pipeline (medians over ``rounds``;
+    within a round the pipelines take turns on each ``batch`` of images, so load changes hit
+    every pipeline; CPU time is the steadier figure on a shared machine)."""
     torch.set_num_threads(1)
     all_paths = find_images(Path(root) / "train")
     step = max(1, len(all_paths) // images)
@@ -139,12 +139,21 @@ def measure(root: str, images: int = 2048, batch: int = 256,
     pipelines[f"ours DeviceViews on CPU seeded (batch {batch})"] = batched_seeded(batch)
     cpu: dict[str, list[float]] = {name: [] for name in pipelines}
     wall: dict[str, list[float]] = {name: [] for name in pipelines}
+    names = list(pipelines)
+    chunks = [paths[i:i + batch] for i in range(0, len(paths), batch)]
     for _ in range(rounds):
-        for name, run in pipelines.items():
-            start, cpu_start = time.perf_counter(), time.process_time()
-            count = run(paths)
-            cpu[name].append(count / (time.process_time() - cpu_start))
-            wall[name].append(count / (time.perf_counter() - start))
+        # Chunk by chunk, every pipeline in turn (the order rotating), so that a change of load
+        # hits all pipelines alike instead of the one that happened to run then.
+        seconds = {name: [0.0, 0.0] for name in names}
+        for turn, chunk in enumerate(chunks):
+            for name in names[turn % len(names):] + names[:turn % len(names)]:
+                start, cpu_start = time.perf_counter(), time.process_time()
+                pipelines[name](chunk)
+                seconds[name][0] += time.process_time() - cpu_start
+                seconds[name][1] += time.perf_counter() - start
+        for name, (cpu_s, wall_s) in seconds.items():
+            cpu[name].append(len(paths) / cpu_s)
+            wall[name].append(len(paths) / wall_s)
     return {name: {"images_per_cpu_s": statistics.median(cpu[name]),
                    "images_per_s": statistics.median(wall[name])} for name in pipelines}
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ssl_lightning.losses.chunked_contrastive import (
     check_local_and_gathered,
+    check_loss_settings,
     gather_local,
     positive_cross_entropy,
 )
@@ -31,14 +32,18 @@ class MoCoV3Loss(nn.Module):
         temperature: Softmax temperature T > 0 (1.0 for ResNet, 0.2 for ViT in the paper).
         gather: Gather the keys inside the loss: then ``forward`` takes this rank's (B, D) keys
             and no ``rank_offset``.
+        chunk_size: Query rows per block of the chunked log-sum-exp (see
+            :func:`chunked_logsumexp`); ``None`` for the dense (B × W·B) logits.
     """
 
-    def __init__(self, temperature: float = 1.0, gather: bool = False) -> None:
+    def __init__(
+        self, temperature: float = 1.0, gather: bool = False, chunk_size: int | None = 1024
+    ) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"MoCoV3Loss temperature must be > 0, got {temperature}.")
+        check_loss_settings("MoCoV3Loss", temperature, chunk_size)
         self.temperature = temperature
         self.gather = gather
+        self.chunk_size = chunk_size
 
     def forward(self, query: Tensor, keys_all: Tensor, rank_offset: int | None = None) -> Tensor:
         """``2T ·`` mean cross-entropy of the local queries over all gathered keys.
@@ -63,5 +68,6 @@ class MoCoV3Loss(nn.Module):
             q = F.normalize(at_least_fp32(query), dim=1)
             k = F.normalize(at_least_fp32(keys_all.detach()).to(q.dtype), dim=1)
             labels = torch.arange(batch, device=q.device) + rank_offset
-            loss = positive_cross_entropy(q, k, labels, self.temperature, chunk_size=None)
+            loss = positive_cross_entropy(q, k, labels, self.temperature,
+                                          chunk_size=self.chunk_size)
             return loss.mean() * (2 * self.temperature)
