@@ -134,7 +134,7 @@ def test_model_help_offers_no_argument_the_class_refuses(entry: MethodEntry) -> 
         reasons = [refusal(entry, name, value) for value in other_values(parameters[name])]
         if reasons and all(reasons):
             others = offered - {name}
-            if not any(f"{other}=" in reason or f"{other} " in reason
+            if not any(f"{other}{sep}" in reason for sep in ("=", " ", ":")
                        for reason in reasons for other in others):
                 refused[name] = reasons[0]
     assert not refused, f"--model.help {entry.cls.__name__} offers arguments it refuses: {refused}"
