@@ -7,8 +7,8 @@ block with one learned query over the frozen tokens) and CAPI (Darcet et al., 20
 probes with a learning rate × weight decay grid). Learned queries attend, with multi-head
 attention, over the LayerNorm-ed patch tokens of the last block(s). With ``mlp_ratio`` (the
 default of :class:`AttentiveEval`, 4) the attention is V-JEPA's whole cross-attention block
-(its ``AttentivePooler`` with ``complete_block``): the attention output is added to the
-queries, then a pre-norm MLP block (LayerNorm, Linear to ``mlp_ratio·D``, GELU, Linear back)
+(the attentive pooler of its released code with the complete block): the attention output is
+added to the queries, then a pre-norm MLP block (LayerNorm, Linear to ``mlp_ratio·D``, GELU, Linear back)
 is added with a residual, and its linears start as V-JEPA's (normal, std 0.02; the two output
 projections divided by sqrt 2). Without it (``mlp_ratio=None``) the head is AIM's: the
 attention output alone. The query outputs are averaged and classified by a linear layer. The
