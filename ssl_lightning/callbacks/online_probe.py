@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -202,7 +202,7 @@ class OnlineProbe(pl.Callback):
         if self.linear is None:
             return
         linear = self._ready(pl_module)
-        dtype = linear.heads[0].weight.dtype
+        dtype = _weight_dtype(linear)
         local = self._features(pl_module, outputs["features"], _first_view(batch))
         targets = outputs["targets"].detach().to(pl_module.device)
         # One collective for all sources: targets ride along as an extra (exact) float column.
@@ -238,7 +238,7 @@ class OnlineProbe(pl.Callback):
         from one no-grad eval-mode forward of the backbone on ``images``."""
         features: dict[Source, Tensor] = {(1, "pooled"): pooled.detach()}
         if self.token_sources:
-            backbone = pl_module.backbone
+            backbone = cast(torch.nn.Module, pl_module.backbone)
             with torch.no_grad(), _eval_mode(backbone), \
                     pl_module.trainer.precision_plugin.forward_context():
                 features.update(source_features(backbone, images, self.token_sources))
@@ -255,7 +255,7 @@ class OnlineProbe(pl.Callback):
         if dataloader_idx != self.val_dataloader_idx or self.linear is None:
             return
         linear = self._ready(pl_module)
-        dtype = linear.heads[0].weight.dtype
+        dtype = _weight_dtype(linear)
         features = self._features(pl_module, outputs["features"], batch[0])
         with torch.no_grad(), torch.autocast(pl_module.device.type, enabled=False):
             predictions = linear({source: value.to(dtype)
@@ -290,6 +290,11 @@ class OnlineProbe(pl.Callback):
         table = format_grid([s.name for s in self.specs], self._grid_top1, self.best_head)
         print(f"OnlineProbe grid ({len(self.specs)} heads; * = val/probe_top1):\n{table}",
               flush=True)
+
+
+def _weight_dtype(linear: LinearHeads) -> torch.dtype:
+    """The dtype the probe's heads train in."""
+    return cast(torch.nn.Linear, linear.heads[0]).weight.dtype
 
 
 def _first_view(batch: Any) -> Tensor:

@@ -8,11 +8,12 @@ probes with a learning rate × weight decay grid). Learned queries attend, with 
 attention, over the LayerNorm-ed patch tokens of the last block(s). With ``mlp_ratio`` (the
 default of :class:`AttentiveEval`, 4) the attention is V-JEPA's whole cross-attention block
 (the attentive pooler of its released code with the complete block): the attention output is
-added to the queries, then a pre-norm MLP block (LayerNorm, Linear to ``mlp_ratio·D``, GELU, Linear back)
-is added with a residual, and its linears start as V-JEPA's (normal, std 0.02; the two output
-projections divided by sqrt 2). Without it (``mlp_ratio=None``) the head is AIM's: the
-attention output alone. The query outputs are averaged and classified by a linear layer. The
-head has no position information, so it is invariant to the order of the tokens.
+added to the queries, then a pre-norm MLP block (LayerNorm, Linear to ``mlp_ratio·D``,
+GELU, Linear back) is added with a residual, and its linears start as V-JEPA's (normal, std
+0.02; the two output projections divided by sqrt 2). Without it (``mlp_ratio=None``) the
+head is AIM's: the attention output alone. The query outputs are averaged and classified by a
+linear layer. The head has no position information, so it is invariant to the order of the
+tokens.
 """
 
 from __future__ import annotations
@@ -61,15 +62,14 @@ class AttentivePooling(nn.Module):
         if mlp_ratio is not None:
             hidden = int(dim * mlp_ratio)
             self.mlp_norm = nn.LayerNorm(dim)
-            self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-            linears = [self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.mlp[0],
-                       self.mlp[2]]
-            for linear in linears:
+            fc1, fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+            self.mlp = nn.Sequential(fc1, nn.GELU(), fc2)
+            for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, fc1, fc2):
                 nn.init.normal_(linear.weight, std=0.02)
                 nn.init.zeros_(linear.bias)
             with torch.no_grad():  # the residual branches' outputs, as V-JEPA's first block
                 self.out_proj.weight.div_(math.sqrt(2.0))
-                self.mlp[2].weight.div_(math.sqrt(2.0))
+                fc2.weight.div_(math.sqrt(2.0))
 
     def forward(self, tokens: Tensor) -> Tensor:
         b, n, d = tokens.shape

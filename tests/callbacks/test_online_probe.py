@@ -251,17 +251,22 @@ def test_token_sources_validate_on_val_images_and_pooled_alone_adds_no_forward()
     g = torch.Generator().manual_seed(7)
     x, y = torch.randn(16, 3, 8, 8, generator=g), torch.arange(16) % CLASSES
     val = [DataLoader(TensorDataset(x, y), batch_size=8)] * 2
-    calls = []
+    calls: list[int] = []
+
+    def count(*_: object) -> None:
+        calls.append(1)
+
     for poolings in (["pooled"], ["pooled", "mean"]):
         module = _ViTModule()
-        hook = module.backbone.register_forward_hook(lambda *_: calls.append(1))
+        hook = module.backbone.register_forward_hook(count)
         probe = OnlineProbe(num_classes=CLASSES, lrs=[0.5], poolings=poolings)
         trainer = _trainer(probe, epochs=1)
         trainer.fit(module, train_dataloaders=_ViewsLoader(TensorDataset(x, y), batch_size=8),
                     val_dataloaders=val)
         hook.remove()
         top1 = {k: float(v) for k, v in trainer.callback_metrics.items() if "probe_grid" in k}
-        forwards, calls = len(calls), []
+        forwards = len(calls)
+        calls.clear()
         if poolings == ["pooled"]:
             assert forwards == 2 + 4  # the steps' and validation_step's forwards only
         else:  # one more per train batch and per val batch of the probed val loader

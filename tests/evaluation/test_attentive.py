@@ -1,7 +1,8 @@
 """AttentiveEval: the pooling equals a float64 reference written out here (AIM's attention
 alone, and V-JEPA's cross-attention block with its residual and MLP against torch's
-MultiheadAttention), is invariant to the order of the tokens, and solves a task a mean-pooled linear probe cannot (the class lives in one
-marked token whose position varies; the mean of the tokens is the same for every class)."""
+MultiheadAttention), is invariant to the order of the tokens, and solves a task a mean-pooled
+linear probe cannot (the class lives in one marked token whose position varies; the mean of
+the tokens is the same for every class)."""
 
 from __future__ import annotations
 
