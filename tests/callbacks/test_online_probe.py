@@ -193,6 +193,21 @@ class _ViTModule(pl.LightningModule):
         return torch.optim.SGD([self.w], lr=0.1)
 
 
+class _DeviceViewsModule(_ViTModule):
+    """Makes its training view after the transfer (as ``DeviceViews`` in the data modules'
+    ``on_after_batch_transfer``): flipped and scaled."""
+
+    @staticmethod
+    def view(x: Tensor) -> Tensor:
+        return 2 * x.flip(-1)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):  # type: ignore[no-untyped-def]
+        if not self.trainer.training:
+            return batch
+        (view,), y = batch
+        return [self.view(view)], y
+
+
 class _ViewsLoader(DataLoader):
     """Batches ``([images], targets)``, as the SSL data modules' (views, targets)."""
 
@@ -213,25 +228,32 @@ class _TrainModeProbe(OnlineProbe):
         return features
 
 
-@pytest.mark.parametrize("probe_class, equal", [(OnlineProbe, True), (_TrainModeProbe, False)])
-def test_token_sources_equal_hand_run_sgd_on_eval_mode_features(probe_class: type,
-                                                                 equal: bool) -> None:
+@pytest.mark.parametrize("probe_class, module_class, reference_view, equal", [
+    (OnlineProbe, _ViTModule, None, True),
+    (_TrainModeProbe, _ViTModule, None, False),  # known-bad: stochastic depth on
+    (OnlineProbe, _DeviceViewsModule, _DeviceViewsModule.view, True),
+    (OnlineProbe, _DeviceViewsModule, None, False),  # the loader's images, not the view
+])
+def test_token_sources_equal_hand_run_sgd_on_eval_mode_features(
+        probe_class: type, module_class: type, reference_view, equal: bool) -> None:
     """Heads on cls / cls+mean of the last 1 and 2 blocks: each equals SGD on the features of
-    an eval-mode forward of the first view; the backbone stays in train mode."""
+    an eval-mode forward of the first view as the method sees it (after the transfer hook);
+    the backbone stays in train mode."""
     from ssl_lightning.callbacks.probe_grid import source_features
 
     g = torch.Generator().manual_seed(6)
     x, y = torch.randn(24, 3, 8, 8, generator=g), torch.arange(24) % CLASSES
     probe = probe_class(num_classes=CLASSES, lrs=[0.5], last_blocks=[1, 2],
                         poolings=["cls", "cls+mean"])
-    module = _ViTModule()
+    module = module_class()
     _trainer(probe, epochs=1).fit(module, train_dataloaders=_ViewsLoader(TensorDataset(x, y),
                                                                          batch_size=8))
     assert module.backbone.training and module.backbone.blocks[1].drop_path.training
     reference_backbone = _ViTModule().backbone.eval()
     for i, spec in enumerate(probe.specs):
         with torch.no_grad():
-            features = source_features(reference_backbone, x, [spec.source])[spec.source]
+            images = x if reference_view is None else reference_view(x)
+            features = source_features(reference_backbone, images, [spec.source])[spec.source]
         head = nn.Linear(features.shape[1], CLASSES)
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
