@@ -4,13 +4,16 @@ The standard SSL monitor (e.g. solo-learn's online classifier, the BYOL/SimCLR "
 evaluation"; Chen et al., ICML 2020, §B.9 use a probe on stop-gradient features): it costs one
 ``Linear`` forward/backward per step, never changes the backbone, and tracks how linearly
 separable the representation is while pre-training runs. A grid of learning rates × weight
-decays (``lrs``, ``weight_decays``) trains one head per pair on the same features, each exactly
-as if alone (DINOv2's ``eval/linear.py`` grid; see :mod:`ssl_lightning.callbacks.probe_grid`).
+decays (``lrs``, ``weight_decays``) and feature sources (``last_blocks`` × ``poolings``) trains
+one head per combination on the same features, each exactly as if alone (DINOv2's
+``eval/linear.py`` grid; see :mod:`ssl_lightning.callbacks.probe_grid`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +21,15 @@ from torch import Tensor
 
 from ssl_lightning._lightning import pl, rank_zero_warn
 from ssl_lightning.callbacks.knn import gather_variable, padding_mask, val_sampler
-from ssl_lightning.callbacks.probe_grid import LinearHeads, format_grid, probe_grid
+from ssl_lightning.callbacks.probe_grid import (
+    LinearHeads,
+    Source,
+    check_sources,
+    format_grid,
+    probe_grid,
+    source_dims,
+    source_features,
+)
 from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
 
 
@@ -42,6 +53,20 @@ class OnlineProbe(pl.Callback):
     as ``val/probe_grid_top1/<head name>`` and ``val/probe_top1`` is the best head's (the first
     on ties), as is ``train/probe_acc``; the end of fit prints the table of all heads.
 
+    Feature sources (``last_blocks`` × ``poolings``, :mod:`~ssl_lightning.callbacks.probe_grid`):
+    with the default ``poolings=["pooled"]`` the heads read ``training_step``'s features and
+    nothing is computed twice. Token sources (``cls``, ``mean``, ``cls+mean`` of the last ``n``
+    blocks; a ViT backbone, checked in ``setup``) come from one extra no-grad forward of
+    ``pl_module.backbone`` per batch, in eval mode (no dropout or stochastic depth, no BatchNorm
+    statistics updated, no random numbers drawn, so the training and its resume are unchanged),
+    on the **first view of the training batch as the method sees it**: the batch after
+    ``on_after_batch_transfer``, so views made on the device (``DeviceViews``) are the ones
+    read. That is the image whose features the ``pooled`` heads already read, so every source
+    of the grid sees the same images; the data modules have no un-augmented copy of the
+    training images to read instead (the validation split is the un-augmented one). A
+    ``pooled`` head in a grid with token sources still reads ``training_step``'s features.
+    At validation the sources come from the val images (the eval transform).
+
     Args:
         num_classes: Number of classes; read from ``trainer.datamodule.num_classes`` when None
             (the probe disables itself with a warning when neither knows it: unlabeled data).
@@ -52,6 +77,9 @@ class OnlineProbe(pl.Callback):
         val_dataloader_idx: Validation dataloader whose accuracy is logged as ``val/probe_top1``.
         lrs: Learning rates of a grid of heads (``[lr]`` when None).
         weight_decays: Weight decays of the grid (``[weight_decay]`` when None).
+        last_blocks: Numbers of last blocks whose tokens are concatenated (``[1]``).
+        poolings: Feature sources: ``pooled`` (``training_step``'s features), ``cls``,
+            ``mean`` or ``cls+mean`` (``["pooled"]``).
     """
 
     def __init__(
@@ -64,6 +92,8 @@ class OnlineProbe(pl.Callback):
         val_dataloader_idx: int = 1,
         lrs: list[float] | None = None,
         weight_decays: list[float] | None = None,
+        last_blocks: list[int] | None = None,
+        poolings: list[str] | None = None,
     ) -> None:
         super().__init__()
         if num_classes is not None and num_classes < 2:
@@ -79,7 +109,15 @@ class OnlineProbe(pl.Callback):
         self.num_classes, self.feature_dim = num_classes, feature_dim
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.val_dataloader_idx = val_dataloader_idx
-        self.specs = probe_grid(lrs or [lr], weight_decays or [weight_decay])
+        if poolings is not None and "tokens" in poolings:
+            raise ValueError("OnlineProbe trains linear heads: pooling 'tokens' (patch tokens for "
+                             "attentive probes) is not one of its sources; use cls, mean, "
+                             "cls+mean or pooled.")
+        self.specs = probe_grid(lrs or [lr], weight_decays or [weight_decay],
+                                last_blocks or [1], poolings or ["pooled"])
+        self.sources: list[Source] = list(dict.fromkeys(s.source for s in self.specs))
+        #: The token sources, computed by the probe's own forward (empty: none needed).
+        self.token_sources = [s for s in self.sources if s[1] != "pooled"]
         self.best_head = 0
         self._grid_top1: list[float] | None = None
         self.linear: LinearHeads | None = None
@@ -105,10 +143,19 @@ class OnlineProbe(pl.Callback):
                 "it (unlabeled data without a labeled val split)."
             )
             return
+        dims: dict[Source, int] = {(1, "pooled"): feature_dim}
+        if self.token_sources:
+            backbone = getattr(pl_module, "backbone", None)
+            if not isinstance(backbone, torch.nn.Module):
+                raise ValueError(
+                    f"OnlineProbe poolings {sorted({p for _, p in self.token_sources})} read the "
+                    f"backbone's tokens, but {type(pl_module).__name__} has no backbone "
+                    "attribute: use poolings [pooled].")
+            check_sources(backbone, self.token_sources)
+            dims.update(source_dims(backbone, self.token_sources))
         # Zero init: deterministic and identical on every rank without a broadcast (the problem
         # is convex, so nothing is lost against a random init).
-        self.linear = LinearHeads(self.specs, {(1, "pooled"): feature_dim}, num_classes,
-                                  init_std=0.0)
+        self.linear = LinearHeads(self.specs, dims, num_classes, init_std=0.0)
         self.optimizer = torch.optim.SGD(  # weight decay on the bias too, as before the grid
             [{"params": list(head.parameters()), "lr": spec.lr,
               "weight_decay": spec.weight_decay}
@@ -132,8 +179,11 @@ class OnlineProbe(pl.Callback):
     def _ready(self, pl_module: pl.LightningModule) -> LinearHeads:
         if self.linear is None or self.optimizer is None:
             raise RuntimeError("OnlineProbe used before setup().")
-        if self.linear.heads[0].weight.device != pl_module.device:
-            self.linear.to(pl_module.device)
+        # float64 when the module trains in float64 (exactness tests), else float32.
+        dtype = torch.float64 if pl_module.dtype == torch.float64 else torch.float32
+        weight = self.linear.heads[0].weight
+        if weight.device != pl_module.device or weight.dtype != dtype:
+            self.linear.to(pl_module.device, dtype)
         if self._pending_state is not None:
             linear = self._pending_state["linear"]
             if "weight" in linear:  # a checkpoint from before the grid: its one nn.Linear
@@ -152,17 +202,24 @@ class OnlineProbe(pl.Callback):
         if self.linear is None:
             return
         linear = self._ready(pl_module)
-        features = outputs["features"].detach().float()
-        targets = outputs["targets"].detach().to(features.device)
-        # One collective for both: targets ride along as an extra (exact) float column.
-        packed = gather_variable(torch.cat([features, targets.float().unsqueeze(1)], dim=1))
-        features, targets = packed[:, :-1], packed[:, -1].long()
+        dtype = _weight_dtype(linear)
+        local = self._features(pl_module, outputs["features"], _first_view(batch))
+        targets = outputs["targets"].detach().to(pl_module.device)
+        # One collective for all sources: targets ride along as an extra (exact) float column.
+        widths = [local[source].shape[1] for source in self.sources]
+        packed = gather_variable(torch.cat(
+            [*(local[source].to(dtype) for source in self.sources),
+             targets.to(dtype).unsqueeze(1)], dim=1))
+        columns = packed[:, :-1].split(widths, dim=1)
+        features = dict(zip(self.sources, columns, strict=True))
+        targets = packed[:, -1].long()
         labeled = targets >= 0
         if not labeled.any():
             return
-        features, targets = features[labeled], targets[labeled]
-        with torch.enable_grad(), torch.autocast(features.device.type, enabled=False):
-            logits = linear({(1, "pooled"): features})  # (heads, B, classes)
+        features = {source: value[labeled] for source, value in features.items()}
+        targets = targets[labeled]
+        with torch.enable_grad(), torch.autocast(targets.device.type, enabled=False):
+            logits = linear(features)  # (heads, B, classes)
             # The sum: each head gets the gradient of its own loss (as if trained alone).
             losses = torch.stack([F.cross_entropy(head, targets) for head in logits])
             self.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
@@ -175,6 +232,18 @@ class OnlineProbe(pl.Callback):
         pl_module.log("train/probe_loss", loss, on_step=True, on_epoch=True,
                       sync_dist=True, batch_size=len(targets))
 
+    def _features(self, pl_module: pl.LightningModule, pooled: Tensor, images: Tensor
+                  ) -> dict[Source, Tensor]:
+        """Every source's (B, D) features: ``pooled`` from the step's output, the token sources
+        from one no-grad eval-mode forward of the backbone on ``images``."""
+        features: dict[Source, Tensor] = {(1, "pooled"): pooled.detach()}
+        if self.token_sources:
+            backbone = cast(torch.nn.Module, pl_module.backbone)
+            with torch.no_grad(), _eval_mode(backbone), \
+                    pl_module.trainer.precision_plugin.forward_context():
+                features.update(source_features(backbone, images, self.token_sources))
+        return features
+
     # ----------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_hits.clear()
@@ -186,8 +255,11 @@ class OnlineProbe(pl.Callback):
         if dataloader_idx != self.val_dataloader_idx or self.linear is None:
             return
         linear = self._ready(pl_module)
+        dtype = _weight_dtype(linear)
+        features = self._features(pl_module, outputs["features"], batch[0])
         with torch.no_grad(), torch.autocast(pl_module.device.type, enabled=False):
-            predictions = linear({(1, "pooled"): outputs["features"].detach().float()}).argmax(2)
+            predictions = linear({source: value.to(dtype)
+                                  for source, value in features.items()}).argmax(2)
         targets = outputs["targets"].to(predictions.device)
         # Per sample and head: correct/incorrect; unlabeled samples are -1, skipped at epoch end.
         self._val_hits.append(torch.where(targets >= 0, (predictions == targets).long(), -1).T)
@@ -218,3 +290,28 @@ class OnlineProbe(pl.Callback):
         table = format_grid([s.name for s in self.specs], self._grid_top1, self.best_head)
         print(f"OnlineProbe grid ({len(self.specs)} heads; * = val/probe_top1):\n{table}",
               flush=True)
+
+
+def _weight_dtype(linear: LinearHeads) -> torch.dtype:
+    """The dtype the probe's heads train in."""
+    return cast(torch.nn.Linear, linear.heads[0]).weight.dtype
+
+
+def _first_view(batch: Any) -> Tensor:
+    """The first view of a ``(views, targets, ...)`` training batch."""
+    views = batch[0]
+    if isinstance(views, Sequence) and not isinstance(views, Tensor):
+        return views[0]
+    return views
+
+
+@contextmanager
+def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """``module`` and its submodules in eval mode inside, each restored to its own mode."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.train(training)

@@ -164,3 +164,154 @@ def test_probe_state_from_before_the_grid_loads() -> None:
     probe._ready(_FeatureModule())
     assert torch.equal(probe.linear.heads[0].weight, weight)
     assert torch.equal(probe.linear.heads[0].bias, bias)
+
+
+class _ViTModule(pl.LightningModule):
+    """A frozen-in-effect ViT backbone with stochastic depth; the step returns its features of
+    the first view of ``([view], targets)`` batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from ssl_lightning.backbones import ViT
+
+        torch.manual_seed(0)
+        self.backbone = ViT(image_size=8, patch_size=4, embed_dim=8, depth=2, num_heads=2,
+                            drop_path_rate=0.5)
+        self.feature_dim = 8
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch, batch_idx) -> dict[str, Tensor]:
+        (view,), y = batch
+        with torch.no_grad():
+            features = self.backbone(view)
+        return {"loss": (self.w**2).sum(), "features": features, "targets": y}
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0) -> dict[str, Tensor]:
+        return {"features": self.backbone(batch[0]), "targets": batch[1]}
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD([self.w], lr=0.1)
+
+
+class _DeviceViewsModule(_ViTModule):
+    """Makes its training view after the transfer (as ``DeviceViews`` in the data modules'
+    ``on_after_batch_transfer``): flipped and scaled."""
+
+    @staticmethod
+    def view(x: Tensor) -> Tensor:
+        return 2 * x.flip(-1)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):  # type: ignore[no-untyped-def]
+        if not self.trainer.training:
+            return batch
+        (view,), y = batch
+        return [self.view(view)], y
+
+
+class _ViewsLoader(DataLoader):
+    """Batches ``([images], targets)``, as the SSL data modules' (views, targets)."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for x, y in super().__iter__():
+            yield [x], y
+
+
+class _TrainModeProbe(OnlineProbe):
+    """Known-bad: the extra forward in train mode (stochastic depth on, random numbers drawn)."""
+
+    def _features(self, pl_module, pooled, images):  # type: ignore[no-untyped-def]
+        from ssl_lightning.callbacks.probe_grid import source_features
+
+        features = {(1, "pooled"): pooled}
+        with torch.no_grad():
+            features.update(source_features(pl_module.backbone, images, self.token_sources))
+        return features
+
+
+@pytest.mark.parametrize("probe_class, module_class, reference_view, equal", [
+    (OnlineProbe, _ViTModule, None, True),
+    (_TrainModeProbe, _ViTModule, None, False),  # known-bad: stochastic depth on
+    (OnlineProbe, _DeviceViewsModule, _DeviceViewsModule.view, True),
+    (OnlineProbe, _DeviceViewsModule, None, False),  # the loader's images, not the view
+])
+def test_token_sources_equal_hand_run_sgd_on_eval_mode_features(
+        probe_class: type, module_class: type, reference_view, equal: bool) -> None:
+    """Heads on cls / cls+mean of the last 1 and 2 blocks: each equals SGD on the features of
+    an eval-mode forward of the first view as the method sees it (after the transfer hook);
+    the backbone stays in train mode."""
+    from ssl_lightning.callbacks.probe_grid import source_features
+
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(24, 3, 8, 8, generator=g), torch.arange(24) % CLASSES
+    probe = probe_class(num_classes=CLASSES, lrs=[0.5], last_blocks=[1, 2],
+                        poolings=["cls", "cls+mean"])
+    module = module_class()
+    _trainer(probe, epochs=1).fit(module, train_dataloaders=_ViewsLoader(TensorDataset(x, y),
+                                                                         batch_size=8))
+    assert module.backbone.training and module.backbone.blocks[1].drop_path.training
+    reference_backbone = _ViTModule().backbone.eval()
+    for i, spec in enumerate(probe.specs):
+        with torch.no_grad():
+            images = x if reference_view is None else reference_view(x)
+            features = source_features(reference_backbone, images, [spec.source])[spec.source]
+        head = nn.Linear(features.shape[1], CLASSES)
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+        optimizer = torch.optim.SGD(head.parameters(), lr=spec.lr, momentum=0.9)
+        for xb, yb in zip(features.split(8), y.split(8), strict=True):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(head(xb), yb).backward()
+            optimizer.step()
+        close = torch.allclose(probe.linear.heads[i].weight, head.weight, rtol=0, atol=1e-6)
+        assert close == equal, spec.name
+    assert [s.name for s in probe.specs] == [
+        "blocks1_cls_lr0.5_wd0", "blocks1_cls+mean_lr0.5_wd0", "blocks2_cls_lr0.5_wd0",
+        "blocks2_cls+mean_lr0.5_wd0"]
+
+
+def test_token_sources_validate_on_val_images_and_pooled_alone_adds_no_forward() -> None:
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(16, 3, 8, 8, generator=g), torch.arange(16) % CLASSES
+    val = [DataLoader(TensorDataset(x, y), batch_size=8)] * 2
+    calls: list[int] = []
+
+    def count(*_: object) -> None:
+        calls.append(1)
+
+    for poolings in (["pooled"], ["pooled", "mean"]):
+        module = _ViTModule()
+        hook = module.backbone.register_forward_hook(count)
+        probe = OnlineProbe(num_classes=CLASSES, lrs=[0.5], poolings=poolings)
+        trainer = _trainer(probe, epochs=1)
+        trainer.fit(module, train_dataloaders=_ViewsLoader(TensorDataset(x, y), batch_size=8),
+                    val_dataloaders=val)
+        hook.remove()
+        top1 = {k: float(v) for k, v in trainer.callback_metrics.items() if "probe_grid" in k}
+        forwards = len(calls)
+        calls.clear()
+        if poolings == ["pooled"]:
+            assert forwards == 2 + 4  # the steps' and validation_step's forwards only
+        else:  # one more per train batch and per val batch of the probed val loader
+            assert forwards == 2 + 4 + 2 + 2
+            assert set(top1) == {"val/probe_grid_top1/blocks1_pooled_lr0.5_wd0",
+                                 "val/probe_grid_top1/blocks1_mean_lr0.5_wd0"}
+
+
+def test_token_sources_refused_up_front_on_a_backbone_without_tokens() -> None:
+    x, y = _separable(8, 0)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    with pytest.raises(ValueError, match="has no backbone attribute: use poolings"):
+        _trainer(OnlineProbe(num_classes=CLASSES, poolings=["cls"]), 1).fit(
+            _FeatureModule(), train_dataloaders=loader)
+    module = _FeatureModule()
+    module.backbone = nn.Linear(DIM, DIM)
+    with pytest.raises(ValueError, match="needs a token backbone .* use poolings"):
+        _trainer(OnlineProbe(num_classes=CLASSES, poolings=["cls"]), 1).fit(
+            module, train_dataloaders=loader)
+    vit_module = _ViTModule()
+    with pytest.raises(ValueError, match="last_blocks 3 > the backbone's 2 blocks"):
+        _trainer(OnlineProbe(num_classes=CLASSES, last_blocks=[3], poolings=["cls"]), 1).fit(
+            vit_module, train_dataloaders=loader)
+    with pytest.raises(ValueError, match="pooling 'tokens'"):
+        OnlineProbe(poolings=["tokens"])
+    assert vit_module.global_step == 0

@@ -1,6 +1,7 @@
-"""Probe grids on 2 processes = 1 process holding the global batch: LinearEval's heads on a
-ViT's token sources (float64, 1e-9) and the online probe's heads (its features are fp32); the
-kNN grid and few-shot metrics of ``validate`` on an odd split (padded by DistributedSampler)."""
+"""Probe grids on 2 processes = 1 process holding the global batch (float64, 1e-9): LinearEval's
+heads on a ViT's token sources, the online probe's heads on the step's features and on a ViT's
+token sources (its own forward of the first view); the kNN grid and few-shot metrics of
+``validate`` on an odd split (padded by DistributedSampler)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,24 @@ class _Features(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class _ViTFeatures(_Features):
+    """A frozen ViT backbone whose pooled features the step returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.backbone = ViT(image_size=8, patch_size=4, embed_dim=8, depth=2, num_heads=2)
+        self.backbone.requires_grad_(False)
+
+    def training_step(self, batch: tuple, batch_idx: int) -> dict[str, Tensor]:
+        x, y = batch
+        return {"loss": (self.w**2).sum(), "features": self.backbone(x), "targets": y}
+
+    def validation_step(self, batch: tuple, batch_idx: int, dataloader_idx: int = 0
+                        ) -> dict[str, Tensor]:
+        return {"features": self.backbone(batch[0]), "targets": batch[1]}
+
+
 def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, dict]:
     """Weights after STEPS steps, and LinearEval's val metrics on an odd split."""
     val = TensorDataset(*(t[:13] for t in _data().tensors))  # padded to 14 on 2 ranks
@@ -61,7 +80,10 @@ def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, di
     for name, model, callbacks in (
             ("linear", _linear_eval(), []),
             ("online", _Features(), [OnlineProbe(CLASSES, 6, lrs=[0.5, 0.05],
-                                                 weight_decays=[0.0, 0.1])])):
+                                                 weight_decays=[0.0, 0.1])]),
+            ("online_tokens", _ViTFeatures(), [OnlineProbe(
+                CLASSES, 8, lrs=[0.5, 0.05], weight_decays=[0.0, 0.1], last_blocks=[1, 2],
+                poolings=["cls", "cls+mean"])])):
         with tempfile.TemporaryDirectory() as root:
             trainer = pl.Trainer(
                 accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
@@ -69,9 +91,8 @@ def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, di
                 enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                 default_root_dir=root, callbacks=callbacks)
             trainer.fit(model, datamodule=TensorDataModule(data, batch, [val, val], 5))
-        if name == "linear":
-            out["linear_metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()
-                                     if k.startswith("val/")}
+        out[f"{name}_metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()
+                                  if k.startswith("val/")}
         state = model.state_dict() if name == "linear" else callbacks[0].linear.state_dict()
         out[name] = {k: v.detach().clone() for k, v in state.items()}
     return out
@@ -115,7 +136,12 @@ def test_probe_grids_on_two_processes_equal_one_process() -> None:
         assert rank["linear_metrics"] == pytest.approx(single["linear_metrics"], abs=1e-9)
         for key, value in single["linear"].items():
             torch.testing.assert_close(rank["linear"][key], value, rtol=0, atol=1e-9, msg=key)
-        for key, value in single["online"].items():
-            torch.testing.assert_close(rank["online"][key], value, rtol=0, atol=1e-6, msg=key)
+        for name in ("online", "online_tokens"):
+            assert rank[f"{name}_metrics"] == pytest.approx(single[f"{name}_metrics"], abs=1e-9)
+            for key, value in single[name].items():
+                torch.testing.assert_close(rank[name][key], value, rtol=0, atol=1e-9, msg=key)
+    assert len(single["online_tokens_metrics"]) == 16 + 1  # every head's top-1, the best's
+    assert all(v.dtype == torch.float64 and v.abs().sum() > 0
+               for v in single["online_tokens"].values())
     heads = [v for k, v in single["linear"].items() if k.endswith("weight") and "classifier" in k]
     assert len(heads) == 16 and all(h.abs().sum() > 0 for h in heads)

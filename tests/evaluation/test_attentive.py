@@ -1,6 +1,8 @@
-"""AttentiveEval: the pooling equals a float64 reference written out here, is invariant to the
-order of the tokens, and solves a task a mean-pooled linear probe cannot (the class lives in one
-marked token whose position varies; the mean of the tokens is the same for every class)."""
+"""AttentiveEval: the pooling equals a float64 reference written out here (AIM's attention
+alone, and V-JEPA's cross-attention block with its residual and MLP against torch's
+MultiheadAttention), is invariant to the order of the tokens, and solves a task a mean-pooled
+linear probe cannot (the class lives in one marked token whose position varies; the mean of
+the tokens is the same for every class)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,72 @@ def test_known_bad_head_split_differs_from_the_reference() -> None:
     with torch.no_grad():
         torch.testing.assert_close(pool(tokens), reference, rtol=0, atol=1e-12)
         assert not torch.allclose(one_head(tokens), reference, atol=1e-6)
+
+
+def _reference_block(pool: AttentivePooling, tokens: Tensor) -> Tensor:
+    """V-JEPA's cross-attention block from torch's MultiheadAttention with the pool's weights:
+    a = q + MHA(q, LN(x), LN(x)); a + MLP(LN(a)); averaged over the queries."""
+    d = tokens.shape[-1]
+    mha = nn.MultiheadAttention(d, pool.num_heads, batch_first=True, dtype=tokens.dtype)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([pool.q_proj.weight, pool.k_proj.weight,
+                                            pool.v_proj.weight]))
+        mha.in_proj_bias.copy_(torch.cat([pool.q_proj.bias, pool.k_proj.bias,
+                                          pool.v_proj.bias]))
+        mha.out_proj.load_state_dict(pool.out_proj.state_dict())
+    normed = nn.functional.layer_norm(tokens, (d,), pool.norm.weight, pool.norm.bias,
+                                      pool.norm.eps)
+    queries = pool.queries.expand(len(tokens), -1, -1)
+    a = queries + mha(queries, normed, normed, need_weights=False)[0]
+    fc1, fc2, norm = pool.mlp[0], pool.mlp[2], pool.mlp_norm
+    hidden = nn.functional.layer_norm(a, (d,), norm.weight, norm.bias, norm.eps)
+    a = a + nn.functional.linear(nn.functional.gelu(
+        nn.functional.linear(hidden, fc1.weight, fc1.bias)), fc2.weight, fc2.bias)
+    return a.mean(dim=1)
+
+
+class _NoMLPNorm(AttentivePooling):
+    """Known-bad: the MLP block reads the queries without its LayerNorm."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.mlp_norm = nn.Identity()  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("pool_class, equal", [(AttentivePooling, True), (_NoMLPNorm, False)])
+def test_vjepa_block_equals_multihead_attention_reference(pool_class: type, equal: bool) -> None:
+    torch.manual_seed(0)
+    pool = pool_class(8, num_heads=2, num_queries=3, mlp_ratio=2.0).double()
+    reference_pool = AttentivePooling(8, num_heads=2, num_queries=3, mlp_ratio=2.0).double()
+    for p in pool.parameters():  # away from the initial values (LayerNorm's ones and zeros)
+        p.data.add_(0.3 * torch.randn_like(p))
+    reference_pool.load_state_dict(pool.state_dict(), strict=False)
+    reference_pool.mlp_norm.load_state_dict(  # the known-bad pool's norm is an Identity
+        {"weight": 1 + 0.3 * torch.randn(8, dtype=torch.float64),
+         "bias": 0.3 * torch.randn(8, dtype=torch.float64)} if not equal
+        else pool.mlp_norm.state_dict())
+    tokens = torch.randn(4, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        out, reference = pool(tokens), _reference_block(reference_pool, tokens)
+        assert torch.allclose(out, reference, rtol=0, atol=1e-12) == equal
+        torch.testing.assert_close(pool(tokens[:, torch.randperm(5)]), out, rtol=0, atol=1e-12)
+    assert pool.mlp[0].out_features == 16
+
+
+def test_vjepa_block_is_the_default_and_mlp_ratio_null_is_the_old_head() -> None:
+    torch.manual_seed(0)
+    vit = ViT(image_size=8, patch_size=4, embed_dim=8, depth=2, num_heads=2)
+    block = AttentiveEval(vit, 3, checkpoint="random").classifier.heads[0][0]
+    assert block.mlp is not None and block.mlp[0].out_features == 32  # mlp_ratio 4
+    assert float(block.out_proj.weight.std()) < 0.02 and not block.q_proj.bias.any()
+    old = AttentiveEval(vit, 3, checkpoint="random", mlp_ratio=None).classifier.heads[0][0]
+    assert old.mlp is None
+    assert set(old.state_dict()) == {"queries", "norm.weight", "norm.bias", "q_proj.weight",
+                                     "q_proj.bias", "k_proj.weight", "k_proj.bias",
+                                     "v_proj.weight", "v_proj.bias", "out_proj.weight",
+                                     "out_proj.bias"}
+    with pytest.raises(ValueError, match="mlp_ratio must be > 0"):
+        AttentiveEval(vit, 3, checkpoint="random", mlp_ratio=0.0)
 
 
 class TokenBackbone(nn.Module):
@@ -143,6 +211,7 @@ def test_attentive_eval_on_a_vit_with_a_grid() -> None:
     decays = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
     head = model.classifier.heads[1]
     assert decays[id(head[0].queries)] == 0.05 and decays[id(head[0].norm.weight)] == 0.0
+    assert decays[id(head[0].mlp[0].weight)] == 0.05 and decays[id(head[0].mlp_norm.bias)] == 0.0
     assert 0.0 <= float(trainer.callback_metrics["val/top1"]) <= 100.0
 
 
