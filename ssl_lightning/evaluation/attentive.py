@@ -19,8 +19,9 @@ tokens.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -156,3 +157,23 @@ class AttentiveEval(LinearEval):
 
     def build_heads(self, dims: dict[Source, int], num_classes: int) -> nn.Module:
         return AttentiveHeads(self.specs, dims, num_classes, *self._attentive)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read a checkpoint saved before ``mlp_ratio`` existed (its heads have no MLP block):
+        the heads are rebuilt without it, with a ``FutureWarning``."""
+        super().on_load_checkpoint(checkpoint)
+        state = checkpoint["state_dict"]
+        heads = [key for key in state if key.startswith("classifier.heads.")]
+        saved_heads, saved_mlp = bool(heads), any(".mlp" in key for key in heads)
+        if self._attentive[2] is None or saved_mlp or not saved_heads:
+            return
+        warnings.warn("This AttentiveEval checkpoint was saved before mlp_ratio existed: its "
+                      "heads are the attention alone, loaded as mlp_ratio: null (set it so in "
+                      "the config to silence this).", FutureWarning, stacklevel=2)
+        self._attentive = (*self._attentive[:2], None)
+        self.hparams["mlp_ratio"] = None
+        old = cast(AttentiveHeads, self.classifier)
+        dims = {spec.source: head[0].norm.normalized_shape[0]
+                for spec, head in zip(self.specs, old.heads, strict=True)}
+        self.classifier = self.build_heads(dims, old.num_classes).to(
+            next(old.parameters()).device)

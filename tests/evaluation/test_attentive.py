@@ -7,6 +7,7 @@ the tokens is the same for every class)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -224,3 +225,23 @@ def test_cnn_backbones_and_the_tokens_source_in_linear_eval_are_refused() -> Non
         LinearEval(TokenBackbone(4), 3, checkpoint="random", poolings=["tokens"])
     with pytest.raises(ValueError, match="num_heads .* must divide"):
         AttentiveEval(TokenBackbone(4), 3, checkpoint="random", num_heads=3)
+
+
+def test_a_checkpoint_from_before_mlp_ratio_loads_as_the_old_head(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    vit = ViT(image_size=8, patch_size=4, embed_dim=8, depth=2, num_heads=2)
+    x, y = torch.randn(8, 3, 8, 8), torch.arange(8) % 3
+    trainer = tiny_trainer(max_epochs=1, default_root_dir=tmp_path)
+    trainer.fit(AttentiveEval(vit, 3, checkpoint="random", mlp_ratio=None),
+                DataLoader(TensorDataset(x, y), batch_size=4),
+                [DataLoader(TensorDataset(x, y), batch_size=4)])
+    path = tmp_path / "old.ckpt"
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=True)
+    del saved["hyper_parameters"]["mlp_ratio"]  # as written before the option existed
+    torch.save(saved, path)
+    with pytest.warns(FutureWarning, match="before mlp_ratio existed"):
+        loaded = AttentiveEval.load_from_checkpoint(path, backbone=vit)
+    assert loaded.classifier.heads[0][0].mlp is None and loaded.hparams["mlp_ratio"] is None
+    state = loaded.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved["state_dict"].items())
