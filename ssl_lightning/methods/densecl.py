@@ -19,6 +19,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.dense import dense_channels, dense_features
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import DenseCLLoss
@@ -127,7 +128,7 @@ class DenseCL(MoCoV2):
             dense_negatives) for q, k in self._directions()]
         global_term = sum(t[0] for t in terms) / len(terms)
         dense_term = sum(t[1] for t in terms) / len(terms)
-        if self._trainer is not None:
+        if attached_trainer(self) is not None:
             for name, value in (("global", global_term), ("dense", dense_term)):
                 self.log(f"train/densecl_{name}", value, on_step=False, on_epoch=True,
                          sync_dist=True, batch_size=outputs["query1"].shape[0])

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.losses.sigreg import sigreg_directions
 from ssl_lightning.losses.visreg import TERMS, VISRegLoss
@@ -82,13 +83,19 @@ class VISReg(SSLMethod):
     ) -> None:
         if num_slices < 1:
             raise ValueError(f"VISReg num_slices must be >= 1, got {num_slices}.")
-        criterion = VISRegLoss(lambda_param, num_global_views, lambda_scale, lambda_shape,
-                               lambda_center, eps)  # checks the values before anything is built
+        VISRegLoss(lambda_param, num_global_views, lambda_scale, lambda_shape, lambda_center,
+                   eps)  # checks the values before anything is built
         super().__init__(backbone, **kwargs)
-        self.criterion = criterion
+        self.lambda_param, self.lambda_scale, self.lambda_shape = (lambda_param, lambda_scale,
+                                                                   lambda_shape)
+        self.lambda_center, self.eps = lambda_center, eps
         self.num_global_views, self.num_slices = num_global_views, num_slices
         self.projector = self.build_mlp_projector(
             projector, projection_hidden_dim, projection_dim, projection_layers, head_batch_norm)
+
+    def build_criterion(self) -> VISRegLoss:
+        return VISRegLoss(self.lambda_param, self.num_global_views, self.lambda_scale,
+                          self.lambda_shape, self.lambda_center, self.eps)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views, max(2, self.num_global_views))
@@ -103,7 +110,7 @@ class VISReg(SSLMethod):
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z = outputs["z"]
         terms = self.criterion.terms(z, self.gather(z), self.directions(z.shape[-1], z))
-        if self._trainer is not None:
+        if attached_trainer(self) is not None:
             for name, value in zip(TERMS, terms, strict=True):
                 self.log(f"train/visreg_{name}", value, on_step=False, on_epoch=True,
                          sync_dist=True, batch_size=z.shape[0])
