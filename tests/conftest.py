@@ -84,6 +84,15 @@ def _restore_rendezvous() -> None:
 if os.environ.get("PYTEST_XDIST_WORKER") or "SSL_LIGHTNING_CACHE_DIR" not in os.environ:
     os.environ["SSL_LIGHTNING_CACHE_DIR"] = tempfile.mkdtemp(prefix="ssl_lightning_cache_")
 
+# Under pytest-xdist (pyproject's addopts start 2 workers) the workers share the cores: each
+# worker's torch, and each process it starts, gets cores // workers intra-op threads (two
+# workers of two threads each on 2 cores would oversubscribe them).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    _THREADS = max(1, (_CORES or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_THREADS)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
 
 def _write_images(root: Path, classes: int, per_class: int, size: int, seed: int) -> Path:
     rng = np.random.default_rng(seed)
