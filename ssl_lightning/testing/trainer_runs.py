@@ -141,11 +141,14 @@ class ViewsDataModule(SSLDataModule):
         dataset: Yields ``(views, target)``; its views are the batches' views as they are.
         batch_size: Per-device batch size (the last incomplete batch is dropped).
         seed: Seed of the order (and of the sample seeds).
+        train_transform: The kind of views the dataset holds, for the methods that check it
+            (ReSSL reads its ``weak_views``); not applied. ``SimCLRViews`` when None.
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, seed: int = 0) -> None:
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int = 0,
+                 train_transform: MultiViewTransform | None = None) -> None:
         super().__init__(batch_size=batch_size, num_workers=0, pin_memory=False,
-                         persistent_workers=False, seed=seed)
+                         persistent_workers=False, seed=seed, train_transform=train_transform)
         self.dataset = dataset
 
     def build_train(self, transform: MultiViewTransform) -> Dataset:
