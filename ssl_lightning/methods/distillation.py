@@ -51,6 +51,14 @@ from ssl_lightning.training.step_rng import step_seed
 FINGERPRINT_KEY = "teacher_fingerprint"
 
 
+def _small_teacher() -> nn.Module:
+    """The small instance's teacher: a small ViT with the same weights every time (as a
+    pretrained teacher has), whatever the global RNG's state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return small_vit(embed_dim=24)
+
+
 @register_method(
     "distillation", title="Distillation", configs=("distillation.yaml", "distillation_timm.yaml"),
     paper=Paper("Distilling the Knowledge in a Neural Network", 2015, "1503.02531"),
@@ -68,7 +76,7 @@ FINGERPRINT_KEY = "teacher_fingerprint"
     matrix_args={
         "distillation_timm.yaml": SMALL_TIMM_TEACHER_ARGS,
     },
-    small=lambda backbone, **kw: Distillation(backbone, teacher=small_vit(embed_dim=24),
+    small=lambda backbone, **kw: Distillation(backbone, teacher=_small_teacher(),
                                               queue_size=16, head_hidden_dim=16, image_size=8,
                                               **kw),
 )

@@ -27,12 +27,13 @@ Family = Literal["contrastive", "non-contrastive", "distillation", "clustering",
                  "predictive"]
 #: The guarantees checked for every registered method (``tests/properties/``: micro-batching,
 #: autocast, checkpoints, model_help, ddp_equals_one_process (in the sampler's order),
-#: load_without_arguments (``load_from_checkpoint``); sharded = DDP:
+#: load_without_arguments (``load_from_checkpoint``), exact_resume (inside an epoch, bit-exact);
+#: sharded = DDP:
 #: ``tests/distributed/test_sharded_training.py``); a method opts out of one only with a
 #: reason (:attr:`MethodEntry.opt_outs`), which the test prints.
 PROPERTIES = ("micro_batching", "micro_batching_seedless", "sharded_equals_ddp", "autocast",
               "checkpoint_weights_only", "model_help_short", "model_help_accepted",
-              "ddp_equals_one_process", "load_from_checkpoint")
+              "ddp_equals_one_process", "load_from_checkpoint", "exact_resume")
 #: Crop sides of two 8 px views, and of 2 global 8 px + 2 local 4 px crops.
 TWO_VIEWS, MULTI_CROP = (8, 8), (8, 8, 4, 4)
 #: CLI arguments of the tiny config runs (:attr:`MethodEntry.cli_args`): a 2-stage SmallConvNet

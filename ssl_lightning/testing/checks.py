@@ -8,8 +8,8 @@ optimiser state that differs and by how much (relative):
   (gradient caching): ``forward_views`` must not couple the samples of a batch.
 - :func:`assert_two_processes_equal_one`: 2 gloo processes (Lightning DDP) vs 1 process fed the
   global batches in ``DistributedSampler``'s order: the loss gathers what it compares.
-- :func:`assert_resume_is_exact`: one run vs a run stopped at a checkpoint and resumed: all
-  algorithm state is in the checkpoint.
+- :func:`assert_resume_is_exact`: one run vs runs resumed from its checkpoints inside an
+  epoch: all algorithm state (and the loader's position) is in the checkpoint.
 
 ``make_method(**kwargs)`` returns a new :class:`~ssl_lightning.methods.SSLMethod`; it is called
 after ``torch.manual_seed`` so both runs start from the same weights. For the 2-process check
@@ -18,6 +18,7 @@ it must be a module-level function (it is pickled to the processes by reference)
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -158,54 +159,83 @@ def assert_two_processes_equal_one(
             "it compares across the batch, e.g. self.gather):\n" + "\n".join(failures))
 
 
+class _StepsPerEpoch(pl.Callback):
+    """Records the number of optimizer steps of an epoch (its training batches)."""
+
+    steps = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.steps = int(trainer.num_training_batches)
+
+
 def assert_resume_is_exact(
     make_method: MethodFactory,
     data: pl.LightningDataModule | Sequence[Any],
     checkpoint_dir: str,
     epochs: int = 2,
-    stop_epoch: int = 1,
+    stop_steps: Sequence[int] | None = None,
     tolerance: float = 0.0,
     seed: int = 0,
 ) -> None:
-    """A float64 run of ``epochs`` epochs and a fresh run resumed from its checkpoint at the end
-    of epoch ``stop_epoch`` end with the same weights, buffers, optimiser, scheduler and
-    callback states (to ``tolerance``, relative: 0 means bit-exact).
-
-    The train loader's order must be a function of the epoch (no shuffling, or the package's
-    data modules): Lightning restarts an interrupted epoch's loader from its first batch, so
-    the check resumes at an epoch boundary.
+    """A float64 run of ``epochs`` epochs and fresh runs resumed from its checkpoints after
+    each of ``stop_steps`` optimizer steps end with the same weights, buffers (queues, centres,
+    EMA teachers), optimiser, scheduler and callback states and step (to ``tolerance``,
+    relative: 0 means bit-exact, as ``torch.equal``).
 
     Args:
         make_method: Builds the method (no arguments).
-        data: A data module, or a list of batches (one epoch).
+        data: A data module, or a list of batches (one epoch). Each run gets its own copy. A
+            stop inside an epoch needs a loader whose position is in the checkpoint: the
+            package's data modules, or :class:`~ssl_lightning.testing.ViewsDataModule` for
+            ready views (Lightning restarts a plain loader's epoch at its first batch).
         checkpoint_dir: An empty folder for the checkpoints (e.g. pytest's ``tmp_path``).
-        epochs: Epochs of both runs.
-        stop_epoch: Epochs done when the second run resumes (``0 < stop_epoch < epochs``).
+        epochs: Epochs of every run.
+        stop_steps: Optimizer steps done when a run resumes; by default after the first step
+            of every epoch (inside it, when an epoch has more than one step).
         tolerance: Largest relative difference allowed.
         seed: ``torch.manual_seed`` before the first ``make_method``.
     """
-    if not 0 < stop_epoch < epochs:
-        raise ValueError(f"stop_epoch must be in [1, epochs), got {stop_epoch} with "
-                         f"epochs={epochs}.")
     torch.manual_seed(seed)
-    saver = ModelCheckpoint(dirpath=checkpoint_dir, every_n_epochs=1, save_top_k=-1,
-                            filename="{epoch}")
+    saver = ModelCheckpoint(dirpath=checkpoint_dir, every_n_train_steps=1, save_top_k=-1,
+                            filename="{step}")
+    steps = _StepsPerEpoch()
     # float64 from the start: Lightning restores the checkpoint into the module before its
     # precision plugin converts it, so a float32 module would round the restored state
-    straight = fit_and_dump(make_method().double(), _datamodule(data), callbacks=[saver],
-                            max_epochs=epochs, precision="64-true", enable_checkpointing=True)[0]
-    torch.manual_seed(seed + 1)  # resuming must not depend on the fresh instance's weights
-    resumed = fit_and_dump(make_method().double(), _datamodule(data), max_epochs=epochs,
-                           precision="64-true", weights_only=True,
-                           ckpt_path=str(Path(checkpoint_dir) / f"epoch={stop_epoch - 1}.ckpt"))[0]
+    straight = fit_and_dump(make_method().double(), _datamodule(copy.deepcopy(data)),
+                            callbacks=[saver, steps], max_epochs=epochs, precision="64-true",
+                            enable_checkpointing=True)[0]
+    total = straight["global_step"]
+    stops = list(stop_steps) if stop_steps is not None else [
+        1 + epoch * steps.steps for epoch in range(epochs) if 1 + epoch * steps.steps < total]
+    if not stops or not all(0 < step < total for step in stops):
+        raise ValueError(f"stop_steps must be steps in [1, {total}) of the {epochs}-epoch run, "
+                         f"got {stops}.")
     keys = ("model", "optimizer", "scheduler", "global_step")
     expected = {k: straight[k] for k in keys}
-    actual = {k: resumed[k] for k in keys}
     expected["callbacks"] = {k: v for k, v in straight["callbacks"].items()
-                             if k != "ModelCheckpoint"}
-    actual["callbacks"] = resumed["callbacks"]
-    _fail_if(state_differences(actual, expected, tolerance, queues_as_contents=False),
-             f"resuming after epoch {stop_epoch} differs from the uninterrupted run after "
-             f"{epochs} epochs (algorithm state must be a registered buffer or a callback "
-             "state, and randomness must come from torch's generator, which the method "
-             "reseeds before every batch)", tolerance)
+                             if k not in ("ModelCheckpoint", "_StepsPerEpoch")}
+    failures = []
+    for step in stops:
+        checkpoint = Path(checkpoint_dir) / f"step={step}.ckpt"
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+        if not state_differences(straight["model"], saved, 0.0, queues_as_contents=False):
+            raise AssertionError(f"the steps after step {step} change no weight or buffer, so "
+                                 "a resume from it would pass trivially: train with a "
+                                 "learning rate that moves the weights.")
+        torch.manual_seed(seed + 1)  # resuming must not depend on the fresh instance's weights
+        resumed = fit_and_dump(make_method().double(), _datamodule(copy.deepcopy(data)),
+                               max_epochs=epochs, precision="64-true", weights_only=True,
+                               ckpt_path=str(checkpoint))[0]
+        actual = {k: resumed[k] for k in keys}
+        actual["callbacks"] = resumed["callbacks"]
+        problems = state_differences(actual, expected, tolerance, queues_as_contents=False)
+        if problems:
+            failures.append(f"resumed after step {step} of {total} (epoch "
+                            f"{(step - 1) // max(steps.steps, 1)}):\n"
+                            f"{describe(problems, tolerance)}")
+    if failures:
+        raise AssertionError(
+            f"a resumed run differs from the uninterrupted run after {epochs} epochs "
+            "(algorithm state must be a registered buffer or a callback state, randomness must "
+            "come from torch's generator, which the method reseeds before every batch, and "
+            "the loader's position must be in the checkpoint):\n" + "\n".join(failures))

@@ -7,6 +7,8 @@
 - :func:`fit_weights`: the weights after a few float64 optimiser steps of ``Trainer.fit`` in an
   already spawned process group (DDP) or one process.
 - :class:`TensorDataModule`: train loader in dataset order (no shuffling), optional val loaders.
+- :class:`ViewsDataModule`: the package's resumable training loader over such a dataset
+  (shuffled by the epoch, its position in the checkpoint: exact mid-epoch resume).
 - :func:`ddp_global_order`: the sample order a single process must use to see, at every step,
   the concatenation of the per-rank batches of a Lightning DDP run (Lightning's training
   ``DistributedSampler`` always shuffles, seeded by ``PL_GLOBAL_SEED``; rank r takes every W-th
@@ -36,7 +38,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ssl_lightning._lightning import pl
+from ssl_lightning.data.base import SSLDataModule
 from ssl_lightning.data.seeding import sample_seed
+from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform
 
 
 class PrecomputedViews(Dataset):
@@ -123,6 +127,37 @@ class TensorDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> list[DataLoader]:
         return [DataLoader(v, batch_size=self.val_batch_size, shuffle=False) for v in self.val]
+
+
+class ViewsDataModule(SSLDataModule):
+    """Training on a dataset of ready ``(views, target)`` items (e.g. :class:`PrecomputedViews`)
+    through the package's own training loader: batches ``(views, targets, sample_seeds)`` in
+    :class:`~ssl_lightning.data.seeding.EpochSampler`'s order (shuffled by ``seed`` and the
+    epoch), whose position and seed go into the checkpoint, so a run resumed inside an epoch
+    continues with the batch the uninterrupted run took next. No evaluation data; the loader
+    runs in this process.
+
+    Args:
+        dataset: Yields ``(views, target)``; its views are the batches' views as they are.
+        batch_size: Per-device batch size (the last incomplete batch is dropped).
+        seed: Seed of the order (and of the sample seeds).
+        train_transform: The kind of views the dataset holds, for the methods that check it
+            (ReSSL reads its ``weak_views``); not applied. ``SimCLRViews`` when None.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int = 0,
+                 train_transform: MultiViewTransform | None = None) -> None:
+        super().__init__(batch_size=batch_size, num_workers=0, pin_memory=False,
+                         persistent_workers=False, seed=seed, train_transform=train_transform)
+        self.dataset = dataset
+
+    def build_train(self, transform: MultiViewTransform) -> Dataset:
+        """The dataset as given (its views are made already; ``transform`` is not used)."""
+        return self.dataset
+
+    def build_eval(self, transform: EvalTransform) -> None:
+        """No evaluation data."""
+        return None
 
 
 def ddp_global_order(

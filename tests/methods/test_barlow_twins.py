@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from momentum_utils import fit_and_resume, views_loader
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.losses import BarlowTwinsLoss
@@ -109,12 +108,3 @@ def _model() -> BarlowTwins:
     return BarlowTwins(SmallConvNet(widths=(8, 16), norm="group"), projection_hidden_dim=16,
                        projection_dim=16, optimizer="lars", lr=0.3, weight_decay=1e-4,
                        warmup_epochs=1)
-
-
-def test_exact_resume(tmp_path):
-    """2 epochs uninterrupted == 1 epoch, checkpoint, resume a differently initialised model."""
-    full, resumed = fit_and_resume(_model, lambda: views_loader(8, 4, size=8), str(tmp_path))
-    initial = (torch.manual_seed(0), _model())[1].state_dict()
-    assert max((full[k] - initial[k]).abs().max() for k in initial) > 1e-3
-    for key in full:
-        assert torch.equal(full[key], resumed[key]), key

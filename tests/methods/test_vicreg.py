@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from momentum_utils import fit_and_resume, views_loader
 from torch.utils.data import Subset
 
 from ssl_lightning.backbones import SmallConvNet
@@ -126,15 +125,6 @@ def _model() -> VICReg:
     return VICReg(SmallConvNet(widths=(8, 16), norm="group"), expander_hidden_dim=16,
                   expander_dim=16, optimizer="lars", lr=0.3, weight_decay=1e-4,
                   warmup_epochs=1, lr_scaling="linear")
-
-
-def test_exact_resume(tmp_path):
-    """2 epochs uninterrupted == 1 epoch, checkpoint, resume a differently initialised model."""
-    full, resumed = fit_and_resume(_model, lambda: views_loader(8, 4, size=8), str(tmp_path))
-    initial = (torch.manual_seed(0), _model())[1].state_dict()
-    assert max((full[k] - initial[k]).abs().max() for k in initial) > 1e-3  # training moved it
-    for key in full:
-        assert torch.equal(full[key], resumed[key]), key
 
 
 def test_fit_logs_the_three_terms():

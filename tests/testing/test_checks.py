@@ -17,6 +17,7 @@ from ssl_lightning.testing import (
     KeyedViews,
     PrecomputedViews,
     TensorDataModule,
+    ViewsDataModule,
     assert_micro_batches_equal_whole_batch,
     assert_resume_is_exact,
     assert_two_processes_equal_one,
@@ -84,14 +85,33 @@ def test_micro_batches_fail_on_randomness_per_micro_batch() -> None:
             lambda **kwargs: make_aligned("micro", **kwargs), _data())
 
 
-def test_resume_passes_on_a_registered_method(tmp_path: Path) -> None:
-    assert_resume_is_exact(make_simclr, _data(), str(tmp_path))
+def _resumable() -> ViewsDataModule:
+    return ViewsDataModule(PrecomputedViews(16, SIMCLR.views), batch_size=4)
+
+
+def test_resume_inside_epochs_passes_on_a_registered_method(tmp_path: Path) -> None:
+    assert_resume_is_exact(make_simclr, _resumable(), str(tmp_path))  # after steps 1 and 5
 
 
 def test_resume_fails_on_state_outside_the_checkpoint(tmp_path: Path) -> None:
-    with pytest.raises(AssertionError,
-                       match=r"resuming after epoch 1 differs.*\n  (model|optimizer)"):
-        assert_resume_is_exact(lambda: make_aligned("resume"), _data(), str(tmp_path))
+    with pytest.raises(AssertionError, match=r"resumed run differs(.|\n)*"
+                       r"resumed after step 1 of 8 \(epoch 0\):\n  (model|optimizer)"):
+        assert_resume_is_exact(lambda: make_aligned("resume"), _resumable(), str(tmp_path))
+
+
+def test_resume_inside_an_epoch_fails_on_a_loader_that_restarts_the_epoch(
+        tmp_path: Path) -> None:
+    """A plain loader (no position in the checkpoint) resumed after step 1 of its epoch sees
+    the epoch's first batch again; at the end of an epoch it resumes exactly."""
+    data = TensorDataModule(PrecomputedViews(16, SIMCLR.views), 4)
+    with pytest.raises(AssertionError, match=r"resumed after step 1 of 8"):
+        assert_resume_is_exact(make_simclr, data, str(tmp_path / "mid"), stop_steps=(1,))
+    assert_resume_is_exact(make_simclr, data, str(tmp_path / "end"), stop_steps=(4,))
+
+
+def test_resume_refuses_stop_steps_outside_the_run(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"stop_steps must be steps in \[1, 8\)"):
+        assert_resume_is_exact(make_simclr, _resumable(), str(tmp_path), stop_steps=(8,))
 
 
 @pytest.mark.slow
