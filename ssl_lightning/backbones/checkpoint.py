@@ -32,6 +32,8 @@ from ssl_lightning.distributed.sharding import (
 from ssl_lightning.io.torch_files import load_torch_data
 
 DEFAULT_PREFIX = "backbone."
+#: The setting that chooses the prefix, as errors name it (the evaluation modules').
+PREFIX_FLAG = "--model.checkpoint_prefix"
 #: Checkpoint entry with the backbone's ``{"class_path", "init_args"}`` (written by SSLMethod).
 SPEC_KEY = "backbone_spec"
 #: What to do about a checkpoint that cannot be read.
@@ -79,7 +81,7 @@ def load_checkpoint_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 
 
 def backbone_state_dict(
-    path: str | os.PathLike, prefix: str = DEFAULT_PREFIX
+    path: str | os.PathLike, prefix: str = DEFAULT_PREFIX, flag: str = PREFIX_FLAG
 ) -> dict[str, Tensor]:
     """The backbone weights of a checkpoint, with ``prefix`` stripped from their names. Teacher
     prefixes resolve under their old names too (``key_backbone.``, ``target_backbone.``: see
@@ -87,7 +89,8 @@ def backbone_state_dict(
 
     Raises:
         FileNotFoundError, ValueError: See :func:`load_checkpoint_state_dict`; also a
-            ``ValueError`` when no key starts with ``prefix``.
+            ``ValueError`` when no key starts with ``prefix`` (naming ``flag``, the setting that
+        chooses the prefix, with the checkpoint's backbone prefixes).
     """
     state = load_checkpoint_state_dict(path)
     rename_state_keys(state)
@@ -95,11 +98,12 @@ def backbone_state_dict(
     backbone = {k[len(wanted):]: v for k, v in state.items()
                 if k.startswith(wanted) and wanted.endswith(".")}
     if not backbone:
-        raise ValueError(_prefix_not_found(path, prefix, state))
+        raise ValueError(_prefix_not_found(path, prefix, state, flag))
     return backbone
 
 
-def _prefix_not_found(path: str | os.PathLike, prefix: str, state: Mapping[str, Any]) -> str:
+def _prefix_not_found(path: str | os.PathLike, prefix: str, state: Mapping[str, Any],
+                      flag: str) -> str:
     """The message for a ``prefix`` that names no module of ``state``: the checkpoint's
     backbone prefixes (``backbone.``, ``teacher_backbone.``, ...), a close match, all prefixes."""
     tops = sorted({k.split(".", 1)[0] + "." for k in state})
@@ -107,13 +111,13 @@ def _prefix_not_found(path: str | os.PathLike, prefix: str, state: Mapping[str, 
     close = difflib.get_close_matches(prefix, tops, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     if backbones:
-        choice = (f"Its backbones are under {', '.join(map(repr, backbones))}: pass one as "
-                  f"checkpoint_prefix (e.g. --model.checkpoint_prefix {backbones[-1]}).")
+        choice = (f"Its backbones are under {', '.join(map(repr, backbones))}: choose one "
+                  f"with {flag} (e.g. {flag} {backbones[-1]}).")
     else:
         choice = ("It has no *backbone. prefix: is it a checkpoint of an ssl_lightning method? "
-                  "Choose the prefix of the backbone to evaluate with checkpoint_prefix.")
+                  f"Choose the prefix of the backbone to evaluate with {flag}.")
     return (f"Checkpoint {os.fspath(path)!r} has no weights under {prefix!r} "
-            f"(checkpoint_prefix).{hint} {choice} All its prefixes: {tops}.")
+            f"({flag}).{hint} {choice} All its prefixes: {tops}.")
 
 
 def check_compatible(module: nn.Module, state: Mapping[str, Tensor], source: str) -> None:
@@ -140,7 +144,8 @@ def check_compatible(module: nn.Module, state: Mapping[str, Tensor], source: str
 
 
 def load_backbone(
-    backbone: nn.Module, path: str | os.PathLike, prefix: str = DEFAULT_PREFIX
+    backbone: nn.Module, path: str | os.PathLike, prefix: str = DEFAULT_PREFIX,
+    flag: str = PREFIX_FLAG
 ) -> nn.Module:
     """Copy the ``prefix`` weights of the checkpoint at ``path`` into ``backbone`` (strictly).
 
@@ -151,14 +156,15 @@ def load_backbone(
         FileNotFoundError: Missing file.
         ValueError: Not a Lightning checkpoint, no ``prefix`` keys, or a key/shape mismatch.
     """
-    state = backbone_state_dict(path, prefix)
+    state = backbone_state_dict(path, prefix, flag)
     check_compatible(backbone, state, f"{os.fspath(path)!r}")
     backbone.load_state_dict(state)
     return backbone
 
 
 def backbone_from_checkpoint(
-    path: str | os.PathLike, backbone: nn.Module | None = None, prefix: str = DEFAULT_PREFIX
+    path: str | os.PathLike, backbone: nn.Module | None = None, prefix: str = DEFAULT_PREFIX,
+    flag: str = PREFIX_FLAG
 ) -> nn.Module:
     """The backbone of a checkpoint, loaded: ``backbone`` when given (an override), else the
     module the checkpoint's ``backbone_spec`` describes.
@@ -176,10 +182,10 @@ def backbone_from_checkpoint(
                 "Give the backbone explicitly (--model.backbone / backbone=...)."
             )
         if prefix != DEFAULT_PREFIX and not prefix.endswith("backbone."):
-            backbone_state_dict(path, prefix)  # a prefix that names nothing: list the prefixes
+            backbone_state_dict(path, prefix, flag)  # a prefix that names nothing: list the prefixes
             raise ValueError(
                 f"The checkpoint's spec describes its backbone, not the module under "
                 f"{prefix!r}; give that module explicitly."
             )
         backbone = build_backbone(spec, source=f"Checkpoint {os.fspath(path)!r}")
-    return load_backbone(backbone, path, prefix)
+    return load_backbone(backbone, path, prefix, flag)

@@ -35,7 +35,8 @@ def frozen_teacher(teacher: nn.Module | None, checkpoint: str | None, prefix: st
             "checkpoints/last.ckpt, or teacher: {class_path: TimmBackbone, init_args: {name: "
             "..., pretrained_path: ...}}.")
     if checkpoint is not None:
-        teacher = backbone_from_checkpoint(checkpoint, prefix=prefix)
+        teacher = backbone_from_checkpoint(checkpoint, prefix=prefix,
+                                           flag="--model.teacher_checkpoint_prefix")
     elif spec is not None:
         teacher = build_backbone(spec, load_pretrained=True, source="teacher_spec")
     assert teacher is not None

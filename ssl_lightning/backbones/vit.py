@@ -129,7 +129,12 @@ def sincos_position_embedding(grid: int, dim: int, temperature: float = 10000.0)
     return torch.cat([out_w.sin(), out_w.cos(), out_h.sin(), out_h.cos()], dim=1).float()
 
 
-def patch_size_error(height: int, width: int, patch: int, training: bool) -> ValueError:
+class PatchSizeError(ValueError):
+    """Images whose sides are not multiples of the ViT's patch size (the CLI shows its one-line
+    message whenever it is raised, also from a training step)."""
+
+
+def patch_size_error(height: int, width: int, patch: int, training: bool) -> PatchSizeError:
     """The error for images whose sides are not multiples of ``patch``: the images' source (the
     training views in train mode, the evaluation transform in eval mode), the settings that
     change their size, the nearest valid sizes and the patch sizes that would fit."""
@@ -142,7 +147,7 @@ def patch_size_error(height: int, width: int, patch: int, training: bool) -> Val
               "and the other views, global_size and local_size of MultiCropViews)" if training
               else "the evaluation transform (the data module's eval_transform: crop_size and "
               "resize_size of EvalTransform; crop_size of LinearEvalTransform)")
-    return ValueError(
+    return PatchSizeError(
         f"Image size ({height}, {width}) is not a multiple of the ViT's patch_size {patch}. "
         f"The images come from {source}: set those sizes to a multiple of {patch} (nearest "
         f"valid sizes: {', '.join(nearest)}), or choose a patch_size that divides them"

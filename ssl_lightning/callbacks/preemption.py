@@ -211,7 +211,7 @@ class PreemptionCheckpoint(pl.Callback):
         if not signum:
             return
         path = self.checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # said: no Lightning info line
         self.saved_path = path
         requeued = self._should_requeue(trainer) and _requeue_slurm_job(trainer)
         how = "job requeued" if requeued else f"Resume with: {resume_command(path)}"

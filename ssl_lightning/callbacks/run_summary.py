@@ -207,6 +207,6 @@ def _best(trainer: pl.Trainer, name: str) -> str:
 
 def _last_checkpoint(trainer: pl.Trainer) -> str | None:
     for cb in _checkpoints(trainer):
-        if cb.last_model_path and Path(cb.last_model_path).is_file():
+        if cb.last_model_path and Path(cb.last_model_path).exists():  # a sharded one: a folder
             return cb.last_model_path
     return None

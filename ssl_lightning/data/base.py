@@ -141,6 +141,8 @@ class SSLDataModule(pl.LightningDataModule):
             UInt8Image.for_preset(preset) if device_transform is not None else SimCLRViews(preset))
         self.eval_transform = eval_transform or EvalTransform(preset)
         self._eval_transform_given = eval_transform is not None
+        self._train_transform_given = train_transform is not None
+        self._preset: PresetName = preset
         self.knn_train_subset = knn_train_subset
         self.seed = seed
         self.unreadable = UnreadableImages(on_error, max_corrupt_fraction)
@@ -188,11 +190,17 @@ class SSLDataModule(pl.LightningDataModule):
     def _adopt_checkpoint_preprocessing(self, module: Any) -> None:
         """Evaluate with the preprocessing the module's checkpoint records (its
         ``checkpoint_preprocessing``: ``LinearEval``, ``KNNEval``) when no ``eval_transform`` was
-        given and the record is of RGB images (:mod:`ssl_lightning.data.preprocessing`)."""
+        given and the record is of RGB images (:mod:`ssl_lightning.data.preprocessing`); train
+        on the module's ``training_views`` (``LinearEval``: the recorded crop and statistics)
+        when no ``train_transform`` (nor ``device_transform``) was given."""
         record = getattr(module, "checkpoint_preprocessing", None)
         if (record is not None and not self._eval_transform_given and self.eval_datasets is None
                 and record.get("image_reader") == "rgb"):
             self.eval_transform = preprocessing_transform(record)
+        training_views = getattr(module, "training_views", None)
+        if (callable(training_views) and not self._train_transform_given
+                and self.device_transform is None and self.train_dataset is None):
+            self.train_transform = training_views(self._preset)
 
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:

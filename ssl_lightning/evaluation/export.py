@@ -85,7 +85,7 @@ def native_format(checkpoint: str | os.PathLike, prefix: str = DEFAULT_PREFIX) -
     :func:`backbone_format`."""
     spec = load_checkpoint(checkpoint).get(SPEC_KEY)
     class_path = spec.get("class_path") if isinstance(spec, Mapping) else None
-    return backbone_format(class_path, backbone_state_dict(checkpoint, prefix))
+    return backbone_format(class_path, backbone_state_dict(checkpoint, prefix, "--prefix"))
 
 
 def backbone_format(class_path: str | None, state: Mapping[str, Tensor]) -> str:
@@ -124,7 +124,7 @@ def export_state_dict(
         prefix: Prefix of the backbone in the checkpoint's state dict.
     """
     check_output(checkpoint, output)
-    state = backbone_state_dict(checkpoint, prefix)
+    state = backbone_state_dict(checkpoint, prefix, "--prefix")
     if fmt == "torchvision":
         state = _strip_net(state, fmt, "an ssl_lightning ResNet backbone")
         torchvision_resnet_recipe(state)
@@ -161,7 +161,7 @@ def export_onnx(
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}.")
     check_output(checkpoint, output)
-    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix).eval()
+    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix, flag="--prefix").eval()
     example = _example_input(backbone, image_size, int((settings or {}).get("channels", 3)))
     with atomic_path(output) as tmp:
         try:
@@ -195,7 +195,7 @@ def export_torchscript(
     and return the largest absolute difference to the eager module on a batch of a different
     size than the trace's."""
     check_output(checkpoint, output)
-    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix).eval()
+    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix, flag="--prefix").eval()
     example = _example_input(backbone, image_size, channels)
     try:
         with torch.no_grad():

@@ -112,10 +112,14 @@ def torchvision_resnet_recipe(state: Mapping[str, Tensor]) -> str:
     lines = ["import torch, torchvision", "from torch import nn"]
     norm = "" if "bn1.running_mean" in state else "norm_layer=lambda c: nn.GroupNorm(32, c)"
     lines.append(f"model = torchvision.models.resnet{depth}({norm})")
-    if state["conv1.weight"].shape[-1] == 3:
-        lines.append("model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, "
-                     "bias=False)  # CIFAR stem")
+    width, channels, kernel = (int(n) for n in state["conv1.weight"].shape[:3])
+    if kernel == 3:
+        lines.append(f"model.conv1 = nn.Conv2d({channels}, {width}, kernel_size=3, stride=1, "
+                     "padding=1, bias=False)  # CIFAR stem")
         lines.append("model.maxpool = nn.Identity()")
+    elif channels != 3:
+        lines.append(f"model.conv1 = nn.Conv2d({channels}, {width}, kernel_size=7, stride=2, "
+                     f"padding=3, bias=False)  # {channels} input channels")
     lines.append("model.fc = nn.Identity()  # outputs pooled features")
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning._lightning import fit_train_dataloader
+from ssl_lightning._lightning import fit_train_dataloader, rank_zero_only
 from ssl_lightning.callbacks.knn import padding_mask, val_sampler
 from ssl_lightning.callbacks.probe_grid import (
     LinearHeads,
@@ -31,6 +31,7 @@ from ssl_lightning.callbacks.probe_grid import (
     source_dims,
     source_features,
 )
+from ssl_lightning.data.transforms import LinearEvalTransform, PresetName, get_preset
 from ssl_lightning.distributed import all_reduce_mean_no_grad, world_size
 from ssl_lightning.evaluation.checkpoint import (
     DEFAULT_PREFIX,
@@ -192,6 +193,26 @@ class LinearEval(SeededSteps):
         if not self.finetune:
             self.backbone.eval()
         return self
+
+    def training_views(self, preset: PresetName) -> LinearEvalTransform:
+        """The training views when the data module is given no ``train_transform``: random
+        crops of the checkpoint's recorded crop size and statistics (RGB images), else of the
+        data module's ``preset``; prints which (global rank 0)."""
+        record = self.checkpoint_preprocessing
+        if record is not None and record.get("image_reader") == "rgb":
+            preset, origin = record["preset"], "the checkpoint's preprocessing"
+            crop, mean, std = int(record["crop_size"]), record["mean"], record["std"]
+        else:
+            origin = (f"the data module's preset {preset!r} (the checkpoint records no RGB "
+                      "preprocessing)")
+            defaults = get_preset(preset)
+            crop, mean, std = defaults.crop_size, defaults.mean, defaults.std
+        views = LinearEvalTransform(preset, crop_size=crop, mean=tuple(mean), std=tuple(std))
+        how = "random resized crop" if preset == "imagenet" else "random crop (4 px padding)"
+        rank_zero_only(print)(
+            f"LinearEval: training views from {origin}: {how} {crop} px + horizontal flip, "
+            f"mean {[round(float(m), 4) for m in mean]}, std {[round(float(v), 4) for v in std]}")
+        return views
 
     def setup(self, stage: str) -> None:
         """Refuse, before training, a classifier whose class count is not the data's; say which

@@ -5,6 +5,7 @@ set as the signal handler sets it; ``test_preemption.py`` sends real signals).""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -70,6 +71,28 @@ def test_stop_checkpoint_holds_every_callbacks_update_of_its_step(tmp_path: Path
     assert_states_close(saved["state_dict"], expected["state_dict"], atol=0.0, path="model")
     assert_states_close(saved["optimizer_states"], expected["optimizer_states"], atol=0.0,
                         path="optimizer")
+
+
+def test_the_stop_checkpoint_prints_no_lightning_info_line(tmp_path: Path) -> None:
+    """Lightning logs "`weights_only` was not set" when a checkpoint is saved without saying;
+    the stop message is the only thing a stopped run prints."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    lightning_log = logging.getLogger(pl.trainer.connectors.checkpoint_connector.__name__)
+    lightning_log.addHandler(handler)
+    level = lightning_log.level
+    lightning_log.setLevel(logging.INFO)
+    preemption = PreemptionCheckpoint(str(tmp_path / "stopped"))
+    try:
+        with pytest.raises(SystemExit):
+            cpu_trainer(str(tmp_path), 1, callbacks=[preemption, _FlagAt(preemption, 0)],
+                        enable_checkpointing=False).fit(_byol(), views_loader())
+    finally:
+        lightning_log.removeHandler(handler)
+        lightning_log.setLevel(level)
+    assert (tmp_path / "stopped" / "last.ckpt").exists()
+    assert [r.getMessage() for r in records if "weights_only" in r.getMessage()] == []
 
 
 class _SignalAtFitEnd(pl.Callback):

@@ -131,3 +131,19 @@ def test_the_printed_evaluate_command_runs_and_says_when_no_validation_ran(
     # configs/linear.yaml validates every 5 epochs: a 1-epoch run logs no val/top1
     assert ("   no validation ran: check_val_every_n_epoch=5 and the run ended after 1 epoch(s); "
             "--trainer.check_val_every_n_epoch 1 validates every epoch") in lines
+
+
+def test_a_sharded_last_checkpoint_folder_is_reported(tmp_path: Path) -> None:
+    """A sharded run's last.ckpt is a folder (torch DCP): the end summary still names it, and
+    with it the resume command."""
+    from types import SimpleNamespace
+
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from ssl_lightning.callbacks.run_summary import _last_checkpoint
+
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    checkpoint = ModelCheckpoint(dirpath=tmp_path)
+    checkpoint.last_model_path = str(folder)
+    assert _last_checkpoint(SimpleNamespace(callbacks=[checkpoint])) == str(folder)

@@ -206,6 +206,17 @@ def test_an_error_of_our_own_type_during_training_is_one_line(fit, capsys, monke
     assert "replay it with: python -m ssl_lightning replay " in err and err.count("\n") == 1
 
 
+def test_a_patch_size_mismatch_of_the_training_views_is_one_line(fit, capsys) -> None:
+    """Raised in the first training step (no sanity check ran): the message, not a traceback."""
+    err = _stderr(capsys, fit, "--model.backbone", "ViT", "--model.backbone.init_args.image_size",
+                  "28", "--model.backbone.init_args.patch_size", "14",
+                  "--model.backbone.init_args.embed_dim", "8", "--model.backbone.init_args.depth",
+                  "1", "--model.backbone.init_args.num_heads", "2",
+                  "--trainer.num_sanity_val_steps", "0", code=1)
+    assert err.startswith("error: PatchSizeError: Image size (32, 32) is not a multiple of the "
+                          "ViT's patch_size 14. The images come from the training views"), err
+
+
 def test_a_bug_at_set_up_keeps_its_traceback(fit, monkeypatch) -> None:
     """Raised outside ssl_lightning's checks (here: by the test), or not a settings error."""
     def fail(self) -> None:

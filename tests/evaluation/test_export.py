@@ -60,6 +60,21 @@ def test_recipe_for_other_resnets(tmp_path, depth, norm):
     scope["model"].load_state_dict(torch.load(out, weights_only=True))
 
 
+@pytest.mark.parametrize("cifar_stem", [True, False])
+def test_recipe_keeps_the_input_channel_count(tmp_path, cifar_stem):
+    """A 13-band ResNet's printed recipe builds a 13-channel stem: the lines load as printed."""
+    backbone = ResNet(18, cifar_stem=cifar_stem, in_chans=13)
+    ckpt, out = str(tmp_path / "m.ckpt"), str(tmp_path / "r.pt")
+    fake_checkpoint(backbone, ckpt)
+    state = export_state_dict(ckpt, out)
+    scope: dict = {}
+    exec(torchvision_resnet_recipe(state), scope)
+    scope["model"].load_state_dict(torch.load(out, weights_only=True))
+    x = torch.randn(2, 13, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(scope["model"].eval()(x), backbone.eval()(x), rtol=0, atol=1e-5)
+
+
 def test_backbone_format_loads_into_the_configured_class(tmp_path, capsys):
     backbone = SmallConvNet((8, 16))
     ckpt, out = str(tmp_path / "m.ckpt"), str(tmp_path / "b.pt")

@@ -127,3 +127,18 @@ def test_linear_eval_warns_when_its_training_views_are_not_the_checkpoints_size(
     with pytest.warns(PreprocessingWarning, match="trains on 32x32 px views, but the "
                                                   "checkpoint's backbone was fed 64 px crops"):
         tiny_trainer().validate(LinearEval(num_classes=2, checkpoint=ckpt), datamodule=data)
+
+
+def test_linear_eval_trains_on_the_checkpoints_crop_and_statistics_by_default(trained_at_64,
+                                                                              capsys):
+    """No train_transform given: LinearEval's views are the recorded 64 px crops (the preset's
+    32 px before), with the recorded mean and std, and it says so."""
+    ckpt, folder, _ = trained_at_64
+    data = _data(folder)
+    tiny_trainer(max_steps=1).fit(LinearEval(num_classes=2, checkpoint=ckpt), datamodule=data)
+    assert isinstance(data.train_transform, LinearEvalTransform)
+    (view,), _ = data.train_dataset[0][:2]
+    assert view.shape == (3, 64, 64)
+    assert ("LinearEval: training views from the checkpoint's preprocessing: random crop "
+            "(4 px padding) 64 px + horizontal flip, mean [0.4914, 0.4822, 0.4465], "
+            "std [0.247, 0.2435, 0.2616]") in capsys.readouterr().out
