@@ -18,6 +18,11 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning], str, str], ...] = (
      r"(pytorch_lightning|lightning\.pytorch)\.utilities\._pytree",
      "Lightning's own pytree helper builds a LeafSpec when it moves a batch, which torch "
      "deprecated; harmless, and only a Lightning release removes it"),
+    (r"torch\.distributed\.nn\.functional\.all_gather is deprecated", FutureWarning,
+     r"(lightning_fabric|lightning\.fabric)\.utilities\.distributed",
+     "Lightning's all_gather(sync_grads=True) (LightningModule.all_gather, the sharded runs' "
+     "gathers) calls torch's deprecated differentiable all_gather; harmless, and only a "
+     "Lightning release removes it"),
 )
 
 

@@ -23,6 +23,11 @@ def _raised(monkeypatch: pytest.MonkeyPatch, warnoptions: list[str]) -> list[str
         quiet.quiet_known_warnings()
         StatefulDataLoader([1, 2])
         import_module(f"{PACKAGE}.utilities._pytree")._tree_flatten(1)
+        fabric = "lightning_fabric" if PACKAGE == "pytorch_lightning" else "lightning.fabric"
+        warnings.warn_explicit(  # as torch attributes it (stacklevel 3: Lightning's caller)
+            "torch.distributed.nn.functional.all_gather is deprecated, use "
+            "torch.distributed._functional_collectives.all_gather_tensor instead.",
+            FutureWarning, "distributed.py", 243, module=f"{fabric}.utilities.distributed")
         warnings.warn("our own warning", UserWarning, stacklevel=1)
     return [str(w.message) for w in caught]
 
@@ -34,6 +39,7 @@ def test_known_third_party_warnings_are_hidden_and_others_kept(monkeypatch) -> N
 def test_asking_for_warnings_keeps_them_all(monkeypatch) -> None:
     messages = _raised(monkeypatch, ["default"])
     assert any("set_vital" in m for m in messages) and any("LeafSpec" in m for m in messages)
+    assert any("all_gather is deprecated" in m for m in messages)
     assert "our own warning" in messages
 
 
