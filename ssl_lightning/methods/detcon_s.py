@@ -104,8 +104,15 @@ class DetConS(SSLMethod):
             outputs[f"ids{v + 1}"] = ids
         return outputs
 
+    def _gather_segments(self, z: Tensor) -> Tensor:
+        """``z`` (B, K, D) gathered with gradients as rows (B, K·D), so that the collective's
+        backward receives a contiguous gradient: with the (B, K, D) tensor gathered directly,
+        the einsum's permuted gradient made 2 gloo processes differ from one process."""
+        return self.gather(z.flatten(1).contiguous()).unflatten(1, z.shape[1:])
+
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z1, z2, ids1, ids2 = outputs["z1"], outputs["z2"], outputs["ids1"], outputs["ids2"]
-        return self.criterion(z1, z2, self.gather(z1), self.gather(z2), ids1, ids2,
+        return self.criterion(z1, z2, self._gather_segments(z1), self._gather_segments(z2),
+                              ids1, ids2,
                               self.gather_no_grad(ids1), self.gather_no_grad(ids2),
                               self.rank_offset(z1.shape[0]))
