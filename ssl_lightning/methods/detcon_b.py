@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ssl_lightning.backbones.dense import dense_channels
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import DetConLoss
-from ssl_lightning.methods.detcon_s import DetConS
+from ssl_lightning.methods.detcon_s import pooled_segments
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.ema import Schedule, momentum_teacher
@@ -81,7 +81,11 @@ class DetConB(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
 
-    segments = DetConS.segments
+    def segments(self, backbone: nn.Module, views: Sequence[Tensor], view: int
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+        """See :func:`~ssl_lightning.methods.detcon_s.pooled_segments`."""
+        return pooled_segments(backbone, views, view, self.grid, self.segment_image_size,
+                               self.num_segments)
 
     def build_criterion(self) -> DetConLoss:
         return DetConLoss(self.temperature)

@@ -28,6 +28,18 @@ from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 
 
+def pooled_segments(backbone: nn.Module, views: Sequence[Tensor], view: int, grid: int,
+                    image_size: int, num_segments: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``backbone``'s mask-pooled features (B, K, C) of view ``view``, their ids (B, K) and the
+    view's pooled features (B, D), with the masks of
+    :func:`~ssl_lightning.masking.segments.view_segments`."""
+    feature_map, pooled = dense_features(backbone, views[view])
+    height, width = feature_map.shape[2:]
+    weights = view_segments(views, view, height, width, grid, image_size, num_segments)
+    segment_features, ids = mask_pool(map_to_locations(feature_map), weights)
+    return segment_features, ids, pooled
+
+
 @register_method(
     "detcon_s", title="DetCon-S", configs=("detcon_s.yaml",),
     paper=Paper("Efficient Visual Pretraining with Contrastive Detection", 2021, "2103.10957"),
@@ -84,13 +96,9 @@ class DetConS(SSLMethod):
 
     def segments(self, backbone: nn.Module, views: Sequence[Tensor], view: int
                  ) -> tuple[Tensor, Tensor, Tensor]:
-        """``backbone``'s mask-pooled features (B, K, C) of view ``view``, their ids (B, K) and
-        the view's pooled features (B, D)."""
-        feature_map, pooled = dense_features(backbone, views[view])
-        weights = view_segments(views, view, *feature_map.shape[2:], self.grid,
-                                self.segment_image_size, self.num_segments)
-        segment_features, ids = mask_pool(map_to_locations(feature_map), weights)
-        return segment_features, ids, pooled
+        """See :func:`pooled_segments`, with this method's mask settings."""
+        return pooled_segments(backbone, views, view, self.grid, self.segment_image_size,
+                               self.num_segments)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         self.require_views(views)

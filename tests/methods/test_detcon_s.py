@@ -1,5 +1,6 @@
 """DetCon-S: the segments follow each view's crop box, dataset segment maps, the fallback grid of
-plain two-view batches, micro-batches with boxes, bad input. The loss: tests/losses/test_detcon_loss.py."""
+plain two-view batches, micro-batches with boxes, bad input. The loss:
+tests/losses/test_detcon_loss.py."""
 
 from __future__ import annotations
 
