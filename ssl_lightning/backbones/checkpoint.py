@@ -182,7 +182,8 @@ def backbone_from_checkpoint(
                 "Give the backbone explicitly (--model.backbone / backbone=...)."
             )
         if prefix != DEFAULT_PREFIX and not prefix.endswith("backbone."):
-            backbone_state_dict(path, prefix, flag)  # a prefix that names nothing: list the prefixes
+            # a prefix that names nothing: list the prefixes
+            backbone_state_dict(path, prefix, flag)
             raise ValueError(
                 f"The checkpoint's spec describes its backbone, not the module under "
                 f"{prefix!r}; give that module explicitly."

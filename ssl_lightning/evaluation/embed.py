@@ -130,7 +130,8 @@ def _shard_worker(rank: int, world: int, config: dict[str, Any]) -> None:
     folder = _folder(config["images"], config["image_reader"])
     n = len(folder)
     bounds = [n * r // world for r in range(world + 1)]
-    backbone = backbone_from_checkpoint(config["checkpoint"], prefix=config["prefix"], flag="--prefix")
+    backbone = backbone_from_checkpoint(config["checkpoint"], prefix=config["prefix"],
+                                        flag="--prefix")
     shape = embed_shard(
         backbone, folder, range(bounds[rank], bounds[rank + 1]), Path(config["tmp"]) / f"{rank}",
         transform=config["transform"], batch_size=config["batch_size"],
@@ -179,7 +180,8 @@ def embed_folder(
     image_reader = settings["image_reader"]
     folder = _folder(images, image_reader)  # FileNotFoundError: a missing / image-less folder
     _warn_split_labels(folder, images)
-    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix, flag="--prefix")  # fail fast on a bad one
+    # fail fast on a bad one
+    backbone = backbone_from_checkpoint(checkpoint, prefix=prefix, flag="--prefix")
     if patch_features and not has_dense_features(backbone):
         raise ValueError(
             f"--patch-features needs a backbone with dense features; the checkpoint's "

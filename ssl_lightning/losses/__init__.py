@@ -8,6 +8,7 @@ from ssl_lightning.losses.capi import CAPILoss
 from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.deepcluster import DeepClusterLoss
 from ssl_lightning.losses.densecl import DenseCLLoss
+from ssl_lightning.losses.detcon import DetConLoss
 from ssl_lightning.losses.dino import DINOLoss
 from ssl_lightning.losses.distillation import (
     DistillationLoss,
@@ -48,4 +49,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
            "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
-           "DenseCLLoss", "VICRegLLoss", "CAPILoss"]
+           "DenseCLLoss", "VICRegLLoss", "CAPILoss", "DetConLoss"]

@@ -14,6 +14,8 @@ from ssl_lightning.methods.capi import CAPI
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.deepcluster_v2 import DeepClusterV2
 from ssl_lightning.methods.densecl import DenseCL
+from ssl_lightning.methods.detcon_b import DetConB
+from ssl_lightning.methods.detcon_s import DetConS
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.dinov2 import DINOv2
 from ssl_lightning.methods.dinov2_matryoshka import DINOv2Matryoshka
@@ -58,4 +60,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
            "DenseCL", "VICRegL", "Pixio", "CAPI",
-           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg"]
+           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "DetConS", "DetConB"]

@@ -101,8 +101,9 @@ def test_teacher_from_one_of_our_checkpoints(fitted) -> None:  # type: ignore[no
 def test_a_wrong_teacher_prefix_names_the_distillation_setting(fitted) -> None:  # type: ignore[no-untyped-def]
     """A SimCLR teacher has no teacher_backbone.: the error says which Distillation setting
     chooses the prefix (not LinearEval's checkpoint_prefix, an unknown argument here)."""
-    with pytest.raises(ValueError, match=r"choose one with --model\.teacher_checkpoint_prefix "
-                                         r"\(e\.g\. --model\.teacher_checkpoint_prefix backbone\.\)"):
+    with pytest.raises(ValueError,
+                       match=r"choose one with --model\.teacher_checkpoint_prefix "
+                             r"\(e\.g\. --model\.teacher_checkpoint_prefix backbone\.\)"):
         Distillation(_student(), teacher_checkpoint=str(fitted["ckpt"]),
                      teacher_checkpoint_prefix="teacher_backbone.", queue_size=8,
                      image_size=SIZE)

@@ -1,0 +1,113 @@
+"""DetCon-S: the segments follow each view's crop box, dataset segment maps, the fallback grid of
+plain two-view batches, micro-batches with boxes, bad input. The loss:
+tests/losses/test_detcon_loss.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from ssl_lightning.backbones import SmallConvNet
+from ssl_lightning.losses import DetConLoss
+from ssl_lightning.methods import DetConS
+from ssl_lightning.training.grad_cache import grad_cached_loss
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = dict(projection_hidden_dim=16, projection_dim=8, head_batch_norm=False, grid=2,
+             image_size=8)
+
+
+def _model(**kwargs: object) -> DetConS:
+    torch.manual_seed(0)
+    return DetConS(SmallConvNet((8, 16), norm="group"), **{**SMALL, **kwargs}).double()
+
+
+def _views(seed: int = 0) -> list[Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(2)]
+
+
+def _boxes() -> list[Tensor]:
+    """Crop boxes in a 32 px image: view 1 the left half, view 2 the top-left quarter, mirrored
+    for the second and fourth images."""
+    first = torch.tensor([[0.0, 0.0, 32.0, 16.0, f] for f in (0, 1, 0, 1)], dtype=torch.float64)
+    second = torch.tensor([[0.0, 0.0, 16.0, 16.0, f] for f in (0, 0, 1, 1)], dtype=torch.float64)
+    return [first, second]
+
+
+def test_detcon_s_segments_follow_the_crop_boxes() -> None:
+    model = _model(segment_image_size=32)
+    outputs = model.forward_views(_views() + _boxes())
+    # 2 x 2 grid over the image: the left half holds cells 0 and 2, the top-left quarter cell 0
+    assert outputs["ids1"].tolist() == [[0, -1, 2, -1]] * 4
+    assert outputs["ids2"].tolist() == [[0, -1, -1, -1]] * 4
+    # the second view's only segment is the mean of its 2 x 2 map, whatever its flip
+    feature_map = model.backbone.forward_dense(_views()[1])[0]
+    torch.testing.assert_close(model.projector(feature_map.mean(dim=(2, 3))),
+                               outputs["z2"][:, 0], rtol=1e-12, atol=1e-12)
+    expected = DetConLoss(0.1)(outputs["z1"], outputs["z2"], outputs["z1"], outputs["z2"],
+                               outputs["ids1"], outputs["ids2"], outputs["ids1"], outputs["ids2"])
+    assert float(model.loss_from_outputs(outputs)) == pytest.approx(float(expected), rel=1e-12)
+
+
+def test_detcon_s_grid_cells_follow_the_views_crop_and_flip() -> None:
+    model = _model(segment_image_size=32)
+    views = _views()
+    whole = torch.tensor([[0.0, 0.0, 32.0, 32.0, f] for f in (0, 1, 0, 1)], dtype=torch.float64)
+    outputs = model.forward_views(views + [whole, _boxes()[1]])
+    feature_map = model.backbone.forward_dense(views[0])[0]  # 2 x 2 map: one location per cell
+    for cell, (row, col) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+        plain = model.projector(feature_map[0::2, :, row, col])
+        mirrored = model.projector(feature_map[1::2, :, row, 1 - col])  # flipped views
+        torch.testing.assert_close(outputs["z1"][0::2, cell], plain, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(outputs["z1"][1::2, cell], mirrored, rtol=1e-12, atol=1e-12)
+
+
+def test_detcon_s_reads_segment_maps_a_dataset_provides() -> None:
+    model = _model(num_segments=3)
+    views = _views()
+    segments = torch.zeros(4, 8, 8, dtype=torch.long)
+    segments[:, :, 4:] = 1  # the right half is segment 1; segment 2 appears in no view
+    outputs = model.forward_views(views + [segments, segments.flip(2)])
+    assert outputs["ids1"].tolist() == [[0, 1, -1]] * 4
+    feature_map = model.backbone.forward_dense(views[1])[0]  # mirrored map: segment 1 on the left
+    torch.testing.assert_close(outputs["z2"][:, 1], model.projector(
+        feature_map[:, :, :, 0].mean(dim=2)), rtol=1e-12, atol=1e-12)
+
+
+def test_detcon_s_plain_views_use_a_grid_over_each_view() -> None:
+    model = _model()
+    views = _views()
+    outputs = model.forward_views(views)
+    assert outputs["ids1"].tolist() == outputs["ids2"].tolist() == [[0, 1, 2, 3]] * 4
+    feature_map = model.backbone.forward_dense(views[0])[0]
+    torch.testing.assert_close(outputs["z1"], model.projector(
+        feature_map.flatten(2).transpose(1, 2)), rtol=1e-12, atol=1e-12)
+
+
+def test_detcon_s_micro_batches_with_boxes_give_the_whole_batch_gradient() -> None:
+    batch = _views(1) + _boxes()
+    grads = []
+    for micro in (None, 2):
+        model = _model(segment_image_size=32, micro_batch_size=micro)
+        loss = grad_cached_loss(model, batch, micro)[0] if micro else \
+            model.training_loss(batch)[0]
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
+                                if p.grad is not None]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
+
+
+def test_detcon_s_bad_input() -> None:
+    model = _model()
+    views = _views()
+    with pytest.raises(ValueError, match="DetConS needs 2 views per sample, got 1"):
+        model.training_loss(views[:1])
+    with pytest.raises(ValueError, match="either their crop boxes"):
+        model.training_loss(views + views)
+    with pytest.raises(ValueError, match="got 3 entries per sample"):
+        model.training_loss(views + _boxes()[:1])
+    with pytest.raises(ValueError, match="grid, segment_image_size and num_segments"):
+        _model(grid=0)
