@@ -13,9 +13,10 @@ tokens) and AIM (prefix-causal, mean pooled) the same ViT on one view with their
 optimisers; DeepCluster v2 takes its
 config's 3 x 3000 clusters and temperature 0.1, SMoG 300 groups, a 300-batch bank, τ 0.1.
 Any other registered method runs its default recipe (:func:`default_method`): the registry's
-instance of its class on a CIFAR-size backbone (the SmallConvNet of ``--widths``, or a small
-ViT, patch 4, width 64, 4 blocks, with the options of the registry's ViT) and one view per
-crop of its registry entry's views (two views, or multi-crop: sides x 4, 8 px -> 32 px).
+instance of its class on the SmallConvNet of ``--widths`` with one view per crop of its
+registry entry's views (two views, or multi-crop; sides x 4: 8 px -> 32 px), or, for a method
+whose registry instance is a ViT (its image size is fixed there), on that small ViT with the
+registry's crop sides (8 px global crops of the CIFAR images).
 
 ``--tiny`` checks the pipeline in seconds: a few synthetic images in a temporary folder, one
 training step, a kNN bank of the few train images (no dataset needed).
@@ -134,15 +135,17 @@ def build_method(name: str, args: argparse.Namespace) -> SSLMethod:
 
 
 def default_method(entry: MethodEntry, args: argparse.Namespace) -> SSLMethod:
-    """A method without a tuned recipe: the registry's instance of its class on a CIFAR-size
-    backbone (a ViT with the options of the registry's ViT, else the SmallConvNet of
-    ``--widths``)."""
-    small = entry.backbone()
-    backbone: nn.Module = (
-        _cifar_vit(mask_token=small.mask_token is not None, num_registers=small.num_registers,
-                   pool=small.pool)
-        if isinstance(small, ViT) else SmallConvNet(widths=tuple(args.widths)))
-    return entry.small(backbone)
+    """A method without a tuned recipe: the registry's instance of its class, on the SmallConvNet
+    of ``--widths`` (any image size), or, for a ViT method, on the registry's own small ViT (its
+    instance fixes the image size to the registry's 8 px crops)."""
+    if _registry_vit(entry):
+        return entry.small()
+    return entry.small(SmallConvNet(widths=tuple(args.widths)))
+
+
+def _registry_vit(entry: MethodEntry) -> bool:
+    """Whether the registry's small instance of ``entry`` runs on a ViT."""
+    return isinstance(entry.backbone(), ViT)
 
 
 def _cifar_vit(**options: object) -> ViT:
@@ -154,14 +157,17 @@ def _cifar_vit(**options: object) -> ViT:
 def build_views(name: str) -> dict[str, object]:
     """The data module's view arguments: a tuned recipe's batch-wise views (:data:`VIEWS`,
     :data:`WEAK_VIEWS`) made from uint8 images, else one SimCLR-augmented crop per view of the
-    registry entry (sides scaled to 32 px images; two views or multi-crop)."""
+    registry entry (two views or multi-crop; sides x 4 for the SmallConvNet, as they are for
+    the registry's small ViT)."""
     if name in RECIPES:
         # Views made batch-wise from uint8 images: on CPU much cheaper than per-image PIL ops.
         return dict(train_transform=UInt8Image(),
                     device_transform=DeviceViews(preset="cifar", num_views=VIEWS.get(name, 2),
                                                  weak_views=WEAK_VIEWS.get(name, 0)))
     preset = get_preset("cifar")
-    sides = [side * IMAGE_SIZE // REGISTRY_SIZE for side in method_entry(registry_name(name)).views]
+    entry = method_entry(registry_name(name))
+    scale = 1 if _registry_vit(entry) else IMAGE_SIZE // REGISTRY_SIZE
+    sides = [side * scale for side in entry.views]
     return dict(train_transform=MultiViewTransform(
         [simclr_augmentation(side, preset.mean, preset.std,
                              jitter_strength=preset.jitter_strength, blur_p=preset.blur_p)
@@ -242,8 +248,9 @@ def _no_temperature(common: dict) -> dict:
     return {k: v for k, v in common.items() if k != "temperature"}
 
 
-#: Images per class and split of ``--tiny``'s synthetic CIFAR-size image folder.
-TINY_IMAGES_PER_CLASS = 2
+#: Images per class and split of ``--tiny``'s synthetic CIFAR-size image folder, and its batch
+#: size (a power of two: it divides the recipes' queue sizes).
+TINY_IMAGES_PER_CLASS, TINY_BATCH_SIZE = 2, 16
 
 
 def write_tiny_images(root: Path, seed: int) -> None:
@@ -270,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
         return run(argparse.Namespace(
             **{**vars(args), "data_root": str(Path(tmp) / "cifar10"),
                "out": str(Path(tmp) / "run" / "last.ckpt"), "epochs": 1, "workers": 0,
-               "batch_size": min(args.batch_size, 10 * TINY_IMAGES_PER_CLASS),
+               "batch_size": min(args.batch_size, TINY_BATCH_SIZE),
                "knn_bank": 10 * TINY_IMAGES_PER_CLASS, "limit_train_batches": 1}))
 
 

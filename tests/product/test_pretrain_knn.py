@@ -1,0 +1,62 @@
+"""``benchmarks/pretrain_knn.py`` takes its methods from the registry: every registered method
+resolves to a recipe (tuned or default) of its class with its views, and ``--tiny`` trains one
+step end to end, in-process, for one method of each view kind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from ssl_lightning.data.transforms import MultiViewTransform
+from ssl_lightning.methods.registry import method_entries
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import pretrain_knn  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def args():
+    return pretrain_knn.parse_args(["--widths", "8", "16"])
+
+
+def _views(name: str) -> int:
+    """Views per image the benchmark makes for ``name``."""
+    views = pretrain_knn.build_views(name)
+    device = views.get("device_transform")
+    if device is not None:
+        return device.num_views + device.weak_views
+    transform = views["train_transform"]
+    assert isinstance(transform, MultiViewTransform)
+    return len(transform.transforms)
+
+
+def test_every_registered_method_resolves_to_a_recipe_of_its_class(args) -> None:
+    """Every registry name is a ``--method`` choice and builds its class, with the registry
+    entry's number of views unless a tuned recipe sets its own."""
+    names = pretrain_knn.method_names()
+    for entry in method_entries():
+        assert entry.name in names, f"{entry.name} is not a --method choice"
+        model = pretrain_knn.build_method(entry.name, args)
+        assert type(model) is entry.cls, (entry.name, type(model))
+        if entry.name not in pretrain_knn.RECIPES:
+            assert _views(entry.name) == len(entry.views), entry.name
+
+
+def test_recipes_and_variants_name_registered_methods() -> None:
+    registered = {entry.name for entry in method_entries()}
+    assert set(pretrain_knn.VARIANTS.values()) <= registered
+    for name in pretrain_knn.RECIPES:
+        assert pretrain_knn.registry_name(name) in registered, f"recipe {name!r} is not registered"
+
+
+# One per view kind: tuned two views, tuned strong + weak view, tuned ViT multi-view, default
+# two views, default multi-crop, default one view on a ViT.
+@pytest.mark.parametrize("method", ["simclr", "ressl", "msn", "byol", "swav", "mae"])
+def test_tiny_run_trains_one_step(method: str) -> None:
+    result = pretrain_knn.main(["--tiny", "--method", method, "--widths", "8", "16"])
+    assert result["steps"] == 1
+    assert 0 <= result["pretrained_knn_top1"] <= 100
