@@ -1,6 +1,6 @@
 """``benchmarks/pretrain_knn.py`` takes its methods from the registry: every registered method
 resolves to a recipe (tuned or default) of its class with its views, and ``--tiny`` trains one
-step end to end, in-process, for one method of each view kind."""
+step end to end, in-process, for every one."""
 
 from __future__ import annotations
 
@@ -53,10 +53,23 @@ def test_recipes_and_variants_name_registered_methods() -> None:
         assert pretrain_knn.registry_name(name) in registered, f"recipe {name!r} is not registered"
 
 
-# One per view kind: tuned two views, tuned strong + weak view, tuned ViT multi-view, default
-# two views, default multi-crop, default one view on a ViT.
-@pytest.mark.parametrize("method", ["simclr", "ressl", "msn", "byol", "swav", "mae"])
+#: Tuned recipes whose published settings need more than ``--tiny``'s 20 images of batch 16:
+#: the run stops with this one-line error before any step.
+TOO_BIG_FOR_TINY = {
+    "deepcluster_v2": "asks for more clusters than the 20 training samples",
+    "wmse": "needs a global batch .* of >= 128",
+}
+
+
+@pytest.mark.parametrize("method", pretrain_knn.method_names())
 def test_tiny_run_trains_one_step(method: str) -> None:
-    result = pretrain_knn.main(["--tiny", "--method", method, "--widths", "8", "16"])
+    """Every ``--method`` choice (each registered method and variant) trains one step on
+    synthetic images and measures kNN (about 0.5 s each on one CPU thread)."""
+    argv = ["--tiny", "--method", method, "--widths", "8", "16"]
+    if method in TOO_BIG_FOR_TINY:
+        with pytest.raises(ValueError, match=TOO_BIG_FOR_TINY[method]):
+            pretrain_knn.main(argv)
+        return
+    result = pretrain_knn.main(argv)
     assert result["steps"] == 1
     assert 0 <= result["pretrained_knn_top1"] <= 100
