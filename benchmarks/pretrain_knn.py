@@ -183,7 +183,9 @@ def _msn(common: dict) -> dict:
 
 #: A tuned recipe: ``recipe(backbone, queue size, shared settings)`` -> the method.
 Recipe = Callable[[nn.Module, int, dict], SSLMethod]
-#: The tuned recipes behind the published numbers, keyed by registry name (or variant).
+#: The tuned recipes behind the published numbers, keyed by registry name (or variant). They
+#: live here rather than in ``@register_method``: they read this script's arguments (``--queue``,
+#: ``--temperature``, the shared LARS settings) and its 32 px ViT, which the package does not know.
 RECIPES: dict[str, Recipe] = {
     "simclr": lambda b, q, c: SimCLR(b, projection_dim=128, **c),
     "simclr_bank": lambda b, q, c: SimCLR(b, projection_dim=128, queue_size=q, **c),

@@ -49,6 +49,7 @@ def test_every_registered_method_resolves_to_a_recipe_of_its_class(args) -> None
 def test_recipes_and_variants_name_registered_methods() -> None:
     registered = {entry.name for entry in method_entries()}
     assert set(pretrain_knn.VARIANTS.values()) <= registered
+    assert set(pretrain_knn.VARIANTS) <= set(pretrain_knn.RECIPES), "a variant needs a recipe"
     for name in pretrain_knn.RECIPES:
         assert pretrain_knn.registry_name(name) in registered, f"recipe {name!r} is not registered"
 
