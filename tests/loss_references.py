@@ -1,8 +1,9 @@
 """Pieces of the loss tests' float64 loop references (numpy, one sample at a time): cosine,
-unit vectors, seeded float64 draws and a FIFO queue of rows."""
+unit vectors, seeded float64 draws and a FIFO queue of rows; and the bf16-autocast check."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,3 +55,22 @@ def nearest_neighbour_steps(model: Any, byol: bool, steps: list[dict[str, Any]]
         want.append(4 - 2 * (c1 + c2) if byol else -(c1 + c2) / 2)
         support.put(np.stack([unit(z) for z in o["z1"]]))
     return got, want
+
+
+def assert_computes_in_fp32_under_bf16(loss_fn: Callable[..., Tensor], num_inputs: int = 2,
+                                       **forward_tolerance: float) -> None:
+    """``loss_fn`` of ``num_inputs`` bf16 embeddings (a Linear under CPU bf16 autocast) returns
+    fp32 and equals, to fp32 rounding, ``loss_fn`` of the same bf16-rounded values cast to fp32
+    (a bf16 matmul or variance inside the loss would be off by ~1e-3 relative). With
+    ``forward_tolerance`` (rtol, atol): also close to the loss of the all-fp32 forward, which
+    differs only by the bf16 rounding of the embeddings."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 6)
+    xs = [torch.randn(16, 8) for _ in range(num_inputs)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = [layer(x) for x in xs]
+        loss = loss_fn(*outs)
+    assert outs[0].dtype == torch.bfloat16 and loss.dtype == torch.float32
+    torch.testing.assert_close(loss, loss_fn(*(o.float() for o in outs)), rtol=1e-6, atol=0)
+    if forward_tolerance:
+        torch.testing.assert_close(loss, loss_fn(*(layer(x) for x in xs)), **forward_tolerance)

@@ -116,8 +116,18 @@ def assert_resume_is_exact(make: Callable[[], pl.LightningModule], root: str) ->
     return full
 
 
-def perturb_teachers(model: Any) -> None:
-    """Make every teacher differ from its student (so a swapped pairing shows)."""
+def loss_predictions_and_targets(model: Any, views: list[torch.Tensor],
+                                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """After making every teacher differ from its student (so a swapped pairing shows): the
+    model's training loss of ``views`` (detached), each view's online prediction
+    ``predictor(projector(backbone(v)))`` and each view's teacher target (teacher projector of
+    teacher backbone), for methods whose ``ema_pairs`` are (backbone, projector)."""
+    teacher_bb, teacher_proj = (t for _, t in model.ema_pairs())
     for _, teacher in model.ema_pairs():
         for p in teacher.parameters():
             p.data.add_(0.1 * torch.randn_like(p))
+    loss, _ = model.training_loss(views)
+    with torch.no_grad():
+        predictions = [model.predictor(model.projector(model.backbone(v))) for v in views]
+        targets = [teacher_proj(teacher_bb(v)) for v in views]
+    return loss.detach(), predictions, targets

@@ -13,7 +13,7 @@ has the schedules' formulas and sources.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, cast
 
 import torch
@@ -27,6 +27,7 @@ from ssl_lightning._lightning import (
     rank_zero_warn,
 )
 from ssl_lightning.backbones import backbone_spec, feature_dim
+from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.backbones.recorded import checkpoint_source, recorded_backbone
 from ssl_lightning.compat.renamed import rename_hyperparameters
 from ssl_lightning.data.preprocessing import PREPROCESSING_KEY, preprocessing_record
@@ -354,6 +355,23 @@ class SSLMethod(SeededSteps, metaclass=_BuildsCriterion):
     def rank_offset(self, local_batch: int) -> int:
         """Index of this rank's first sample in a gathered batch (equal batches on all ranks)."""
         return (self.global_rank if attached_trainer(self) is not None else rank()) * local_batch
+
+    def project_views(self, views: Sequence[Tensor], min_views: int = 2) -> dict[str, Any]:
+        """``{"z": (B, V, D), "features": (B, F)}``: :attr:`projector` on every view's backbone
+        features, sample-major (:func:`project_views_sample_major`), for methods whose loss
+        compares the V views of each sample; ``ValueError`` under ``min_views`` views."""
+        self.require_views(views, min_views)
+        z, features = project_views_sample_major(self.backbone, self.projector, views)
+        return {"z": z, "features": features}
+
+    def log_terms(self, prefix: str, terms: Iterable[tuple[str, Tensor]], batch_size: int) -> None:
+        """Log each ``(name, value)`` of the loss as ``train/{prefix}_{name}``, averaged over the
+        epoch and the ranks (nothing when no trainer is attached: a user's own loop)."""
+        if attached_trainer(self) is None:
+            return
+        for name, value in terms:
+            self.log(f"train/{prefix}_{name}", value, on_step=False, on_epoch=True,
+                     sync_dist=True, batch_size=batch_size)
 
     # ------------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str) -> None:

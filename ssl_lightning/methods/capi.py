@@ -28,7 +28,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.tokens import as_token_backbone, check_views, layout, token_grid
 from ssl_lightning.backbones.vit import DropPath
 from ssl_lightning.heads import CrossAttentionPredictor, L2NormLinear
@@ -200,10 +199,8 @@ class CAPI(MomentumMethod):
         teacher_logits = self.clustering(outputs["teacher_patches"])
         capi, clustering = self.criterion(outputs["student_logits"], teacher_logits,
                                           outputs["predict"])
-        if attached_trainer(self) is not None:
-            for name, value in (("prediction", capi), ("clustering", clustering)):
-                self.log(f"train/capi_{name}", value.detach(), on_step=False, on_epoch=True,
-                         sync_dist=True, batch_size=teacher_logits.shape[0])
+        self.log_terms("capi", (("prediction", capi), ("clustering", clustering)),
+                       teacher_logits.shape[0])
         return capi + clustering
 
     def validation_step(

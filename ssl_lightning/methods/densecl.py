@@ -19,7 +19,6 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.dense import dense_channels, dense_features
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import DenseCLLoss
@@ -128,10 +127,8 @@ class DenseCL(MoCoV2):
             dense_negatives) for q, k in self._directions()]
         global_term = sum(t[0] for t in terms) / len(terms)
         dense_term = sum(t[1] for t in terms) / len(terms)
-        if attached_trainer(self) is not None:
-            for name, value in (("global", global_term), ("dense", dense_term)):
-                self.log(f"train/densecl_{name}", value, on_step=False, on_epoch=True,
-                         sync_dist=True, batch_size=outputs["query1"].shape[0])
+        self.log_terms("densecl", (("global", global_term), ("dense", dense_term)),
+                       outputs["query1"].shape[0])
         self.queue.enqueue(self.gather_no_grad(outputs["key2"]))
         self.dense_queue.enqueue(self.gather_no_grad(outputs["key_mean_dense2"]))
         return self.criterion.combine(global_term, dense_term)

@@ -10,8 +10,6 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ssl_lightning._lightning import attached_trainer
-from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.distributed import all_reduce_sum_with_grad
 from ssl_lightning.losses import LeJEPALoss
 from ssl_lightning.losses.sigreg import sigreg_directions
@@ -88,9 +86,7 @@ class LeJEPA(SSLMethod):
                           self.sigreg_knots, self.sigreg_t_max)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        self.require_views(views, max(2, self.num_global_views))
-        z, features = project_views_sample_major(self.backbone, self.projector, views)
-        return {"z": z, "features": features}
+        return self.project_views(views, max(2, self.num_global_views))
 
     def sigreg_directions(self, dim: int, like: Tensor) -> Tensor:
         """This step's (dim, num_slices) SIGReg directions, identical on every rank."""
@@ -101,9 +97,6 @@ class LeJEPA(SSLMethod):
         z = outputs["z"]
         sigreg, invariance = self.criterion.terms(
             z, self.sigreg_directions(z.shape[-1], z), all_reduce_sum_with_grad)
-        if attached_trainer(self) is not None:
-            for name, value in (("sigreg", sigreg), ("invariance", invariance)):
-                self.log(f"train/lejepa_{name}", value, on_step=False, on_epoch=True,
-                         sync_dist=True, batch_size=z.shape[0])
+        self.log_terms("lejepa", (("sigreg", sigreg), ("invariance", invariance)), z.shape[0])
         lam = self.criterion.lambda_sigreg
         return lam * sigreg + (1 - lam) * invariance

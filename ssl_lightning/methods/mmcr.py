@@ -9,7 +9,6 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.losses import MMCRLoss
 from ssl_lightning.losses.mmcr import centroids
 from ssl_lightning.methods.base import SSLMethod
@@ -69,9 +68,7 @@ class MMCR(SSLMethod):
         return MMCRLoss(self.lambda_views)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        self.require_views(views)
-        z, features = project_views_sample_major(self.backbone, self.projector, views)
-        return {"z": z, "features": features}
+        return self.project_views(views)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z = outputs["z"]

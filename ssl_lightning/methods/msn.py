@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.backbones.tokens import as_token_backbone, token_grid
 from ssl_lightning.backbones.vit import DropPath
@@ -177,10 +176,8 @@ class MSN(MomentumMethod):
         cross_entropy, regularizer = self.criterion.terms(
             outputs["anchors"], outputs["targets"], self.prototypes.forward_weight(),
             all_reduce_sum_with_grad)
-        if attached_trainer(self) is not None:
-            for key, value in (("cross_entropy", cross_entropy), ("regularizer", regularizer)):
-                self.log(f"train/msn_{key}", value, on_step=False, on_epoch=True,
-                         sync_dist=True, batch_size=outputs["targets"].shape[0])
+        self.log_terms("msn", (("cross_entropy", cross_entropy), ("regularizer", regularizer)),
+                       outputs["targets"].shape[0])
         return cross_entropy + self.criterion.regularization_weight * regularizer
 
     def param_groups(self) -> list[dict]:

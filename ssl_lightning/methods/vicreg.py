@@ -9,7 +9,6 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.compat.renamed import renamed_argument
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import VICRegLoss
@@ -103,8 +102,6 @@ class VICReg(SSLMethod):
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z1, z2 = outputs["z1"], outputs["z2"]
         terms = self.criterion.terms(z1, z2, self.gather(z1), self.gather(z2))
-        if attached_trainer(self) is not None:
-            for name, value in zip(("invariance", "variance", "covariance"), terms, strict=True):
-                self.log(f"train/vicreg_{name}", value, on_step=False, on_epoch=True,
-                         sync_dist=True, batch_size=z1.shape[0])
+        self.log_terms("vicreg", zip(("invariance", "variance", "covariance"), terms, strict=True),
+                       z1.shape[0])
         return self.criterion.combine(*terms)

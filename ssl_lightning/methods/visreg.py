@@ -10,8 +10,6 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ssl_lightning._lightning import attached_trainer
-from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.losses.sigreg import sigreg_directions
 from ssl_lightning.losses.visreg import TERMS, VISRegLoss
 from ssl_lightning.methods.base import SSLMethod
@@ -98,9 +96,7 @@ class VISReg(SSLMethod):
                           self.lambda_shape, self.lambda_center, self.eps)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        self.require_views(views, max(2, self.num_global_views))
-        z, features = project_views_sample_major(self.backbone, self.projector, views)
-        return {"z": z, "features": features}
+        return self.project_views(views, max(2, self.num_global_views))
 
     def directions(self, dim: int, like: Tensor) -> Tensor:
         """This step's (dim, num_slices) unit directions, identical on every rank."""
@@ -110,8 +106,5 @@ class VISReg(SSLMethod):
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z = outputs["z"]
         terms = self.criterion.terms(z, self.gather(z), self.directions(z.shape[-1], z))
-        if attached_trainer(self) is not None:
-            for name, value in zip(TERMS, terms, strict=True):
-                self.log(f"train/visreg_{name}", value, on_step=False, on_epoch=True,
-                         sync_dist=True, batch_size=z.shape[0])
+        self.log_terms("visreg", zip(TERMS, terms, strict=True), z.shape[0])
         return self.criterion.combine(*terms)

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ssl_lightning.backbones.multicrop import project_views_sample_major
 from ssl_lightning.distributed import sampler_order
 from ssl_lightning.losses import WMSELoss
 from ssl_lightning.methods.base import SSLMethod
@@ -105,9 +104,7 @@ class WMSE(SSLMethod):
                 "whitening_size that divides it or change the batch size.")
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
-        self.require_views(views)
-        z, features = project_views_sample_major(self.backbone, self.projector, views)
-        return {"z": z, "features": features}
+        return self.project_views(views)
 
     def loss_from_outputs(self, outputs: dict[str, Any]) -> Tensor:
         z = outputs["z"]

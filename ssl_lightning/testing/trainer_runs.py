@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -41,6 +41,9 @@ from ssl_lightning._lightning import pl
 from ssl_lightning.data.base import SSLDataModule
 from ssl_lightning.data.seeding import sample_seed
 from ssl_lightning.data.transforms import EvalTransform, MultiViewTransform
+
+if TYPE_CHECKING:
+    from ssl_lightning.methods.registry import MethodEntry
 
 
 class PrecomputedViews(Dataset):
@@ -127,6 +130,15 @@ class TensorDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> list[DataLoader]:
         return [DataLoader(v, batch_size=self.val_batch_size, shuffle=False) for v in self.val]
+
+
+def entry_data(entry: MethodEntry, num_samples: int, batch_size: int) -> TensorDataModule:
+    """``num_samples`` fixed random views of the sizes ``entry``'s method trains on, with each
+    sample's seed (:class:`KeyedViews`) when the method needs them, in batches of
+    ``batch_size``."""
+    views = (KeyedViews if entry.needs_sample_seeds else PrecomputedViews)(num_samples,
+                                                                           entry.views)
+    return TensorDataModule(views, batch_size)
 
 
 class ViewsDataModule(SSLDataModule):

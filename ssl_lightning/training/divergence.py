@@ -65,6 +65,23 @@ def _lr(trainer: pl.Trainer) -> str:
     return ", ".join(f"{lr:.4g}" for lr in lrs) if lrs else "unknown"
 
 
+def _any_not_finite(tensors: list[Tensor], trainer: pl.Trainer | None, reduce: bool) -> bool:
+    """Whether a tensor of ``tensors`` holds NaN/inf: on any rank when ``reduce`` (one scalar
+    all-reduce, so every rank gets the same answer), else on this rank."""
+    bad = (~torch.isfinite(torch.stack(torch._foreach_norm(tensors)))).any().float().reshape(1)
+    if reduce and trainer is not None:
+        bad = trainer.strategy.reduce(bad, reduce_op="sum")
+    return bad.item() != 0
+
+
+def _step(trainer: pl.Trainer | None, preposition: str) -> str:
+    """`` at/after global step G (epoch E, learning rate L)`` for an error line ("" unattached)."""
+    return "" if trainer is None else (
+        f" {preposition} global step {trainer.global_step} (epoch {trainer.current_epoch}, "
+        f"learning rate {_lr(trainer)})"
+    )
+
+
 def check_finite_loss(module: pl.LightningModule, loss: Tensor, batch_idx: int) -> None:
     """Raise :class:`TrainingDivergedError` on every rank when the loss of any rank is not finite.
 
@@ -99,21 +116,13 @@ def check_finite_gradients(module: pl.LightningModule) -> None:
     NaN/inf (before the optimiser step, so the update is never applied; one scalar all-reduce).
     Not for 16-mixed precision, whose gradient scaler skips such steps by design."""
     grads = [local_tensor(p.grad.detach()) for p in module.parameters() if p.grad is not None]
-    if not grads:
-        return
-    bad = (~torch.isfinite(torch.stack(torch._foreach_norm(grads)))).any().float().reshape(1)
     trainer = attached_trainer(module)
-    if trainer is not None:
-        bad = trainer.strategy.reduce(bad, reduce_op="sum")
-    if bad.item() == 0:
+    if not grads or not _any_not_finite(grads, trainer, reduce=True):
         return
-    step = "" if trainer is None else (
-        f" at global step {trainer.global_step} (epoch {trainer.current_epoch}, learning "
-        f"rate {_lr(trainer)})"
-    )
     raise TrainingDivergedError(
-        f"Training diverged: a gradient is not finite (NaN/inf){step}, although the loss was "
-        f"finite. The step was not applied and no checkpoint was written from it. {ADVICE}"
+        f"Training diverged: a gradient is not finite (NaN/inf){_step(trainer, 'at')}, "
+        "although the loss was finite. The step was not applied and no checkpoint was written "
+        f"from it. {ADVICE}"
     )
 
 
@@ -130,21 +139,14 @@ def check_finite_weights(module: pl.LightningModule, reduce: bool = True) -> Non
     if not params:
         return
     reduce = reduce or any(is_sharded(p) for p in params)
-    params = [local_tensor(p) for p in params]
-    bad = (~torch.isfinite(torch.stack(torch._foreach_norm(params)))).any().float().reshape(1)
     trainer = attached_trainer(module)
-    if reduce and trainer is not None:
-        bad = trainer.strategy.reduce(bad, reduce_op="sum")
-    if bad.item() == 0:
+    if not _any_not_finite([local_tensor(p) for p in params], trainer, reduce):
         return
-    step = "" if trainer is None else (
-        f" after global step {trainer.global_step} (epoch {trainer.current_epoch}, learning "
-        f"rate {_lr(trainer)})"
-    )
     raise TrainingDivergedError(
-        f"Training diverged: the weights are not finite (NaN/inf){step}, although the loss "
-        "was finite: an update overflowed. The run stops before any validation or checkpoint "
-        f"sees them (the last checkpoint written is kept). {ADVICE}", applied=True
+        f"Training diverged: the weights are not finite (NaN/inf){_step(trainer, 'after')}, "
+        "although the loss was finite: an update overflowed. The run stops before any "
+        f"validation or checkpoint sees them (the last checkpoint written is kept). {ADVICE}",
+        applied=True
     )
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import pytorch_lightning as pl
 import torch
+from loss_references import assert_computes_in_fp32_under_bf16
 from momentum_utils import cpu_trainer, views_loader
 
 from ssl_lightning.backbones import SmallConvNet
@@ -53,18 +54,7 @@ def test_rejects_mismatched_shapes():
 
 
 def test_bf16_autocast_computes_in_fp32():
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(8, 6)
-    xs = [torch.randn(16, 8) for _ in range(4)]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        outs = [layer(x) for x in xs]
-        loss = NegativeCosineLoss()(*outs)
-    assert outs[0].dtype == torch.bfloat16 and loss.dtype == torch.float32
-    torch.testing.assert_close(loss, NegativeCosineLoss()(*(o.float() for o in outs)),
-                               rtol=1e-6, atol=0)
-    # Against the all-fp32 forward, only the bf16 rounding of the inputs differs.
-    torch.testing.assert_close(loss, NegativeCosineLoss()(*(layer(x) for x in xs)),
-                               rtol=0, atol=1e-2)
+    assert_computes_in_fp32_under_bf16(NegativeCosineLoss(), num_inputs=4, rtol=0, atol=1e-2)
 
 
 def _model(fixed_predictor_lr: bool = True) -> SimSiam:

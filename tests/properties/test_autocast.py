@@ -26,9 +26,7 @@ from torch import Tensor, nn
 import ssl_lightning.losses as losses
 from ssl_lightning.methods.registry import MethodEntry, method_entries
 from ssl_lightning.testing.trainer_runs import (
-    KeyedViews,
-    PrecomputedViews,
-    TensorDataModule,
+    entry_data,
     fit_and_dump,
 )
 
@@ -124,8 +122,7 @@ def bf16_step_loss_calls(entry: MethodEntry) -> dict[str, LossCall]:
     torch.manual_seed(0)
     model = entry.small(**OPTIM)
     calls = record_loss_calls(model)
-    data = (KeyedViews if entry.needs_sample_seeds else PrecomputedViews)(8, entry.views)
-    fit_and_dump(model, TensorDataModule(data, 8), max_steps=1, precision="bf16-mixed")
+    fit_and_dump(model, entry_data(entry, 8, 8), max_steps=1, precision="bf16-mixed")
     return calls
 
 

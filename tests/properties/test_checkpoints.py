@@ -22,10 +22,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.methods.registry import MethodEntry, method_entries
 from ssl_lightning.testing.trainer_runs import (
-    KeyedViews,
-    PrecomputedViews,
-    TensorDataModule,
     assert_states_close,
+    entry_data,
     fit_and_dump,
     trainer_state,
 )
@@ -36,11 +34,6 @@ OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)
 
 #: Tiny tensors: one intra-op thread is faster (and fair to a shared machine).
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _data(entry: MethodEntry) -> TensorDataModule:
-    return TensorDataModule((KeyedViews if entry.needs_sample_seeds else PrecomputedViews)(
-        16, entry.views), 8)
 
 
 class StateAt(pl.Callback):
@@ -81,8 +74,8 @@ def test_checkpoints_load_with_weights_only_and_restore_the_state(entry: MethodE
     saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1,
                             save_last=True)
     saved = StateAt(1)
-    fit_and_dump(entry.small(**OPTIM), _data(entry), callbacks=[saved, saver], max_steps=2,
-                 enable_checkpointing=True)
+    fit_and_dump(entry.small(**OPTIM), entry_data(entry, 16, 8), callbacks=[saved, saver],
+                 max_steps=2, enable_checkpointing=True)
     written = sorted(tmp_path.glob("*.ckpt"))
     assert len(written) == 3, written  # step=1, step=2 and last
     for path in written:
@@ -91,6 +84,6 @@ def test_checkpoints_load_with_weights_only_and_restore_the_state(entry: MethodE
     torch.manual_seed(0)  # the same initial weights (Distillation's teacher is not saved)
     restored = StateAt(1)
     (step,) = tmp_path.glob("*step=1.ckpt")
-    fit_and_dump(entry.small(**OPTIM), _data(entry), callbacks=[restored], max_steps=2,
-                 ckpt_path=str(step), weights_only=True)
+    fit_and_dump(entry.small(**OPTIM), entry_data(entry, 16, 8), callbacks=[restored],
+                 max_steps=2, ckpt_path=str(step), weights_only=True)
     assert_states_close(_comparable(restored.state), _comparable(saved.state), atol=0)

@@ -20,9 +20,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from ssl_lightning.methods.registry import MethodEntry, method_entries
 from ssl_lightning.testing.trainer_runs import (
-    KeyedViews,
-    PrecomputedViews,
-    TensorDataModule,
+    entry_data,
     fit_and_dump,
 )
 
@@ -38,8 +36,7 @@ def test_load_from_checkpoint_with_no_arguments_gives_the_saved_state(entry: Met
                                                                       tmp_path: Path) -> None:
     skip_opted_out(entry, "load_from_checkpoint")
     torch.manual_seed(0)
-    data = TensorDataModule((KeyedViews if entry.needs_sample_seeds else PrecomputedViews)(
-        8, entry.views), 8)
+    data = entry_data(entry, 8, 8)
     saver = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     (trained,) = fit_and_dump(entry.small(**OPTIM), data, callbacks=[saver], max_steps=1,
                               enable_checkpointing=True)
