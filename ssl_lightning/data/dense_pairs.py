@@ -157,7 +157,8 @@ class DenseDataModule(pl.LightningDataModule):
             the target's full resolution.
         bank_images: Training images in the kNN bank loader (None: all, a fixed random subset
             otherwise, 0: no bank loader).
-        mean / std: Normalisation of the images (ImageNet's by default).
+        mean / std: Normalisation of the images; None: the probe's checkpoint's recorded
+            statistics when it has them (the probes adopt them at setup), else ImageNet's.
         seed: Seed of the training order and crops (None: ``seed_everything``'s, else 0).
         check: Before training, read every pair and refuse bad ones (size mismatch, labels out
             of range) with an error naming the file; headers only when False.
@@ -171,8 +172,8 @@ class DenseDataModule(pl.LightningDataModule):
                  num_workers: int = 4, crop_size: int = 512, resize_size: int | None = None,
                  scale_range: tuple[float, float] = (0.5, 2.0), flip: bool = True,
                  eval_size: int | None = 512, bank_images: int | None = None,
-                 mean: tuple[float, float, float] = IMAGENET_MEAN,
-                 std: tuple[float, float, float] = IMAGENET_STD, seed: int | None = None,
+                 mean: tuple[float, float, float] | None = None,
+                 std: tuple[float, float, float] | None = None, seed: int | None = None,
                  check: bool = True) -> None:
         super().__init__()
         if layout not in self.layout_splits:
@@ -188,12 +189,29 @@ class DenseDataModule(pl.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers, self.crop_size, self.bank_images = num_workers, crop_size, bank_images
         self.seed, self.check = seed, check
+        self.eval_size = eval_size
+        #: Whether ``mean`` or ``std`` was given (else a probe may adopt its checkpoint's).
+        self.normalisation_given = mean is not None or std is not None
+        mean, std = mean or IMAGENET_MEAN, std or IMAGENET_STD
         self.train_transform = DensePairTransform(crop_size, resize_size or crop_size,
                                                   scale_range, flip, mean, std, self.fill)
         self.eval_transform = DenseEvalTransform(eval_size, mean, std)
         self.bank_transform = DenseEvalTransform(crop_size, mean, std, center_crop=True)
         self.train_pairs: list[tuple[Path, Path]] | None = None
         self.val_pairs: list[tuple[Path, Path]] | None = None
+
+    @property
+    def normalisation(self) -> tuple[list[float], list[float]]:
+        """The per-channel mean and std every loader normalises the images with."""
+        transform = self.eval_transform
+        return transform.mean.flatten().tolist(), transform.std.flatten().tolist()
+
+    def normalise_with(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        """Normalise the images of every loader (training, bank, queries) by ``mean`` and
+        ``std`` (a probe's checkpoint's statistics); before the loaders are built."""
+        for transform in (self.train_transform, self.eval_transform, self.bank_transform):
+            transform.mean = torch.tensor(mean)[:, None, None]
+            transform.std = torch.tensor(std)[:, None, None]
 
     def find_pairs(self, split: str) -> list[tuple[Path, Path]]:
         """The ``(image, target)`` files of ``split``."""

@@ -105,3 +105,44 @@ def check_train_view_size(owner: str, record: Mapping[str, Any] | None, datamodu
             f"{owner} trains on {size[0]}x{size[1]} px views, but the checkpoint's backbone was "
             f"fed {crop} px crops: set --data.train_transform.init_args.crop_size {crop}.",
             category=PreprocessingWarning)
+
+
+def adopt_dense_normalisation(owner: str, record: Mapping[str, Any] | None,
+                              datamodule: Any, source: str) -> None:
+    """For a dense probe (``SegLinearProbe``, ``DepthLinearProbe``, ``DenseKNNSegmentation``):
+    normalise the dense data module's images by the checkpoint's recorded mean and std unless
+    ``--data.mean`` / ``--data.std`` were given (then warn where they differ from the record),
+    warn when the backbone was fed other than RGB images, and print one line of what is used
+    (global rank 0). The crop and resize sizes stay the protocol's (the line says so)."""
+    if not callable(getattr(datamodule, "normalise_with", None)):
+        return  # not a dense data module: nothing to adopt
+    if record is None:
+        rank_zero_warn(f"{source} does not record how its backbone was fed, so {owner} "
+                       "normalises by the data module's mean and std (ImageNet's unless "
+                       "--data.mean / --data.std are given), a guess.",
+                       category=PreprocessingWarning)
+        origin = "the data module's (the checkpoint has no record)"
+    elif record.get("image_reader") != "rgb" or int(record.get("channels", 3)) != 3:
+        rank_zero_warn(f"{owner}: the backbone was fed {describe(record)} ({source}), but the "
+                       "dense data modules read RGB images: the probe's inputs are not the "
+                       "backbone's.", category=PreprocessingWarning)
+        origin = "the data module's (the checkpoint's are not of RGB images)"
+    elif not datamodule.normalisation_given:
+        datamodule.normalise_with(record["mean"], record["std"])
+        origin = "the checkpoint's"
+    else:
+        origin = "--data.mean / --data.std"
+        mean, std = datamodule.normalisation
+        changed = [key for key, value in (("mean", mean), ("std", std))
+                   if differs(value, record.get(key))]
+        if changed:
+            rank_zero_warn(
+                f"{owner}: --data.{' and --data.'.join(changed)} override the checkpoint's: the "
+                f"backbone was trained on mean {record['mean']}, std {record['std']} ({source}). "
+                "Leave them unset to use the checkpoint's.", category=PreprocessingWarning)
+    mean, std = datamodule.normalisation
+    rank_zero_only(print)(
+        f"{owner}: normalisation from {origin}: mean {[round(m, 4) for m in mean]}, std "
+        f"{[round(v, 4) for v in std]}, rgb images; crop {datamodule.crop_size} px and val "
+        f"shorter side {datamodule.eval_size} px are the protocol's (--data.crop_size, "
+        "--data.eval_size), not the checkpoint's.")

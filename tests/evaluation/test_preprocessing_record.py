@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from dense_utils import make_depth_folder, make_segmentation_folder
 from evaluation_helpers import tiny_trainer
 from PIL import Image
 
@@ -17,8 +18,15 @@ from ssl_lightning.data import (
     LinearEvalTransform,
     SimCLRViews,
 )
+from ssl_lightning.data.dense_pairs import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    DepthDataModule,
+    SegmentationDataModule,
+)
 from ssl_lightning.data.preprocessing import PreprocessingWarning
 from ssl_lightning.evaluation import KNNEval, LinearEval
+from ssl_lightning.evaluation.dense import DenseKNNSegmentation, DepthLinearProbe, SegLinearProbe
 from ssl_lightning.evaluation.embed import embed_folder
 from ssl_lightning.methods import SimCLR
 
@@ -142,3 +150,61 @@ def test_linear_eval_trains_on_the_checkpoints_crop_and_statistics_by_default(tr
     assert ("LinearEval: training views from the checkpoint's preprocessing: random crop "
             "(4 px padding) 64 px + horizontal flip, mean [0.4914, 0.4822, 0.4465], "
             "std [0.247, 0.2435, 0.2616]") in capsys.readouterr().out
+
+
+CIFAR_MEAN, CIFAR_STD = [0.4914, 0.4822, 0.4465], [0.247, 0.2435, 0.2616]  # the record's
+
+
+@pytest.fixture(scope="module")
+def dense_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dense")
+    make_segmentation_folder(root / "seg", train=4, val=2)
+    make_depth_folder(root / "depth", train=4, val=2)
+    return root
+
+
+def _dense(kind: str, root: Path, **kwargs):
+    tiny = {"crop_size": 32, "batch_size": 4, "num_workers": 0, "eval_size": None, **kwargs}
+    if kind == "depth":
+        return DepthDataModule(str(root / "depth"), bank_images=0, **tiny)
+    return SegmentationDataModule(str(root / "seg"), num_classes=3,
+                                  bank_images=None if kind == "knn" else 0, **tiny)
+
+
+def _probe(kind: str, ckpt: str):
+    if kind == "seg":
+        return SegLinearProbe(num_classes=3, checkpoint=ckpt, lrs=[1e-2], image_size=32)
+    if kind == "depth":
+        return DepthLinearProbe(checkpoint=ckpt, lrs=[1e-2], num_bins=4, image_size=32)
+    return DenseKNNSegmentation(num_classes=3, checkpoint=ckpt, ks=[1])
+
+
+@pytest.mark.parametrize("kind", ["seg", "depth", "knn"])
+def test_dense_probes_normalise_by_the_checkpoints_statistics_by_default(
+        trained_at_64, dense_root, kind, capsys):
+    """No --data.mean / --data.std: every loader of the dense data normalises by the
+    checkpoint's recorded statistics (ImageNet's before), and the probe says so."""
+    ckpt, _, _ = trained_at_64
+    data = _dense(kind, dense_root)
+    probe = _probe(kind, ckpt)
+    tiny_trainer().validate(probe, datamodule=data)
+    for transform in (data.train_transform, data.eval_transform, data.bank_transform):
+        np.testing.assert_allclose(transform.mean.flatten(), CIFAR_MEAN, rtol=0, atol=1e-7)
+        np.testing.assert_allclose(transform.std.flatten(), CIFAR_STD, rtol=0, atol=1e-7)
+    image, _ = data.val_dataloader()[-1].dataset[0]
+    assert abs(float(image.mean())) < 10  # normalised, not raw
+    out = capsys.readouterr().out
+    assert (f"{type(probe).__name__}: normalisation from the checkpoint's: mean {CIFAR_MEAN}, "
+            f"std {CIFAR_STD}, rgb images; crop 32 px and val shorter side None px are the "
+            "protocol's") in out
+
+
+def test_a_dense_probe_keeps_given_statistics_and_warns_that_they_differ(trained_at_64,
+                                                                        dense_root):
+    ckpt, _, _ = trained_at_64
+    data = _dense("seg", dense_root, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    with pytest.warns(PreprocessingWarning, match="--data.mean and --data.std override the "
+                                                  "checkpoint's: the backbone was trained on "
+                                                  "mean \\[0.4914"):
+        tiny_trainer().validate(_probe("seg", ckpt), datamodule=data)
+    np.testing.assert_allclose(data.eval_transform.mean.flatten(), IMAGENET_MEAN, atol=1e-7)

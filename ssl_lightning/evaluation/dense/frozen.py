@@ -18,9 +18,10 @@ from ssl_lightning.evaluation.checkpoint import backbone_from_checkpoint, resolv
 
 
 def frozen_backbone(backbone: nn.Module | None, checkpoint: str | None, prefix: str,
-                    owner: str) -> nn.Module:
+                    owner: str) -> tuple[nn.Module, str | None]:
     """The backbone of ``checkpoint`` (or ``backbone`` as given for ``"random"``), frozen in
-    eval mode (BatchNorm statistics as pre-trained).
+    eval mode (BatchNorm statistics as pre-trained), and the checkpoint's path (None for
+    ``"random"``).
 
     Raises:
         ValueError: no checkpoint, or ``"random"`` without a backbone.
@@ -31,7 +32,7 @@ def frozen_backbone(backbone: nn.Module | None, checkpoint: str | None, prefix: 
     elif backbone is None:
         raise ValueError(f"{owner} with checkpoint: random needs a backbone (--model.backbone).")
     backbone.requires_grad_(False)
-    return backbone.eval()
+    return backbone.eval(), path
 
 
 @torch.no_grad()

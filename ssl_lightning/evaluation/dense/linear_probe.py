@@ -15,6 +15,7 @@ from ssl_lightning.evaluation.dense.frozen import (
     sliding_window,
 )
 from ssl_lightning.evaluation.dense.heads import HeadGrid
+from ssl_lightning.evaluation.preprocessing import adopt_dense_normalisation, recorded_preprocessing
 from ssl_lightning.optim import build_optimizer, run_schedule, split_decay_groups
 from ssl_lightning.training.divergence import check_finite_loss
 
@@ -54,8 +55,11 @@ class DenseLinearProbe(pl.LightningModule):
         stride = stride or max(1, round(crop_size * 2 / 3))
         if not 0 < stride <= crop_size:
             raise ValueError(f"stride must be in (0, crop_size={crop_size}], got {stride}.")
-        self.backbone = frozen_backbone(backbone, checkpoint, checkpoint_prefix,
-                                        type(self).__name__)
+        self.backbone, self._checkpoint = frozen_backbone(backbone, checkpoint,
+                                                          checkpoint_prefix, type(self).__name__)
+        #: The checkpoint's preprocessing record (None: ``"random"`` or an older checkpoint).
+        self.checkpoint_preprocessing = (recorded_preprocessing(self._checkpoint)
+                                         if self._checkpoint is not None else None)
         with torch.no_grad():
             channels = patch_features(self.backbone, torch.zeros(1, 3, image_size, image_size)
                                       ).shape[1]
@@ -63,6 +67,14 @@ class DenseLinearProbe(pl.LightningModule):
         self.weight_decay, self.warmup_epochs = weight_decay, warmup_epochs
         self.crop_size, self.stride = crop_size, stride
         self._seen = 0
+
+    def setup(self, stage: str) -> None:
+        """Normalise the data by the checkpoint's recorded statistics unless the data module
+        was given its own (warning where they differ), and say which."""
+        if self._checkpoint is not None:
+            adopt_dense_normalisation(type(self).__name__, self.checkpoint_preprocessing,
+                                      getattr(self.trainer, "datamodule", None),
+                                      f"checkpoint {self._checkpoint!r}")
 
     def train(self, mode: bool = True) -> DenseLinearProbe:
         """The heads follow ``mode``; the frozen backbone stays in eval mode."""

@@ -19,6 +19,7 @@ from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX
 from ssl_lightning.evaluation.dense.frozen import frozen_backbone, patch_features, real_samples
 from ssl_lightning.evaluation.dense.metrics import ConfusionMatrix
 from ssl_lightning.evaluation.fewshot import dataset_positions
+from ssl_lightning.evaluation.preprocessing import adopt_dense_normalisation, recorded_preprocessing
 
 
 def patch_label_distributions(masks: Tensor, grid: tuple[int, int], num_classes: int) -> Tensor:
@@ -114,8 +115,12 @@ class DenseKNNSegmentation(pl.LightningModule):
             raise ValueError(f"ks must be >= 1 and temperature > 0, got {list(ks)} and "
                              f"{temperature}.")
         self.save_hyperparameters(ignore=["backbone"])
-        self.backbone = frozen_backbone(backbone, checkpoint, checkpoint_prefix,
-                                        "DenseKNNSegmentation")
+        self.backbone, self._checkpoint = frozen_backbone(backbone, checkpoint,
+                                                          checkpoint_prefix,
+                                                          "DenseKNNSegmentation")
+        #: The checkpoint's preprocessing record (None: ``"random"`` or an older checkpoint).
+        self.checkpoint_preprocessing = (recorded_preprocessing(self._checkpoint)
+                                         if self._checkpoint is not None else None)
         self.num_classes, self.ks, self.temperature = num_classes, sorted(ks), temperature
         self.patches_per_image, self.chunk_size = patches_per_image, chunk_size
         self.matrices = {k: ConfusionMatrix(num_classes, IGNORE_INDEX) for k in self.ks}
@@ -125,6 +130,14 @@ class DenseKNNSegmentation(pl.LightningModule):
         self._owners: list[Tensor] = []
         self._bank_ready: tuple[Tensor, Tensor] | None = None
         self._seen = [0, 0]
+
+    def setup(self, stage: str) -> None:
+        """Normalise the data by the checkpoint's recorded statistics unless the data module
+        was given its own (warning where they differ), and say which."""
+        if self._checkpoint is not None:
+            adopt_dense_normalisation("DenseKNNSegmentation", self.checkpoint_preprocessing,
+                                      getattr(self.trainer, "datamodule", None),
+                                      f"checkpoint {self._checkpoint!r}")
 
     def train(self, mode: bool = True) -> DenseKNNSegmentation:
         super().train(mode)

@@ -47,7 +47,9 @@ class SegLinearProbe(DenseLinearProbe):
         self.results: dict[str, dict[str, Tensor]] = {}
 
     def setup(self, stage: str) -> None:
-        """Refuse heads whose class count is not the data's, before any step."""
+        """Refuse heads whose class count is not the data's, before any step; adopt the
+        checkpoint's normalisation (:meth:`DenseLinearProbe.setup`)."""
+        super().setup(stage)
         classes = getattr(getattr(self.trainer, "datamodule", None), "num_classes", None)
         if isinstance(classes, int) and classes != self.num_classes:
             raise ValueError(f"SegLinearProbe has num_classes={self.num_classes} but the data "
