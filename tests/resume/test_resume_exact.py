@@ -79,7 +79,7 @@ def _start_jobs(jobs: list[dict[str, Any]], path: Path) -> subprocess.Popen:
 def _finish(*children: subprocess.Popen) -> str:
     """Waits for every harness process; their stderr, joined. Fails on the first that failed."""
     stderrs = [child.communicate()[1] for child in children]
-    for child, stderr in zip(children, stderrs):
+    for child, stderr in zip(children, stderrs, strict=True):
         assert child.returncode == 0, stderr[-3000:]
     return "".join(stderrs)
 
