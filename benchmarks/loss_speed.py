@@ -225,14 +225,25 @@ def run_variant(args: argparse.Namespace) -> dict[str, float]:
 
 def measure(loss: str = "nt_xent", batch: int = 4096, dim: int = 128, temperature: float = 0.5,
             repeats: int = 5, threads: int = 1, variants: tuple[str, ...] | None = None,
-            rounds: int = 1) -> dict[str, dict[str, float]]:
+            rounds: int = 1, in_process: bool = False) -> dict[str, dict[str, float]]:
     """Per variant (default: :func:`variants_of`), the medians over ``rounds`` of its child
     process' figures; the variants' children alternate within each round, so load changes hit
-    them alike."""
+    them alike. ``in_process``: every variant in this process instead (no process start; its
+    peak-memory figure then includes what earlier variants left allocated: a check that the
+    variants run, not figures)."""
     variants = variants or variants_of(loss)
     runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
     for _ in range(rounds):
         for variant in variants:
+            if in_process:
+                import torch
+
+                threads_before = torch.get_num_threads()
+                runs[variant].append(run_variant(argparse.Namespace(
+                    variant=variant, loss=loss, batch=batch, dim=dim, temperature=temperature,
+                    repeats=repeats, threads=threads)))
+                torch.set_num_threads(threads_before)
+                continue
             child = [sys.executable, __file__, "--variant", variant, "--loss", loss,
                      "--batch", str(batch), "--dim", str(dim), "--temperature",
                      str(temperature), "--repeats", str(repeats), "--threads", str(threads)]

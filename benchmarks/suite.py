@@ -22,7 +22,7 @@ markers (``--readme`` copies it there) and docs/performance.md cites it.
 Usage::
 
     python benchmarks/suite.py --readme          # full sizes, ~20 min on one busy core
-    python benchmarks/suite.py --tiny --output /tmp/suite   # a minute: checks that all run
+    python benchmarks/suite.py --tiny --output /tmp/suite   # seconds: checks that all run
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ FULL: dict[str, dict[str, Any]] = {
     "embed": {"batch_size": 256, "rounds": 2},
     "step": {"backbone": "small", "batch": 128, "steps": 20, "rounds": 2},
 }
+#: Tiny sizes: a check that every benchmark runs (the losses' variants in this process).
 TINY: dict[str, dict[str, Any]] = {
-    "loss": {"batch": 64, "repeats": 1, "rounds": 1},
+    "loss": {"batch": 64, "repeats": 1, "rounds": 1, "in_process": True},
     "views": {"images": 16, "batch": 8, "rounds": 1},
     "grad_cache": {"batch_size": 8, "micro_batch_size": 4},
     "streaming": {"batch": 4, "batches": 2, "rounds": 1},

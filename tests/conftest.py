@@ -22,12 +22,15 @@ import numpy as np
 import pytest
 import torch
 import yaml
+
+# The costliest files first, so that the two xdist workers end together (file_order.py).
+from file_order import pytest_collection_modifyitems
 from PIL import Image
 
 # The slow tier: marked on the tests; one started process fails an unmarked test (slow_tier.py).
 from slow_tier import pytest_runtest_call, pytest_runtest_setup
 
-__all__ = ["pytest_runtest_call", "pytest_runtest_setup"]
+__all__ = ["pytest_collection_modifyitems", "pytest_runtest_call", "pytest_runtest_setup"]
 
 ImageFolderMaker = Callable[..., Path]
 

@@ -31,7 +31,11 @@ from ssl_lightning.testing.process_pool import free_port
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_S = 900  # whole matrix; a hang in one config fails it with the config named
+#: A driver whose log and results file stayed unchanged this long hangs: it is killed, and the
+#: config it was running fails with its name. The results file changes at every config's start
+#: and end, so this bounds one config (with its resume leg), not the whole matrix: a loaded
+#: machine makes the matrix slower, not a config silent for minutes.
+STALL_S = 300
 DIVERGE = ["--model.init_args.lr", "1e6", "--model.init_args.warmup_epochs", "0",
            "--trainer.max_epochs", "6"]
 
@@ -88,16 +92,15 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) ->
             procs.append((world, rank, proc, out))
     diverge_dir = tmp / "diverge"
     diverge_dir.mkdir()
-    cli = subprocess.Popen([sys.executable, "-m", "ssl_lightning",
-                            *_diverge_args(tiny_image_folder)], env=_env(), cwd=diverge_dir,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + TIMEOUT_S
-    cli_output = cli.communicate(timeout=TIMEOUT_S)[0]
-    for _, _, proc, _ in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    cli_log = tmp / "diverge_cli.txt"
+    with open(cli_log, "w") as log:
+        cli = subprocess.Popen([sys.executable, "-m", "ssl_lightning",
+                                *_diverge_args(tiny_image_folder)], env=_env(), cwd=diverge_dir,
+                               stdout=log, stderr=subprocess.STDOUT)
+    watched = [(proc, [tmp / f"log{world}_{rank}.txt", out / f"rank{rank}.json"])
+               for world, rank, proc, out in procs]
+    _wait_while_progressing([*watched, (cli, [cli_log])], STALL_S)
+    cli_output = cli_log.read_text()
     for log in logs:
         log.close()
     results: dict[str, Any] = {1: {}, 2: {}}
@@ -107,6 +110,26 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, tiny_image_folder: Path) ->
         results[world][rank]["_log"] = (tmp / f"log{world}_{rank}.txt").read_text()[-3000:]
     results["diverge_cli"] = (cli.returncode, cli_output, diverge_dir)
     return results
+
+
+def _wait_while_progressing(children: list[tuple[subprocess.Popen, list[Path]]],
+                            stall_s: float) -> None:
+    """Waits for every child process; kills one whose files (its log, its results) stayed
+    unchanged for ``stall_s`` seconds (a hang, reported by the test of what it was running)."""
+    stamps: list[tuple[Any, float]] = [((), time.monotonic()) for _ in children]
+    while any(proc.poll() is None for proc, _ in children):
+        now = time.monotonic()
+        for i, (proc, paths) in enumerate(children):
+            if proc.poll() is not None:
+                continue
+            stamp = tuple((p.stat().st_size, p.stat().st_mtime_ns) if p.exists() else None
+                          for p in paths)
+            if stamp != stamps[i][0]:
+                stamps[i] = (stamp, now)
+            elif now - stamps[i][1] > stall_s:
+                proc.kill()
+                proc.wait()
+        time.sleep(1.0)
 
 
 def _check(result: dict[str, Any], name: str, world: int, rank: int, log: str) -> None:
@@ -182,3 +205,18 @@ def test_divergence_exits_non_zero_naming_step_lr_and_advice(matrix: dict[str, A
     assert 0 < checkpoint["global_step"] <= step
     assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values()
                if v.is_floating_point())
+
+
+def test_a_silent_driver_is_killed_and_a_slow_one_that_writes_is_not(tmp_path: Path) -> None:
+    """The matrix's hang detection: the silent child is killed after ``stall_s``; the child that
+    writes a line every 0.3 s for longer than that finishes on its own."""
+    silent_log, busy_log = tmp_path / "silent.txt", tmp_path / "busy.txt"
+    busy_code = ("import sys, time\nfor i in range(8):\n    print(i, flush=True)\n"
+                 "    time.sleep(0.3)")
+    with open(silent_log, "w") as silent_out, open(busy_log, "w") as busy_out:
+        silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                  stdout=silent_out)
+        busy = subprocess.Popen([sys.executable, "-c", busy_code], stdout=busy_out)
+    _wait_while_progressing([(silent, [silent_log]), (busy, [busy_log])], stall_s=1.5)
+    assert silent.returncode == -9
+    assert busy.returncode == 0 and busy_log.read_text().split() == [str(i) for i in range(8)]
