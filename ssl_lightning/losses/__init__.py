@@ -27,6 +27,7 @@ from ssl_lightning.losses.moco_v3 import MoCoV3Loss
 from ssl_lightning.losses.msn import MSNLoss
 from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
 from ssl_lightning.losses.nnclr import NNCLRLoss
+from ssl_lightning.losses.neco import NeCoLoss
 from ssl_lightning.losses.nt_xent import NTXentLoss
 from ssl_lightning.losses.ressl import ReSSLLoss
 from ssl_lightning.losses.sigreg import SIGRegLoss
@@ -48,4 +49,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
            "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
-           "DenseCLLoss", "VICRegLLoss", "CAPILoss"]
+           "DenseCLLoss", "VICRegLLoss", "CAPILoss", "NeCoLoss"]
