@@ -62,8 +62,20 @@ class NeCoLoss(nn.Module):
         self.network: SortingNetwork = network
         self.similarity: Similarity = similarity
 
-    def forward(self, student: Tensor, teacher: Tensor, references: Tensor) -> Tensor:
-        """Args:
+    def forward(self, student: Tensor, teacher: Tensor, references: Tensor,
+                weights: Tensor | None = None) -> Tensor:
+        """The loss L: the mean of :meth:`per_sample` over the samples, or its mean weighted by
+        ``weights`` (B,) (0 leaves a sample out; all 0: 0 with the graph kept)."""
+        losses = self.per_sample(student, teacher, references)
+        if weights is None:
+            return losses.mean()
+        weights = weights.to(losses.dtype)
+        return (losses * weights).sum() / weights.sum().clamp_min(1)
+
+    def per_sample(self, student: Tensor, teacher: Tensor, references: Tensor) -> Tensor:
+        """Each sample's loss (B,), averaged over its patches and references.
+
+        Args:
             student: Student patch features (B, N, C) (with gradient).
             teacher: Teacher features (B, N, C) of the same N image locations.
             references: Reference patch features (B, M, C) (teacher features; no gradient).
@@ -84,4 +96,4 @@ class NeCoLoss(nn.Module):
                     at_least_fp32(teacher.detach()).to(student.dtype), references,
                     self.similarity), self.teacher_steepness, self.network)[1]
             log_ranks = torch.log(student_ranks.clamp_min(torch.finfo(student.dtype).tiny))
-            return -(teacher_ranks * log_ranks).sum(dim=-1).mean()
+            return -(teacher_ranks * log_ranks).sum(dim=-1).mean(dim=(1, 2))

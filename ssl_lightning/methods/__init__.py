@@ -50,6 +50,7 @@ from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.vicregl import VICRegL
 from ssl_lightning.methods.visreg import VISReg
 from ssl_lightning.methods.wmse import WMSE
+from ssl_lightning.methods.neco import NeCo
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
@@ -58,4 +59,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
            "DenseCL", "VICRegL", "Pixio", "CAPI",
-           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg"]
+           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "NeCo"]
