@@ -46,6 +46,13 @@ REFERENCE_STREAM = 1
     small=lambda backbone, **kw: NeCo(backbone, projection_hidden_dim=16, projection_dim=8,
                                       grid=2, student_steepness=10.0, teacher_steepness=10.0,
                                       momentum_base=0.9, **kw),
+    cli_args={"neco.yaml": (  # the shape of the released-backbone file the config test writes
+        "--model.init_args.backbone.init_args.embed_dim", "32",
+        "--model.init_args.backbone.init_args.depth", "1",
+        "--model.init_args.backbone.init_args.num_heads", "2",
+        "--model.init_args.projection_hidden_dim", "16", "--model.init_args.projection_dim", "8",
+        "--model.init_args.grid", "2", "--model.init_args.image_size", "28",
+        "--data.init_args.train_transform.init_args.crop_size", "28")},
 )
 class NeCo(MomentumMethod):
     """NeCo patch neighbour-consistency post-training on two views.
