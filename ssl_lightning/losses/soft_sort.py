@@ -38,12 +38,12 @@ def sorting_network(size: int, kind: SortingNetwork = "bitonic") -> tuple[Layer,
     if size < 1:
         raise ValueError(f"A sorting network needs at least one entry, got size={size}.")
     if kind == "odd_even":
-        layers = [[(i, i + 1) for i in range(t % 2, size - 1, 2)] for t in range(size)]
-        return tuple(_layer(pairs) for pairs in layers if pairs)
+        steps = [[(i, i + 1) for i in range(t % 2, size - 1, 2)] for t in range(size)]
+        return tuple(_layer(pairs) for pairs in steps if pairs)
     if kind != "bitonic":
         raise ValueError(f"sorting network must be 'bitonic' or 'odd_even', got {kind!r}.")
     padded = 1 << max(size - 1, 0).bit_length()
-    layers = []
+    layers: list[Layer] = []
     block = 2
     while block <= padded:
         step = block // 2

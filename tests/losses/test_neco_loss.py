@@ -30,11 +30,11 @@ def _loop_soft_sort(values: list[float], steepness: float, comparators: list[tup
 
 def _comparators(size: int, kind: str) -> list[tuple[int, int]]:
     return [pair for lower, upper in sorting_network(size, kind)  # type: ignore[arg-type]
-            for pair in zip(lower, upper)]
+            for pair in zip(lower, upper, strict=True)]
 
 
 def _cosine(u: torch.Tensor, v: torch.Tensor) -> float:
-    dot = sum(float(a) * float(b) for a, b in zip(u, v))
+    dot = sum(float(a) * float(b) for a, b in zip(u, v, strict=True))
     return dot / math.sqrt(sum(float(a) ** 2 for a in u) * sum(float(b) ** 2 for b in v))
 
 
@@ -56,7 +56,8 @@ def _loop_neco(student, teacher, references, beta_s, beta_t, kind) -> float:
 @pytest.mark.parametrize("kind", ["bitonic", "odd_even"])
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 13])
 def test_networks_sort_every_input(kind: str, size: int) -> None:
-    values = torch.randn(300, size, dtype=torch.float64, generator=torch.Generator().manual_seed(size))
+    generator = torch.Generator().manual_seed(size)
+    values = torch.randn(300, size, dtype=torch.float64, generator=generator)
     hard, perm = soft_sort(values, 1e12, kind)  # type: ignore[arg-type]
     assert torch.allclose(hard, values.sort(dim=-1).values, atol=1e-9)
     assert torch.allclose((values.unsqueeze(-2) @ perm).squeeze(-2), hard)

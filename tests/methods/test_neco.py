@@ -90,4 +90,4 @@ def test_bad_arguments_fail_at_construction() -> None:
     with pytest.raises(ValueError, match="grid must be >= 1"):
         NeCo(small_convnet(), grid=0)
     with pytest.raises(ValueError, match="steepnesses must be > 0"):
-        NeCo(small_convnet(), student_steepness=0.0).criterion
+        NeCo(small_convnet(), student_steepness=0.0)
