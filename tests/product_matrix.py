@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SKIP: dict[str, str] = {
     "dinov3_continue.yaml": "tests/product/test_configs.py runs it with a released-backbone "
                             "file; its method runs here as dinov3.yaml",
+    "neco.yaml": "tests/product/test_configs.py runs it with a released-backbone file "
+                 "(a post-training method: it starts from released weights)",
     **{name: "tests/product/test_configs.py runs it on synthetic dense data (image + mask/depth "
              "pairs, not the tiny class folder); the 2-process sums of its metrics are "
              "tests/evaluation/test_dense_metrics.py's"

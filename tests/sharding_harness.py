@@ -67,7 +67,7 @@ DINOV3_SGD = dict(optimizer="sgd", lr=0.05, clip_grad=0.5)
 #: global sampler position): their one process sees the samplers' order, where rank r's sample j
 #: is at j * WORLD + r. The others see the rank batches concatenated, the order of the gathered
 #: batch (and of a queue, whose slots are compared here directly).
-BY_POSITION = ("dinov2", "dinov3", "wmse", "smog", "dinov2_matryoshka", "dinov2_paka")
+BY_POSITION = ("dinov2", "dinov3", "wmse", "smog", "dinov2_matryoshka", "dinov2_paka", "neco")
 
 
 def vit(**kwargs: Any) -> ViT:

@@ -26,14 +26,19 @@ from ssl_lightning.data.transforms import MultiViewTransform, PresetName, SimCLR
 BOX_SIZE = 5
 
 
+def _compose(steps: list[Any]) -> Any:
+    """The steps in order; none (the ImageNet preset starts with the crop): the identity."""
+    return v2.Compose(steps) if steps else v2.Identity()
+
+
 class _LocatedPipeline:
     """One SimCLR pipeline whose random resized crop and flip are drawn here and recorded."""
 
     def __init__(self, pipeline: v2.Compose) -> None:
         steps = list(pipeline.transforms)
         at = next(i for i, step in enumerate(steps) if isinstance(step, v2.RandomResizedCrop))
-        self.before, self.crop, self.flip = v2.Compose(steps[:at]), steps[at], steps[at + 1]
-        self.after = v2.Compose(steps[at + 2:])
+        self.before, self.crop, self.flip = _compose(steps[:at]), steps[at], steps[at + 1]
+        self.after = _compose(steps[at + 2:])
 
     def __call__(self, image: Any) -> tuple[Tensor, Tensor]:
         image = self.before(image)

@@ -26,6 +26,7 @@ from ssl_lightning.losses.mae import MAELoss
 from ssl_lightning.losses.mmcr import MMCRLoss
 from ssl_lightning.losses.moco_v3 import MoCoV3Loss
 from ssl_lightning.losses.msn import MSNLoss
+from ssl_lightning.losses.neco import NeCoLoss
 from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
 from ssl_lightning.losses.nnclr import NNCLRLoss
 from ssl_lightning.losses.nt_xent import NTXentLoss
@@ -49,4 +50,5 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "VIbCRegLoss", "GramLoss", "DistillationLoss", "QueueDistillationLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
            "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
-           "DenseCLLoss", "VICRegLLoss", "CAPILoss", "DetConLoss"]
+           "DenseCLLoss", "VICRegLLoss", "CAPILoss", "DetConLoss",
+           "NeCoLoss"]

@@ -34,6 +34,7 @@ from ssl_lightning.methods.moco_v2_plus import MoCoV2Plus
 from ssl_lightning.methods.moco_v3 import MoCoV3
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.msn import MSN
+from ssl_lightning.methods.neco import NeCo
 from ssl_lightning.methods.nnbyol import NNBYOL
 from ssl_lightning.methods.nnclr import NNCLR
 from ssl_lightning.methods.nnsiam import NNSiam
@@ -60,4 +61,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
            "DenseCL", "VICRegL", "Pixio", "CAPI",
-           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "DetConS", "DetConB"]
+           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "DetConS", "DetConB", "NeCo"]

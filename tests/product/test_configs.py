@@ -96,12 +96,12 @@ SUBCOMMANDS: dict[str, str] = {
 
 def _released_backbone(tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     """A random ViT of the shrunk shape (see EXTRA_ARGS) saved as the released backbone file
-    that dinov3_continue.yaml's ``pretrained_path`` names."""
+    that the config's (dinov3_continue.yaml's, neco.yaml's) ``pretrained_path`` names."""
     import torch
 
     from ssl_lightning.backbones import ViT
 
-    config = read_config(ROOT / "configs" / "dinov3_continue.yaml")
+    config = read_config(ROOT / "configs" / request.node.callspec.params["config"].name)
     init = dict(config["model"]["init_args"]["backbone"]["init_args"])
     assert init.pop("pretrained_path")
     torch.manual_seed(0)
@@ -135,6 +135,7 @@ PREPARE: dict[str, Callable[[Path, pytest.FixtureRequest], list[str]]] = {
     **{name: _dense_probe_data for name in ("seg_linear.yaml", "seg_knn.yaml",
                                             "depth_linear.yaml")},
     "dinov3_continue.yaml": _released_backbone,
+    "neco.yaml": _released_backbone,
     "linear.yaml": _pretraining_checkpoint,
     "knn.yaml": _pretraining_checkpoint,
     "fewshot.yaml": _pretraining_checkpoint,
