@@ -62,12 +62,13 @@ MIM = dict(shared_head=False, patch_out_dim=24, mask_probability=0.5, num_local_
 DINOV3_SGD = dict(optimizer="sgd", lr=0.05, clip_grad=0.5)
 
 
-#: Methods whose decisions depend on a sample's place in the step (the stratified mask ratios of
-#: DINOv2 and its presets, W-MSE's whitening sub-batches, SMoG's bank fill, all keyed by the
-#: global sampler position): their one process sees the samplers' order, where rank r's sample j
-#: is at j * WORLD + r. The others see the rank batches concatenated, the order of the gathered
-#: batch (and of a queue, whose slots are compared here directly).
-BY_POSITION = ("dinov2", "dinov3", "wmse", "smog", "dinov2_matryoshka", "dinov2_paka", "neco")
+#: Methods whose decisions depend on a sample's place in the step (registered with
+#: ``position_keyed``: DINOv2's stratified mask ratios, W-MSE's whitening sub-batches, SMoG's
+#: bank fill, NeCo's reference shuffle, all keyed by the global sampler position): their one
+#: process sees the samplers' order, where rank r's sample j is at j * WORLD + r. The others see
+#: the rank batches concatenated, the order of the gathered batch (and of a queue, whose slots
+#: are compared here directly).
+BY_POSITION = frozenset(entry.name for entry in method_entries() if entry.position_keyed)
 
 
 def vit(**kwargs: Any) -> ViT:

@@ -42,6 +42,7 @@ from ssl_lightning.training.dino_arguments import require_local_crops
                                         head_bottleneck_dim=8, momentum_base=0.9,
                                         warmup_teacher_temperature_epochs=0, shared_head=False,
                                         patch_out_dim=12, num_local_crops=1, image_size=8, **kw),
+    position_keyed=True,
 )
 class DINOv2(DINO):
     """DINOv2 self-distillation: DINO + iBOT losses, Sinkhorn centring, KoLeo (a preset of

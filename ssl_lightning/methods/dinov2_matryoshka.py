@@ -30,6 +30,7 @@ from ssl_lightning.methods.registry import SMALL_DINO_ARGS, Paper, register_meth
         backbone, head_out_dim=16, head_hidden_dim=16, head_bottleneck_dim=8, momentum_base=0.9,
         warmup_teacher_temperature_epochs=0, patch_out_dim=16, num_local_crops=1, image_size=8,
         matryoshka_levels=3, **kw),
+    position_keyed=True,
 )
 class DINOv2Matryoshka(DINOv2):
     """DINOv2 with nested Matryoshka [CLS] and patch heads (a preset of :class:`DINO`).

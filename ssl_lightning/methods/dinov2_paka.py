@@ -34,6 +34,7 @@ from ssl_lightning.methods.registry import SMALL_DINO_ARGS, Paper, register_meth
         backbone, head_out_dim=12, head_hidden_dim=16, head_bottleneck_dim=8, momentum_base=0.9,
         warmup_teacher_temperature_epochs=0, patch_out_dim=12, num_local_crops=1, image_size=8,
         paka_hidden_dim=16, paka_dim=8, **kw),
+    position_keyed=True,
 )
 class DINOv2PaKA(DINOv2):
     """DINOv2 plus PaKA's patch kernel alignment (a preset of :class:`DINO`).

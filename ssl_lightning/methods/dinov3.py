@@ -68,6 +68,7 @@ SMALL_PATCH_HEAD_ARGS = ("--model.init_args.patch_hidden_dim", "32",
                                         patch_bottleneck_dim=6, gram_start_step=0,
                                         gram_refresh_every=1, gram_max_refreshes=1, image_size=8,
                                         **kw),
+    position_keyed=True,
 )
 class DINOv3(DINO):
     """DINOv2's terms with DINOv3's schedules and Gram anchoring (a preset of :class:`DINO`).

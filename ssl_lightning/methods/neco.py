@@ -53,6 +53,7 @@ REFERENCE_STREAM = 1
         "--model.init_args.projection_hidden_dim", "16", "--model.init_args.projection_dim", "8",
         "--model.init_args.grid", "2", "--model.init_args.image_size", "28",
         "--data.init_args.train_transform.init_args.crop_size", "28")},
+    position_keyed=True,
 )
 class NeCo(MomentumMethod):
     """NeCo patch neighbour-consistency post-training on two views.

@@ -108,6 +108,10 @@ class MethodEntry:
         matrix_args: Shipped config -> the CLI arguments the product matrix
             (``tests/product_matrix.py``) adds after its generic shrinking (backbone, head
             widths, data, trainer).
+        position_keyed: A decision of the step depends on a sample's place in the global batch
+            (sub-batches, stratified mask ratios, group updates, reference shuffles), keyed by
+            its sampler position: checks against one process feed it the global batch in the
+            samplers' order (rank r's sample j at j * world + r), not rank after rank.
     """
 
     name: str
@@ -125,6 +129,7 @@ class MethodEntry:
     backbone: Callable[[], nn.Module] = small_convnet
     cli_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     matrix_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    position_keyed: bool = False
 
     def small(self, backbone: nn.Module | None = None, **kwargs: Any) -> Any:
         """The small instance, on ``backbone`` (e.g. a ViT for sharding) or its own."""
@@ -144,7 +149,7 @@ def register_method(
     opt_outs: Mapping[str, str] | None = None, docs: str = "docs/methods.md",
     needs_sample_seeds: bool = False, backbone: Callable[[], nn.Module] = small_convnet,
     cli_args: Mapping[str, tuple[str, ...]] | None = None,
-    matrix_args: Mapping[str, tuple[str, ...]] | None = None,
+    matrix_args: Mapping[str, tuple[str, ...]] | None = None, position_keyed: bool = False,
 ) -> Callable[[T], T]:
     """Class decorator: register the decorated method class under ``name`` (see
     :class:`MethodEntry` for the arguments) and return it unchanged.
@@ -171,7 +176,7 @@ def register_method(
         _REGISTRY[name] = MethodEntry(name, cls, title, tuple(configs), paper, family,
                                       tuple(views), small, dict(opt_outs or {}), docs, tests,
                                       needs_sample_seeds, backbone, dict(cli_args or {}),
-                                      dict(matrix_args or {}))
+                                      dict(matrix_args or {}), position_keyed)
         return cls
 
     return register

@@ -61,6 +61,7 @@ from ssl_lightning.queues import FeatureQueue
     small=lambda backbone, **kw: SMoG(backbone, projection_hidden_dim=16, projection_dim=8,
                                       head_batch_norm=False, num_groups=4, reset_every=2,
                                       queue_size=16, kmeans_iterations=3, momentum_base=0.9, **kw),
+    position_keyed=True,
 )
 class SMoG(BYOL):
     """SMoG (symmetrised: both views predict the other view's group every step).

@@ -33,6 +33,7 @@ WHITENING_STREAM = 2
     },
     small=lambda backbone, **kw: WMSE(backbone, projection_hidden_dim=16, projection_dim=3,
                                       head_batch_norm=False, whitening_size=4, **kw),
+    position_keyed=True,
 )
 class WMSE(SSLMethod):
     """W-MSE.
