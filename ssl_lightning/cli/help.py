@@ -11,6 +11,7 @@ line is ``PROG [options]``: the options follow, one entry each.
 from __future__ import annotations
 
 import re
+import textwrap
 from argparse import SUPPRESS, Action
 from collections.abc import Iterable
 from typing import Any
@@ -48,6 +49,13 @@ class ModuleHelpFormatter(DefaultHelpFormatter):
         if "default: %(default)s" in text:  # the default shows the type
             text = text.replace("type: %(type)s, ", "")
         return _MODULE_SUBCLASSES.sub(MODULE_HINT, text)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Descriptions wrapped at spaces only, so a name such as ``channel-stats`` or
+        ``64-true`` is never split across two lines."""
+        text = " ".join(text.split())
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
 
     def _format_action_invocation(self, action: Action) -> str:
         """The option strings without the value placeholder (kept for the ``.help`` actions,

@@ -38,7 +38,13 @@ def test_dispatch_runs_what_the_map_names(monkeypatch: pytest.MonkeyPatch) -> No
     assert main(["count", "a", "b", "c"]) == 3
 
 
-def test_the_help_text_lists_the_map_in_its_order(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("columns", ["60", "71", "80", "97", "120"])
+def test_the_help_text_lists_the_map_in_its_order(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  columns: str) -> None:
+    """At any terminal width (the wrapping also depends on the configs folder's path): a
+    command name such as ``channel-stats`` is never split at its hyphen."""
+    monkeypatch.setenv("COLUMNS", columns)
     with pytest.raises(SystemExit):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
