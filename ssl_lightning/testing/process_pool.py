@@ -168,6 +168,9 @@ class ProcessPool:
                 if error is not None:
                     self.close()
                     raise RuntimeError(f"{fn.__qualname__} failed on rank {rank}:\n{error}")
+            # A full unpickle on purpose: a job may return any picklable value, the job itself
+            # reached the workers pickled, and ``out_dir`` is this call's own temporary folder,
+            # written only by the workers this pool started.
             return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
                     for r in range(self.world_size)]
 

@@ -295,7 +295,7 @@ def fit_and_dump(
         )
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only)
         return [
-            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
+            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)
             for r in range(devices)
         ]
 
