@@ -5,8 +5,8 @@ Exploring Pixel-Level Consistency for Unsupervised Visual Representation Learnin
 Every location i of a feature map gets the smoothed feature
 ``y_i = Σ_j s(x_i, x_j) · g(x_j)`` over the locations j of the same map, with the similarity
 ``s(x_i, x_j) = max(cos(x_i, x_j), 0)^γ`` (γ = 2, the sharpness) and a transform g of
-``layers`` layers (0: the identity; 1: one linear layer, the paper's choice, Table 4; 2: a
-Linear-BN-ReLU-Linear MLP of the same width). As in the authors' code
+``layers`` layers (0: the identity; 1: one linear layer, the paper's choice by its ablation;
+2: a Linear-BN-ReLU-Linear MLP of the same width). As in the authors' code
 (``contrast/models/PixPro.py``, ``featprop``), g's outputs are L2-normalised per location before
 they are summed. The similarity and the weighted sum run in fp32 outside autocast (float64 for
 float64 inputs).
