@@ -39,6 +39,7 @@ from ssl_lightning.methods.nnbyol import NNBYOL
 from ssl_lightning.methods.nnclr import NNCLR
 from ssl_lightning.methods.nnsiam import NNSiam
 from ssl_lightning.methods.pixio import Pixio
+from ssl_lightning.methods.pixpro import PixPro
 from ssl_lightning.methods.pmsn import PMSN
 from ssl_lightning.methods.ressl import ReSSL
 from ssl_lightning.methods.simclr import SimCLR
@@ -53,7 +54,6 @@ from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.vicregl import VICRegL
 from ssl_lightning.methods.visreg import VISReg
 from ssl_lightning.methods.wmse import WMSE
-from ssl_lightning.methods.pixpro import PixPro
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",

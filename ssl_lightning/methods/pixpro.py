@@ -70,6 +70,7 @@ class PixPro(MomentumMethod):
 
     batch_coupled_loss = False  # a mean of per-sample terms
     views_used = None  # the two views and their two boxes
+    criterion: PixProLoss
 
     def __init__(
         self,
@@ -149,7 +150,8 @@ class PixPro(MomentumMethod):
             feature_map, pooled = dense_features(self.backbone, views[v])
             if v == 0:
                 outputs["features"] = pooled
-                outputs["positives"] = position_pairs(*boxes, *feature_map.shape[2:],
+                height, width = feature_map.shape[2:]
+                outputs["positives"] = position_pairs(boxes[0], boxes[1], height, width,
                                                       self.threshold)
             locations = map_to_locations(feature_map)
             outputs[f"propagated{v + 1}"] = self.propagation(
