@@ -1,7 +1,8 @@
-"""A CPU pipeline check of DetCon-S / DetCon-B next to SimCLR / BYOL with the dense probes: not
-an accuracy claim.
+"""A CPU pipeline check of DetCon-S / DetCon-B next to SimCLR / BYOL, and of PixPro next to
+BYOL, with the dense probes: not an accuracy claim.
 
     python benchmarks/detcon_dense_check.py --out /tmp/detcon_dense --steps 100
+    python benchmarks/detcon_dense_check.py --out /tmp/pixpro_dense --methods byol pixpro
     python benchmarks/dense_probes.py --checkpoint /tmp/detcon_dense/detcon_s.ckpt \
         --seg-root /tmp/detcon_dense/seg --seg-layout folders --num-classes 4 \
         --protocols seg_linear seg_knn --steps 100 --crop-size 32 --eval-size 32 \
@@ -10,7 +11,8 @@ an accuracy claim.
 Writes the synthetic labelled segmentation set of ``tests/dense_utils.py`` (coloured squares on
 a background, 4 classes, 32 px) under ``--out/seg``, pretrains ``SmallConvNet((16, 32))`` with
 each method's small heads for ``--steps`` SGD steps of batch 16 (lr 0.02) on its training images
-(``LocatedViews``: the SimCLR views and their crop boxes; SimCLR and BYOL get the views only),
+(``LocatedViews``: the SimCLR views and their crop boxes; SimCLR and BYOL get the views only;
+``--methods`` picks some),
 and saves one checkpoint per method for ``benchmarks/dense_probes.py``. The set is trivial (a
 pixel's class is its colour), so the numbers check that pretraining, checkpoints and both dense
 probes run end to end.
@@ -31,12 +33,14 @@ from torch.utils.data import DataLoader, Dataset
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.data.dense_pairs import IMAGENET_MEAN, IMAGENET_STD
 from ssl_lightning.data.located_views import LocatedViews
-from ssl_lightning.methods import BYOL, DetConB, DetConS, SimCLR
+from ssl_lightning.methods import BYOL, DetConB, DetConS, PixPro, SimCLR
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dense_utils import make_segmentation_folder  # noqa: E402
 
 SIZE = 32
+#: The methods pretrained here, in order.
+METHODS = ("simclr", "detcon_s", "byol", "detcon_b", "pixpro")
 
 
 class LocatedImages(Dataset):
@@ -67,6 +71,7 @@ def methods() -> dict[str, tuple[pl.LightningModule, bool]]:
         "byol": (BYOL(SmallConvNet((16, 32)), momentum_base=0.99, **heads, **common), False),
         "detcon_b": (DetConB(SmallConvNet((16, 32)), grid=4, segment_image_size=SIZE,
                              momentum_base=0.99, **heads, **common), True),
+        "pixpro": (PixPro(SmallConvNet((16, 32)), momentum_base=0.99, **heads, **common), True),
     }
 
 
@@ -75,10 +80,14 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--images", type=int, default=64, help="training images")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None,
+                        help="methods to pretrain (default: all)")
     args = parser.parse_args()
     out = Path(args.out)
     make_segmentation_folder(out / "seg", classes=4, train=args.images, val=32, size=SIZE)
     for name, (model, boxes) in methods().items():
+        if args.methods is not None and name not in args.methods:
+            continue
         pl.seed_everything(0)
         loader = DataLoader(LocatedImages(out / "seg", boxes), batch_size=16, shuffle=True,
                             drop_last=True)

@@ -30,6 +30,7 @@ from ssl_lightning.losses.neco import NeCoLoss
 from ssl_lightning.losses.negative_cosine import NegativeCosineLoss
 from ssl_lightning.losses.nnclr import NNCLRLoss
 from ssl_lightning.losses.nt_xent import NTXentLoss
+from ssl_lightning.losses.pixpro import PixProLoss
 from ssl_lightning.losses.ressl import ReSSLLoss
 from ssl_lightning.losses.sigreg import SIGRegLoss
 from ssl_lightning.losses.simmim import SimMIMLoss
@@ -51,4 +52,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
            "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
            "DenseCLLoss", "VICRegLLoss", "CAPILoss", "DetConLoss",
-           "NeCoLoss"]
+           "NeCoLoss", "PixProLoss"]

@@ -8,7 +8,8 @@ Two rules, as the dense methods use them:
   §3.2, pairs by the smallest L2 distance of the local features);
 - by position (VICRegL's location-based matching, PixPro's distance in the original image's
   coordinates): each location is paired with the location of the other view nearest in image
-  coordinates.
+  coordinates (:func:`nearest_locations` on the positions), or with every location of the
+  other view closer than a threshold (:func:`position_pairs`, PixPro).
 
 Feature maps are given as location sequences (B, N, C) (a map (B, C, h, w) flattened in
 row-major order, :func:`map_to_locations`). The matching is computed outside autocast in fp32 (or
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ssl_lightning.data.located_views import BOX_SIZE, map_positions
 from ssl_lightning.losses.numerics import at_least_fp32
 
 Distance = Literal["cosine", "l2"]
@@ -87,3 +89,35 @@ def best_matches(distances: Tensor, num_matches: int) -> tuple[Tensor, Tensor]:
     order = torch.sort(nearest_distance, dim=1, stable=True).indices
     input_index = order[:, :min(num_matches, distances.shape[1])]
     return input_index, torch.gather(candidate, 1, input_index)
+
+
+@torch.no_grad()
+def position_pairs(boxes_a: Tensor, boxes_b: Tensor, height: int, width: int,
+                   threshold: float) -> Tensor:
+    """PixPro's positive pairs (Xie et al., CVPR 2021, §3.1): location i of view a and location
+    j of view b, both (height, width) maps, pair when the distance of their centres in the
+    original image, divided by the larger of the two views' bin diagonals (a bin: one map
+    location's share of its crop box), is below ``threshold`` (0.7 in the paper).
+
+    Args:
+        boxes_a: Crop boxes (B, 5) of view a (:class:`~ssl_lightning.data.LocatedViews`).
+        boxes_b: Crop boxes (B, 5) of view b.
+        height: Rows of both feature maps.
+        width: Columns of both feature maps.
+        threshold: T, in units of the larger bin diagonal.
+
+    Returns:
+        Boolean (B, height·width, height·width): ``[b, i, j]`` pairs a's location i with b's
+        location j (row-major order, as :func:`map_to_locations`).
+    """
+    if boxes_a.shape != boxes_b.shape or boxes_a.dim() != 2 or boxes_a.shape[1] != BOX_SIZE:
+        raise ValueError(f"Expected two (B, {BOX_SIZE}) crop boxes of LocatedViews, got "
+                         f"{tuple(boxes_a.shape)} and {tuple(boxes_b.shape)}.")
+    dtype = torch.promote_types(boxes_a.dtype, torch.float32)
+    boxes_a, boxes_b = boxes_a.to(dtype), boxes_b.to(dtype)
+    distance = torch.cdist(map_positions(boxes_a, height, width),
+                           map_positions(boxes_b, height, width),
+                           compute_mode="donot_use_mm_for_euclid_dist")  # exact differences
+    diagonal = torch.maximum(*(torch.hypot(boxes[:, 2] / height, boxes[:, 3] / width)
+                               for boxes in (boxes_a, boxes_b)))
+    return distance < threshold * diagonal[:, None, None]

@@ -39,6 +39,7 @@ from ssl_lightning.methods.nnbyol import NNBYOL
 from ssl_lightning.methods.nnclr import NNCLR
 from ssl_lightning.methods.nnsiam import NNSiam
 from ssl_lightning.methods.pixio import Pixio
+from ssl_lightning.methods.pixpro import PixPro
 from ssl_lightning.methods.pmsn import PMSN
 from ssl_lightning.methods.ressl import ReSSL
 from ssl_lightning.methods.simclr import SimCLR
@@ -61,4 +62,5 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
            "DenseCL", "VICRegL", "Pixio", "CAPI",
-           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "DetConS", "DetConB", "NeCo"]
+           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "DetConS", "DetConB", "NeCo",
+           "PixPro"]
