@@ -191,7 +191,7 @@ def test_token_sources_equal_the_vits_own_outputs() -> None:
     ({"poolings": ["max"]}, "Unknown pooling"),
     ({"lrs": [0.1, 0.1]}, "duplicates"),
     ({"lrs": [0.1, -1.0]}, "learning rate"),
-    ({"last_blocks": [1, 4]}, "pooling 'pooled'"),
+    ({"last_blocks": [1, 4]}, "the only pooling is 'pooled'"),
     ({"finetune": True, "lrs": [0.1, 0.2]}, "finetune=True .* one head"),
 ])
 def test_invalid_grids_are_refused_at_construction(kwargs: dict, match: str) -> None:
