@@ -72,22 +72,23 @@ class OnlineProbe(pl.Callback):
     ``pooled`` head in a grid with token sources still reads ``training_step``'s features.
     At validation the sources come from the val images (the eval transform).
 
-    Attentive heads (``poolings`` with ``tokens``): one :class:`~ssl_lightning.heads.
-    AttentivePooling` + ``nn.Linear`` per (last blocks, lr, weight decay), AttentiveEval's
-    head, reading the final-norm patch tokens of the last ``n`` blocks (concatenated along the
-    channels) from the same extra forward. Their weights decay, their biases and LayerNorms do
-    not (as AttentiveEval's); they start from one fixed seed (the same on every rank; the
-    run's random numbers are not drawn). The tokens are not gathered: each rank runs the heads
-    on its own samples and the gradients are summed over ranks (divided by the global number
-    of labeled samples), so the update is the one of the whole global batch, as on one process.
+    Attentive heads (``poolings`` with ``tokens``): one
+    :class:`~ssl_lightning.heads.AttentivePooling` + ``nn.Linear`` per (last blocks, lr, weight
+    decay), AttentiveEval's head, on the final-norm patch tokens of the last ``n`` blocks
+    (concatenated along the channels) from the same extra forward. Their weights decay, their
+    biases and LayerNorms do not (as AttentiveEval's); each starts from a seed of its own (the
+    same alone or in any grid, and on every rank; the run's random numbers are not drawn). The
+    tokens are not gathered: each rank runs the heads on its own samples and the gradients are
+    summed over ranks (divided by the global number of labeled samples), so the update is the
+    one of the whole global batch, as on one process.
 
     Args:
         num_classes: Number of classes; read from ``trainer.datamodule.num_classes`` when None
             (the probe disables itself with a warning when neither knows it: unlabeled data).
         feature_dim: Input size; read from ``pl_module.feature_dim`` when None.
-        lr: Learning rate of the probe's SGD.
+        lr: Learning rate of the probe's optimiser.
         momentum: SGD momentum.
-        weight_decay: SGD weight decay.
+        weight_decay: Weight decay.
         val_dataloader_idx: Validation dataloader whose accuracy is logged as ``val/probe_top1``.
         lrs: Learning rates of a grid of heads (``[lr]`` when None).
         weight_decays: Weight decays of the grid (``[weight_decay]`` when None).
@@ -181,6 +182,13 @@ class OnlineProbe(pl.Callback):
                     "attribute: use poolings [pooled].")
             check_sources(backbone, self.token_sources)
             dims.update(source_dims(backbone, self.token_sources))
+        # Built without drawing the run's random numbers (nn.Linear's default init draws some,
+        # as many as the grid has weights): the method trains the same with any grid.
+        with torch.random.fork_rng(devices=[]):
+            self.optimizer = self._build(dims, num_classes)
+
+    def _build(self, dims: dict[Source, int], num_classes: int) -> torch.optim.Optimizer:
+        """The heads of the grid and their optimiser."""
         groups: list[dict] = []
         if self.linear_index:
             # Zero init: deterministic and identical on every rank without a broadcast (the
@@ -192,14 +200,11 @@ class OnlineProbe(pl.Callback):
                        for spec, head in zip(specs, self.linear.heads, strict=True)]
         if self.attentive_index:
             specs = [self.specs[i] for i in self.attentive_index]
-            # One fixed seed: the same heads on every rank, and the run's random numbers untouched.
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                self.attentive = AttentiveHeads(specs, dims, num_classes,
-                                                *self.attentive_options)
+            # Seeded per head: the same alone, in any grid and on every rank.
+            self.attentive = AttentiveHeads(specs, dims, num_classes, *self.attentive_options,
+                                            seeded=True)
             groups += head_param_groups(specs, list(self.attentive.heads), 1.0)
-        self.optimizer = build_optimizer(self.optimizer_name, groups, lr=self.lr,
-                                         momentum=self.momentum)
+        return build_optimizer(self.optimizer_name, groups, lr=self.lr, momentum=self.momentum)
 
     def _parts(self) -> list[torch.nn.Module]:
         """The head modules: the linear heads, the attentive heads (those the grid has)."""

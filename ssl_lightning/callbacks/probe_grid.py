@@ -26,6 +26,7 @@ loss gives each head the gradient of its own loss.
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -261,16 +262,34 @@ class LinearHeads(nn.Module):
 class AttentiveHeads(nn.Module):
     """One :class:`AttentivePooling` + ``nn.Linear`` per head of the grid; ``forward`` takes
     :func:`~ssl_lightning.callbacks.probe_grid.source_features`' dict (``tokens`` sources) and
-    returns logits (heads, B, classes)."""
+    returns logits (heads, B, classes).
+
+    ``seeded=True`` draws each head's initial weights from a seed of its own (its name's CRC32)
+    without touching the global random state: a head starts the same alone or in any grid, and
+    on every rank.
+    """
 
     def __init__(self, specs: Sequence[HeadSpec], dims: dict[Source, int], num_classes: int,
-                 num_heads: int, num_queries: int, mlp_ratio: float | None = None) -> None:
+                 num_heads: int, num_queries: int, mlp_ratio: float | None = None,
+                 seeded: bool = False) -> None:
         super().__init__()
         self.specs = list(specs)
         self.num_classes = num_classes
-        self.heads = nn.ModuleList(
-            nn.Sequential(AttentivePooling(dims[s.source], num_heads, num_queries, mlp_ratio),
-                          nn.Linear(dims[s.source], num_classes)) for s in self.specs)
+
+        def head(spec: HeadSpec) -> nn.Module:
+            dim = dims[spec.source]
+            return nn.Sequential(AttentivePooling(dim, num_heads, num_queries, mlp_ratio),
+                                 nn.Linear(dim, num_classes))
+
+        heads = []
+        for spec in self.specs:
+            if not seeded:
+                heads.append(head(spec))
+                continue
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(zlib.crc32(spec.name.encode()))
+                heads.append(head(spec))
+        self.heads = nn.ModuleList(heads)
         self.sources = list(dict.fromkeys(s.source for s in self.specs))
 
     def forward(self, features: dict[Source, Tensor]) -> Tensor:
