@@ -437,3 +437,45 @@ def test_pooled_token_and_attentive_heads_over_two_depths_each_equal_that_head_a
                                    msg=spec.name)
         assert metrics[f"val/probe_grid_top1/{spec.name}"] == alone_metrics["val/probe_top1"]
     assert metrics["val/probe_top1"] == max(v for k, v in metrics.items() if "grid" in k)
+
+
+class _StatelessProbe(OnlineProbe):
+    """Known-bad: nothing of the probe goes into the checkpoint."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("probe_class, equal", [(OnlineProbe, True), (_StatelessProbe, False)])
+def test_a_grid_with_attentive_heads_resumes_exactly(tmp_path, probe_class: type,
+                                                      equal: bool) -> None:
+    """2 epochs straight = 1 epoch, last.ckpt, resumed to 2: linear and attentive heads,
+    AdamW moments and the best head, bit for bit (float64)."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    x, y = _views64(16, 11)
+    xv, yv = _views64(6, 12)
+    loaders = dict(train_dataloaders=_ViewsLoader(TensorDataset(x, y), batch_size=8),
+                   val_dataloaders=[DataLoader(TensorDataset(xv, yv), batch_size=6)] * 2)
+
+    def fit(probe: OnlineProbe, epochs: int, *callbacks: pl.Callback, **kwargs: object
+            ) -> dict:
+        _trainer(probe, epochs, precision="64-true", callbacks=[probe, *callbacks],
+                 enable_checkpointing=bool(callbacks)).fit(_ViTModule(), **loaders, **kwargs)
+        probe._ready(_ViTModule().double())  # a state restored after the last step: applied
+        return OnlineProbe.state_dict(probe)
+
+    straight = fit(OnlineProbe(poolings=["cls", "tokens"], **ATTENTIVE), 2)
+    first = fit(probe_class(poolings=["cls", "tokens"], **ATTENTIVE), 1,
+                ModelCheckpoint(dirpath=tmp_path, save_last=True))
+    resumed = fit(probe_class(poolings=["cls", "tokens"], **ATTENTIVE), 2,
+                  ckpt_path=str(tmp_path / "last.ckpt"))
+    assert set(straight) == {"linear", "attentive", "optimizer", "best_head"}
+    assert not torch.equal(first["attentive"]["heads.0.1.weight"],
+                           straight["attentive"]["heads.0.1.weight"])
+    same = [torch.equal(value, resumed[part][key])
+            for part in ("linear", "attentive") for key, value in straight[part].items()]
+    assert all(same) == equal and any(same) == equal
+    if equal:
+        torch.testing.assert_close(resumed["optimizer"], straight["optimizer"], rtol=0, atol=0)
+        assert resumed["best_head"] == straight["best_head"]
