@@ -87,7 +87,7 @@ def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, di
                 poolings=["cls", "cls+mean"])]),
             ("online_attentive", _ViTFeatures(), [OnlineProbe(
                 CLASSES, 8, lrs=[0.05], weight_decays=[0.0, 0.1], last_blocks=[1, 2],
-                poolings=["pooled", "cls", "tokens"], optimizer="adamw",
+                poolings=["pooled", "cls", "tokens"],  # SGD: a gradient's scale shows
                 attentive_num_heads=2)])):
         with tempfile.TemporaryDirectory() as root:
             trainer = pl.Trainer(
