@@ -39,7 +39,8 @@ from ssl_lightning.optim import build_optimizer
 
 
 class OnlineProbe(pl.Callback):
-    """Trains ``Linear(feature_dim, num_classes)`` on ``training_step``'s detached features.
+    """Trains ``Linear(feature_dim, num_classes)`` on ``training_step``'s detached features (a
+    grid of linear heads, and attentive heads on a ViT's patch tokens, below).
 
     Every training batch, the features and targets returned by ``training_step``
     (``outputs["features"]``, ``outputs["targets"]``) are gathered from all ranks, samples with
