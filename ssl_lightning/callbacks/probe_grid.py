@@ -14,7 +14,7 @@ Feature sources (:func:`source_features`, one forward for all of them):
 - ``cls+mean``: the ``n`` [CLS] tokens and the mean patch token of the last block (DINOv2's
   ``create_linear_input`` with ``use_avgpool``);
 - ``tokens``: the patch tokens of the last ``n`` blocks concatenated along the channels,
-  (B, patches, n·D), for attentive probes.
+  (B, patches, n·D), for attentive probes (:class:`AttentiveHeads`).
 
 The token sources need a token backbone (ours :class:`~ssl_lightning.backbones.ViT`, or a
 ``TimmBackbone`` whose model has ``blocks``, ``norm`` and ``num_prefix_tokens``, as timm's
@@ -26,6 +26,7 @@ loss gives each head the gradient of its own loss.
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ssl_lightning.backbones import feature_dim
+from ssl_lightning.heads.attentive_pooling import AttentivePooling
 
 Pooling = Literal["pooled", "cls", "mean", "cls+mean", "tokens"]
 POOLINGS: tuple[str, ...] = ("pooled", "cls", "mean", "cls+mean", "tokens")
@@ -67,9 +69,13 @@ def probe_grid(
 ) -> list[HeadSpec]:
     """Every combination of the four lists, sources outermost (the order of the logs).
 
+    ``pooled`` (the backbone's output) has no blocks to choose: its heads come once, as the
+    source ``(1, "pooled")`` (named ``blocks1_pooled_...``), where ``last_blocks`` first holds
+    a value; the other poolings take every ``last_blocks`` value.
+
     Raises:
-        ValueError: an empty list, a value out of range, a duplicate, or ``pooled`` with
-            ``last_blocks`` other than ``[1]`` (the backbone's output has no blocks to choose).
+        ValueError: an empty list, a value out of range, a duplicate, or ``last_blocks`` other
+            than ``[1]`` with ``pooled`` as the only pooling (nothing would read the blocks).
     """
     for name, values in (("lrs", lrs), ("weight_decays", weight_decays),
                          ("last_blocks", last_blocks), ("poolings", poolings)):
@@ -86,12 +92,15 @@ def probe_grid(
     unknown = [p for p in poolings if p not in POOLINGS]
     if unknown:
         raise ValueError(f"Unknown pooling {unknown}; choose from {list(POOLINGS)}.")
-    if "pooled" in poolings and list(last_blocks) != [1]:
+    if list(poolings) == ["pooled"] and list(last_blocks) != [1]:
         raise ValueError(
-            f"pooling 'pooled' (the backbone's output) takes no last_blocks, got "
-            f"{list(last_blocks)}: use last_blocks [1], or the poolings cls / mean / cls+mean.")
+            f"last_blocks {list(last_blocks)} choose token blocks, but the only pooling is "
+            "'pooled' (the backbone's output, which has no blocks to choose): use last_blocks "
+            "[1], or add a token pooling (cls, mean, cls+mean).")
+    sources = list(dict.fromkeys((1 if pooling == "pooled" else n, pooling)
+                                 for n, pooling in itertools.product(last_blocks, poolings)))
     return [HeadSpec(lr, wd, n, pooling)
-            for n, pooling, lr, wd in itertools.product(last_blocks, poolings, lrs, weight_decays)]
+            for (n, pooling), lr, wd in itertools.product(sources, lrs, weight_decays)]
 
 
 def token_model(backbone: nn.Module) -> nn.Module | None:
@@ -111,8 +120,9 @@ def check_sources(backbone: nn.Module, sources: Sequence[Source]) -> None:
         if pooling == "pooled":
             continue
         if model is None:
+            what = " (the attentive heads' patch tokens)" if pooling == "tokens" else ""
             raise ValueError(
-                f"pooling {pooling!r} needs a token backbone (a ViT: blocks, norm, "
+                f"pooling {pooling!r}{what} needs a token backbone (a ViT: blocks, norm, "
                 f"num_prefix_tokens); {type(backbone).__name__} has only its pooled output: "
                 "use poolings [pooled].")
         if n > len(model.blocks):  # type: ignore[arg-type]
@@ -247,6 +257,44 @@ class LinearHeads(nn.Module):
             for j, i in enumerate(members):
                 out[i] = logits[:, j * c:(j + 1) * c]
         return torch.stack(out)  # type: ignore[arg-type]
+
+
+class AttentiveHeads(nn.Module):
+    """One :class:`AttentivePooling` + ``nn.Linear`` per head of the grid; ``forward`` takes
+    :func:`~ssl_lightning.callbacks.probe_grid.source_features`' dict (``tokens`` sources) and
+    returns logits (heads, B, classes).
+
+    ``seeded=True`` draws each head's initial weights from a seed of its own (its name's CRC32)
+    without touching the global random state: a head starts the same alone or in any grid, and
+    on every rank.
+    """
+
+    def __init__(self, specs: Sequence[HeadSpec], dims: dict[Source, int], num_classes: int,
+                 num_heads: int, num_queries: int, mlp_ratio: float | None = None,
+                 seeded: bool = False) -> None:
+        super().__init__()
+        self.specs = list(specs)
+        self.num_classes = num_classes
+
+        def head(spec: HeadSpec) -> nn.Module:
+            dim = dims[spec.source]
+            return nn.Sequential(AttentivePooling(dim, num_heads, num_queries, mlp_ratio),
+                                 nn.Linear(dim, num_classes))
+
+        heads = []
+        for spec in self.specs:
+            if not seeded:
+                heads.append(head(spec))
+                continue
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(zlib.crc32(spec.name.encode()))
+                heads.append(head(spec))
+        self.heads = nn.ModuleList(heads)
+        self.sources = list(dict.fromkeys(s.source for s in self.specs))
+
+    def forward(self, features: dict[Source, Tensor]) -> Tensor:
+        return torch.stack([head(features[spec.source])
+                            for spec, head in zip(self.specs, self.heads, strict=True)])
 
 
 def format_grid(names: Sequence[str], top1: Sequence[float], best: int) -> str:

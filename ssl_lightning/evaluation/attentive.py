@@ -18,93 +18,17 @@ tokens.
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Sequence
 from typing import Any, Literal, cast
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from ssl_lightning.callbacks.probe_grid import HeadSpec, Source
+from ssl_lightning.callbacks.probe_grid import AttentiveHeads, Source
 from ssl_lightning.evaluation.checkpoint import DEFAULT_PREFIX
 from ssl_lightning.evaluation.linear import LinearEval
+from ssl_lightning.heads.attentive_pooling import AttentivePooling
 
-
-class AttentivePooling(nn.Module):
-    """Learned queries cross-attending over tokens: (B, N, D) -> (B, D).
-
-    ``LayerNorm(tokens)`` gives keys and values (``k_proj``, ``v_proj``); the queries
-    (``num_queries`` × D, ``q_proj``) attend with ``num_heads`` heads of ``D / num_heads``
-    channels, scaled by ``1 / sqrt(D / num_heads)``; the heads' outputs are joined and
-    projected (``out_proj``). With ``mlp_ratio`` (V-JEPA's block) the result is
-    ``a = queries + out_proj(...)`` then ``a + mlp(mlp_norm(a))``; the query outputs are
-    averaged.
-    """
-
-    def __init__(self, dim: int, num_heads: int = 1, num_queries: int = 1,
-                 mlp_ratio: float | None = None) -> None:
-        super().__init__()
-        if num_heads < 1 or dim % num_heads:
-            raise ValueError(f"The attentive probe's num_heads ({num_heads}) must divide the "
-                             f"token width {dim}.")
-        if num_queries < 1:
-            raise ValueError(f"num_queries must be >= 1, got {num_queries}.")
-        if mlp_ratio is not None and not (mlp_ratio > 0 and int(dim * mlp_ratio) >= 1):
-            raise ValueError(f"The attentive probe's mlp_ratio must be > 0 (or null: no MLP "
-                             f"block), got {mlp_ratio}.")
-        self.num_heads = num_heads
-        self.queries = nn.Parameter(torch.randn(num_queries, dim) * 0.02)
-        self.norm = nn.LayerNorm(dim)
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim)
-                                                                for _ in range(4))
-        self.mlp_norm: nn.LayerNorm | None = None
-        self.mlp: nn.Sequential | None = None
-        if mlp_ratio is not None:
-            hidden = int(dim * mlp_ratio)
-            self.mlp_norm = nn.LayerNorm(dim)
-            fc1, fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
-            self.mlp = nn.Sequential(fc1, nn.GELU(), fc2)
-            for linear in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, fc1, fc2):
-                nn.init.normal_(linear.weight, std=0.02)
-                nn.init.zeros_(linear.bias)
-            with torch.no_grad():  # the residual branches' outputs, as V-JEPA's first block
-                self.out_proj.weight.div_(math.sqrt(2.0))
-                fc2.weight.div_(math.sqrt(2.0))
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        b, n, d = tokens.shape
-        h, dh = self.num_heads, d // self.num_heads
-        x = self.norm(tokens)
-        q = self.q_proj(self.queries).view(-1, h, dh).transpose(0, 1)  # (h, Q, dh)
-        k = self.k_proj(x).view(b, n, h, dh).transpose(1, 2)  # (B, h, N, dh)
-        v = self.v_proj(x).view(b, n, h, dh).transpose(1, 2)
-        attention = (q @ k.transpose(-1, -2) / math.sqrt(dh)).softmax(dim=-1)  # (B, h, Q, N)
-        out = self.out_proj((attention @ v).transpose(1, 2).reshape(b, -1, d))  # (B, Q, D)
-        if self.mlp is not None and self.mlp_norm is not None:
-            out = self.queries + out
-            out = out + self.mlp(self.mlp_norm(out))
-        return out.mean(dim=1)
-
-
-class AttentiveHeads(nn.Module):
-    """One :class:`AttentivePooling` + ``nn.Linear`` per head of the grid; ``forward`` takes
-    :func:`~ssl_lightning.callbacks.probe_grid.source_features`' dict (``tokens`` sources) and
-    returns logits (heads, B, classes)."""
-
-    def __init__(self, specs: Sequence[HeadSpec], dims: dict[Source, int], num_classes: int,
-                 num_heads: int, num_queries: int, mlp_ratio: float | None = None) -> None:
-        super().__init__()
-        self.specs = list(specs)
-        self.num_classes = num_classes
-        self.heads = nn.ModuleList(
-            nn.Sequential(AttentivePooling(dims[s.source], num_heads, num_queries, mlp_ratio),
-                          nn.Linear(dims[s.source], num_classes)) for s in self.specs)
-        self.sources = list(dict.fromkeys(s.source for s in self.specs))
-
-    def forward(self, features: dict[Source, Tensor]) -> Tensor:
-        return torch.stack([head(features[spec.source])
-                            for spec, head in zip(self.specs, self.heads, strict=True)])
+__all__ = ["AttentiveEval", "AttentiveHeads", "AttentivePooling"]
 
 
 class AttentiveEval(LinearEval):

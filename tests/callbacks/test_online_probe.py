@@ -42,10 +42,11 @@ def _separable(n: int, seed: int) -> tuple[Tensor, Tensor]:
     return x, y
 
 
-def _trainer(probe: OnlineProbe, epochs: int) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, callbacks=[probe])
+def _trainer(probe: OnlineProbe, epochs: int, **kwargs: object) -> pl.Trainer:
+    return pl.Trainer(**{**dict(accelerator="cpu", devices=1, max_epochs=epochs, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, num_sanity_val_steps=0,
+                                callbacks=[probe]), **kwargs})
 
 
 def test_probe_learns_separable_problem_and_logs_val_top1() -> None:
@@ -312,6 +313,169 @@ def test_token_sources_refused_up_front_on_a_backbone_without_tokens() -> None:
     with pytest.raises(ValueError, match="last_blocks 3 > the backbone's 2 blocks"):
         _trainer(OnlineProbe(num_classes=CLASSES, last_blocks=[3], poolings=["cls"]), 1).fit(
             vit_module, train_dataloaders=loader)
-    with pytest.raises(ValueError, match="pooling 'tokens'"):
-        OnlineProbe(poolings=["tokens"])
     assert vit_module.global_step == 0
+
+
+def test_attentive_heads_refused_before_step_0_on_a_cnn_in_one_line() -> None:
+    from ssl_lightning.backbones import SmallConvNet
+
+    module = _FeatureModule()
+    module.backbone = SmallConvNet((8,))
+    loader = DataLoader(TensorDataset(*_separable(8, 0)), batch_size=8)
+    with pytest.raises(ValueError) as error:
+        _trainer(OnlineProbe(num_classes=CLASSES, poolings=["pooled", "tokens"]), 1).fit(
+            module, train_dataloaders=loader)
+    assert str(error.value) == (
+        "pooling 'tokens' (the attentive heads' patch tokens) needs a token backbone (a ViT: "
+        "blocks, norm, num_prefix_tokens); SmallConvNet has only its pooled output: use "
+        "poolings [pooled].")
+    assert module.global_step == 0
+
+
+# --------------------------------------------------------------------------- attentive heads
+ATTENTIVE = dict(num_classes=CLASSES, lrs=[0.01], weight_decays=[0.0, 0.1], last_blocks=[1, 2],
+                 optimizer="adamw", attentive_num_heads=2)
+
+
+def _views64(n: int, seed: int) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % CLASSES
+    return torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64) + y[:, None, None, None], y
+
+
+def _probe_head(probe: OnlineProbe, i: int) -> nn.Module:
+    """Head ``i`` of the grid (the order of ``specs``), linear or attentive."""
+    if i in probe.linear_index:
+        return probe.linear.heads[probe.linear_index.index(i)]
+    return probe.attentive.heads[probe.attentive_index.index(i)]
+
+
+class _WrongBlockProbe(OnlineProbe):
+    """Known-bad: the last-block attentive heads read the tokens of the block before."""
+
+    def _features(self, pl_module, pooled, images):  # type: ignore[no-untyped-def]
+        from ssl_lightning.callbacks.probe_grid import source_features
+
+        features = super()._features(pl_module, pooled, images)
+        pl_module.backbone.eval()
+        with torch.no_grad():
+            both = source_features(pl_module.backbone, images, [(2, "tokens")])[(2, "tokens")]
+        pl_module.backbone.train()
+        features[(1, "tokens")] = both[..., :8]
+        return features
+
+
+@pytest.mark.parametrize("probe_class, bad_blocks", [
+    (OnlineProbe, set()),
+    (_TrainModeProbe, {1, 2}),  # known-bad: stochastic depth on in the probe's forward
+    (_WrongBlockProbe, {1}),  # known-bad: tokens of the wrong block
+])
+def test_attentive_heads_equal_hand_run_adamw_on_eval_mode_tokens(
+        probe_class: type, bad_blocks: set[int]) -> None:
+    """A grid of linear (cls) and attentive (tokens) heads over the last 1 and 2 blocks, in
+    float64, some targets unlabeled: each attentive head equals its own initial weights trained
+    by hand with AdamW (decay on weights only) on the tokens of an eval-mode forward."""
+    from ssl_lightning.callbacks.probe_grid import source_features
+
+    x, y = _views64(24, 8)
+    y[::7] = -1
+    probe = probe_class(poolings=["cls", "tokens"], **ATTENTIVE)
+    module = _ViTModule()
+    _trainer(probe, 1, precision="64-true").fit(
+        module, train_dataloaders=_ViewsLoader(TensorDataset(x, y), batch_size=8))
+    assert module.backbone.training and len(probe.attentive_index) == 4
+    reference_backbone = _ViTModule().backbone.double().eval()
+    for i in probe.attentive_index:
+        spec = probe.specs[i]
+        alone = OnlineProbe(**{**ATTENTIVE, "lrs": [spec.lr],
+                               "weight_decays": [spec.weight_decay],
+                               "last_blocks": [spec.last_blocks]}, poolings=["tokens"])
+        alone.setup(None, _ViTModule(), "fit")  # type: ignore[arg-type]
+        head = alone.attentive.heads[0].double()  # its initial weights, as the grid's head's
+        start = head[1].weight.clone()
+        params = list(head.parameters())
+        optimizer = torch.optim.AdamW([
+            {"params": [p for p in params if p.ndim > 1], "weight_decay": spec.weight_decay},
+            {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}], lr=spec.lr)
+        for xb, yb in zip(x.split(8), y.split(8), strict=True):
+            with torch.no_grad():
+                tokens = source_features(reference_backbone, xb, [spec.source])[spec.source]
+            optimizer.zero_grad()
+            keep = yb >= 0
+            nn.functional.cross_entropy(head(tokens[keep]), yb[keep]).backward()
+            optimizer.step()
+        trained = _probe_head(probe, i)
+        assert trained[0].queries.dtype == torch.float64
+        close = all(torch.allclose(a, b, rtol=0, atol=1e-10) for a, b in
+                    zip(trained.state_dict().values(), head.state_dict().values(), strict=True))
+        assert close == (spec.last_blocks not in bad_blocks), spec.name
+        assert not torch.allclose(start, head[1].weight, rtol=0, atol=1e-4)  # it trained
+
+
+def test_pooled_token_and_attentive_heads_over_two_depths_each_equal_that_head_alone() -> None:
+    """``pooled`` with ``last_blocks [1, 2]`` in one grid with cls and tokens: 5 sources (the
+    pooled heads once), every head's weights and val top-1 equal that head's probe alone."""
+    x, y = _views64(24, 9)
+    xv, yv = _views64(12, 10)
+    val = [DataLoader(TensorDataset(xv, yv), batch_size=6)] * 2
+    kwargs = dict(num_classes=CLASSES, lrs=[0.05], attentive_num_heads=2)
+
+    def fit(**grid: object) -> tuple[OnlineProbe, dict[str, float]]:
+        probe = OnlineProbe(**kwargs, **grid)
+        trainer = _trainer(probe, 2, precision="64-true")
+        trainer.fit(_ViTModule(), train_dataloaders=_ViewsLoader(TensorDataset(x, y), batch_size=8),
+                    val_dataloaders=val)
+        return probe, {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    grid, metrics = fit(last_blocks=[1, 2], poolings=["pooled", "cls", "tokens"])
+    assert [s.source for s in grid.specs] == [(1, "pooled"), (1, "cls"), (1, "tokens"),
+                                              (2, "cls"), (2, "tokens")]
+    for i, spec in enumerate(grid.specs):
+        alone, alone_metrics = fit(last_blocks=[spec.last_blocks], poolings=[spec.pooling])
+        torch.testing.assert_close(_probe_head(grid, i).state_dict(),
+                                   _probe_head(alone, 0).state_dict(), rtol=0, atol=1e-12,
+                                   msg=spec.name)
+        assert metrics[f"val/probe_grid_top1/{spec.name}"] == alone_metrics["val/probe_top1"]
+    assert metrics["val/probe_top1"] == max(v for k, v in metrics.items() if "grid" in k)
+
+
+class _StatelessProbe(OnlineProbe):
+    """Known-bad: nothing of the probe goes into the checkpoint."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("probe_class, equal", [(OnlineProbe, True), (_StatelessProbe, False)])
+def test_a_grid_with_attentive_heads_resumes_exactly(tmp_path, probe_class: type,
+                                                      equal: bool) -> None:
+    """2 epochs straight = 1 epoch, last.ckpt, resumed to 2: linear and attentive heads,
+    AdamW moments and the best head, bit for bit (float64)."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    x, y = _views64(16, 11)
+    xv, yv = _views64(6, 12)
+    loaders = dict(train_dataloaders=_ViewsLoader(TensorDataset(x, y), batch_size=8),
+                   val_dataloaders=[DataLoader(TensorDataset(xv, yv), batch_size=6)] * 2)
+
+    def fit(probe: OnlineProbe, epochs: int, *callbacks: pl.Callback, **kwargs: object
+            ) -> dict:
+        _trainer(probe, epochs, precision="64-true", callbacks=[probe, *callbacks],
+                 enable_checkpointing=bool(callbacks)).fit(_ViTModule(), **loaders, **kwargs)
+        probe._ready(_ViTModule().double())  # a state restored after the last step: applied
+        return OnlineProbe.state_dict(probe)
+
+    straight = fit(OnlineProbe(poolings=["cls", "tokens"], **ATTENTIVE), 2)
+    first = fit(probe_class(poolings=["cls", "tokens"], **ATTENTIVE), 1,
+                ModelCheckpoint(dirpath=tmp_path, save_last=True))
+    resumed = fit(probe_class(poolings=["cls", "tokens"], **ATTENTIVE), 2,
+                  ckpt_path=str(tmp_path / "last.ckpt"))
+    assert set(straight) == {"linear", "attentive", "optimizer", "best_head"}
+    assert not torch.equal(first["attentive"]["heads.0.1.weight"],
+                           straight["attentive"]["heads.0.1.weight"])
+    same = [torch.equal(value, resumed[part][key])
+            for part in ("linear", "attentive") for key, value in straight[part].items()]
+    assert all(same) == equal and any(same) == equal
+    if equal:
+        torch.testing.assert_close(resumed["optimizer"], straight["optimizer"], rtol=0, atol=0)
+        assert resumed["best_head"] == straight["best_head"]

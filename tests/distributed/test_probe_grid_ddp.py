@@ -1,7 +1,8 @@
 """Probe grids on 2 processes = 1 process holding the global batch (float64, 1e-9): LinearEval's
 heads on a ViT's token sources, the online probe's heads on the step's features and on a ViT's
-token sources (its own forward of the first view); the kNN grid and few-shot metrics of
-``validate`` on an odd split (padded by DistributedSampler)."""
+token sources (its own forward of the first view), and its attentive heads in a grid with
+pooled and token sources over two depths (tokens kept per rank, gradients summed); the kNN
+grid and few-shot metrics of ``validate`` on an odd split (padded by DistributedSampler)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,11 @@ def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, di
                                                  weight_decays=[0.0, 0.1])]),
             ("online_tokens", _ViTFeatures(), [OnlineProbe(
                 CLASSES, 8, lrs=[0.5, 0.05], weight_decays=[0.0, 0.1], last_blocks=[1, 2],
-                poolings=["cls", "cls+mean"])])):
+                poolings=["cls", "cls+mean"])]),
+            ("online_attentive", _ViTFeatures(), [OnlineProbe(
+                CLASSES, 8, lrs=[0.05], weight_decays=[0.0, 0.1], last_blocks=[1, 2],
+                poolings=["pooled", "cls", "tokens"],  # SGD: a gradient's scale shows
+                attentive_num_heads=2)])):
         with tempfile.TemporaryDirectory() as root:
             trainer = pl.Trainer(
                 accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
@@ -93,7 +98,10 @@ def _fit(devices: int, data: TensorDataset | Subset, batch: int) -> dict[str, di
             trainer.fit(model, datamodule=TensorDataModule(data, batch, [val, val], 5))
         out[f"{name}_metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()
                                   if k.startswith("val/")}
-        state = model.state_dict() if name == "linear" else callbacks[0].linear.state_dict()
+        state = (model.state_dict() if name == "linear" else
+                 {f"{part}.{k}": v for part in ("linear", "attentive")
+                  if getattr(callbacks[0], part) is not None
+                  for k, v in getattr(callbacks[0], part).state_dict().items()})
         out[name] = {k: v.detach().clone() for k, v in state.items()}
     return out
 
@@ -136,12 +144,17 @@ def test_probe_grids_on_two_processes_equal_one_process() -> None:
         assert rank["linear_metrics"] == pytest.approx(single["linear_metrics"], abs=1e-9)
         for key, value in single["linear"].items():
             torch.testing.assert_close(rank["linear"][key], value, rtol=0, atol=1e-9, msg=key)
-        for name in ("online", "online_tokens"):
+        for name in ("online", "online_tokens", "online_attentive"):
             assert rank[f"{name}_metrics"] == pytest.approx(single[f"{name}_metrics"], abs=1e-9)
             for key, value in single[name].items():
                 torch.testing.assert_close(rank[name][key], value, rtol=0, atol=1e-9, msg=key)
     assert len(single["online_tokens_metrics"]) == 16 + 1  # every head's top-1, the best's
     assert all(v.dtype == torch.float64 and v.abs().sum() > 0
                for v in single["online_tokens"].values())
+    # pooled with last_blocks [1, 2]: 5 sources × 2 weight decays, 4 of them attentive heads
+    assert len(single["online_attentive_metrics"]) == 10 + 1
+    attentive = {k: v for k, v in single["online_attentive"].items() if k.startswith("attentive")}
+    assert len({k.split(".")[2] for k in attentive}) == 4
+    assert all(v.dtype == torch.float64 for v in attentive.values())
     heads = [v for k, v in single["linear"].items() if k.endswith("weight") and "classifier" in k]
     assert len(heads) == 16 and all(h.abs().sum() > 0 for h in heads)

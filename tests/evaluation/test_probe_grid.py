@@ -1,8 +1,9 @@
 """LinearEval's grid of heads: one frozen forward, each head exactly as if trained alone.
 
 - one head: today's single probe (a plain ``nn.Linear`` + SGD written out here), bit for bit;
-- a grid of heads on a ViT (lrs × weight decays × last blocks × poolings) in float64: every
-  head equals the same head trained alone; known-bad: all heads under one weight decay;
+- a grid of heads on a ViT (lrs × weight decays × last blocks × poolings, ``pooled`` with
+  ``last_blocks [1, 2]``) in float64: every head equals the same head trained alone;
+  known-bad: all heads under one weight decay;
 - the token sources equal the ViT's own outputs and a loop over its blocks;
 - 2 processes = 1 process (float64).
 """
@@ -90,7 +91,7 @@ def test_one_head_gives_todays_single_probe_bit_for_bit() -> None:
 
 
 GRID = dict(lrs=[0.5, 0.05], weight_decays=[0.0, 0.1], last_blocks=[1, 2],
-            poolings=["cls", "mean", "cls+mean"])
+            poolings=["pooled", "cls", "mean", "cls+mean"])  # pooled: its heads come once
 
 
 def _fit64(model: LinearEval, epochs: int = 2) -> LinearEval:
@@ -117,14 +118,17 @@ def _grid_vs_alone() -> tuple[LinearEval, list[LinearEval]]:
 
 def test_every_head_of_a_grid_equals_that_head_trained_alone() -> None:
     grid, alone = _grid_vs_alone()
-    assert len(grid.specs) == 24
+    assert len(grid.specs) == 28
+    assert [s.source for s in grid.specs[::4]] == [
+        (1, "pooled"), (1, "cls"), (1, "mean"), (1, "cls+mean"), (2, "cls"), (2, "mean"),
+        (2, "cls+mean")]
     dims = {tuple(h.weight.shape) for h in grid.classifier.heads}
     assert dims == {(CLASSES, 8), (CLASSES, 16), (CLASSES, 24)}
     for i, single in enumerate(alone):
         torch.testing.assert_close(grid.classifier.heads[i].state_dict(),
                                    single.classifier.heads[0].state_dict(), rtol=0, atol=1e-12,
                                    msg=grid.specs[i].name)
-    assert len({float(h.weight.sum()) for h in grid.classifier.heads}) == 24  # all distinct
+    assert len({float(h.weight.sum()) for h in grid.classifier.heads}) == 28  # all distinct
 
 
 def test_heads_sharing_one_weight_decay_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,7 +195,7 @@ def test_token_sources_equal_the_vits_own_outputs() -> None:
     ({"poolings": ["max"]}, "Unknown pooling"),
     ({"lrs": [0.1, 0.1]}, "duplicates"),
     ({"lrs": [0.1, -1.0]}, "learning rate"),
-    ({"last_blocks": [1, 4]}, "pooling 'pooled'"),
+    ({"last_blocks": [1, 4]}, "the only pooling is 'pooled'"),
     ({"finetune": True, "lrs": [0.1, 0.2]}, "finetune=True .* one head"),
 ])
 def test_invalid_grids_are_refused_at_construction(kwargs: dict, match: str) -> None:
