@@ -12,6 +12,7 @@ from ssl_lightning.data.mae_views import MAEViews
 from ssl_lightning.data.multichannel_device_views import ArrayImage, MultiChannelDeviceViews
 from ssl_lightning.data.multichannel_views import MultiChannelEval, MultiChannelViews
 from ssl_lightning.data.multicrop import MultiCropViews
+from ssl_lightning.data.paka_views import PaKAViews
 from ssl_lightning.data.segmented_views import FelzenszwalbViews
 from ssl_lightning.data.streaming import StreamingDataModule
 from ssl_lightning.data.transforms import (
@@ -39,6 +40,7 @@ __all__ = [
     "DeviceViews",
     "UInt8Image",
     "MultiCropViews",
+    "PaKAViews",
     "MultiChannelViews",
     "MultiChannelEval",
     "MultiChannelDeviceViews",

@@ -19,7 +19,12 @@ from torch import Tensor, nn
 from ssl_lightning.backbones.dense import dense_channels
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import DetConLoss
-from ssl_lightning.methods.detcon_s import check_mask_settings, mask_uniforms, pooled_segments
+from ssl_lightning.methods.detcon_s import (
+    check_mask_settings,
+    check_mask_transform,
+    mask_uniforms,
+    pooled_segments,
+)
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.ema import Schedule, momentum_teacher
@@ -91,6 +96,10 @@ class DetConB(MomentumMethod):
 
     def build_criterion(self) -> DetConLoss:
         return DetConLoss(self.temperature)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        check_mask_transform(self, self.sampled_masks)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]

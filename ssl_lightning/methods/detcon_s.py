@@ -22,8 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ssl_lightning._lightning import attached_trainer
 from ssl_lightning.backbones.dense import dense_channels, dense_features
 from ssl_lightning.backbones.tokens import layout
+from ssl_lightning.data.segmented_views import FelzenszwalbViews
+from ssl_lightning.data.transforms import MultiViewTransform
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import DetConLoss
 from ssl_lightning.losses.dense_matching import map_to_locations
@@ -41,6 +44,19 @@ def check_mask_settings(grid: int, segment_image_size: int, num_segments: int,
         raise ValueError(f"grid, segment_image_size and num_segments must be >= 1 and "
                          f"sampled_masks >= 0, got {grid}, {segment_image_size}, {num_segments}, "
                          f"{sampled_masks}.")
+
+
+def check_mask_transform(module: nn.Module, sampled_masks: int) -> None:
+    """Before the first step: sampled masks need segment maps after the views, which the
+    package's multi-view transforms other than FelzenszwalbViews do not make."""
+    trainer = attached_trainer(module)  # type: ignore[arg-type]
+    transform = getattr(getattr(trainer, "datamodule", None), "train_transform", None)
+    if sampled_masks > 0 and isinstance(transform, MultiViewTransform) \
+            and not isinstance(transform, FelzenszwalbViews):
+        raise ValueError(f"{type(module).__name__} with sampled_masks: {sampled_masks} samples "
+                         f"among segment maps, but the data's train_transform is "
+                         f"{type(transform).__name__}: use train_transform FelzenszwalbViews, "
+                         "or sampled_masks: 0 for the grid masks.")
 
 
 def mask_uniforms(module: nn.Module, batch: int, view: int, masks: int) -> Tensor | None:
@@ -125,6 +141,10 @@ class DetConS(SSLMethod):
 
     def build_criterion(self) -> DetConLoss:
         return DetConLoss(self.temperature)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        check_mask_transform(self, self.sampled_masks)
 
     def segments(self, backbone: nn.Module, views: Sequence[Tensor], view: int
                  ) -> tuple[Tensor, Tensor, Tensor]:

@@ -599,13 +599,23 @@ class DINO(MomentumMethod):
     # ------------------------------------------------------------------------ Lightning hooks
     def on_fit_start(self) -> None:
         """Fail before the first step when the data module's crops do not match
-        ``num_local_crops`` or are smaller than the mixed-resolution sizes."""
+        ``num_local_crops`` (or, across crops, ``paka_local_crops``) or are smaller than the
+        mixed-resolution sizes."""
         super().on_fit_start()
         transform = getattr(getattr(self.trainer, "datamodule", None), "train_transform", None)
         expected, actual = self.num_local_crops, getattr(transform, "num_local_crops", None)
         if expected is not None and actual is not None and actual != expected:
             raise ValueError(f"{type(self).__name__} expects num_local_crops={expected} but the "
                              f"data's train_transform makes {actual}; set them equal.")
+        across = self.paka_weight > 0 and self.paka_views == "across"
+        paka_crops = getattr(transform, "paka_local_crops", None)
+        if transform is not None and across and paka_crops != self.paka_local_crops:
+            raise ValueError(
+                f"{type(self).__name__} with paka_views: across expects "
+                f"paka_local_crops={self.paka_local_crops} PaKA crops, but the data's "
+                f"train_transform is {type(transform).__name__}"
+                + ("" if paka_crops is None else f" with paka_local_crops={paka_crops}")
+                + ": use train_transform PaKAViews with the same paka_local_crops.")
         if self.mixed_resolution is not None and transform is not None:
             self.mixed_resolution.check_crops([getattr(transform, f"{n}_size", None)
                                                for n in ("global", "local", "gram")])

@@ -176,3 +176,21 @@ def test_detcon_s_sampled_masks_need_segment_maps() -> None:
         model.training_loss(_views() + _boxes())
     with pytest.raises(ValueError, match="sampled_masks >= 0"):
         _model(sampled_masks=-1)
+
+
+def test_detcon_s_refuses_sampled_masks_without_felzenszwalb_views_before_training(monkeypatch):
+    from types import SimpleNamespace
+
+    from ssl_lightning.data import FelzenszwalbViews, LocatedViews
+    from ssl_lightning.methods import detcon_s
+
+    model = _model(sampled_masks=16)
+    for transform, refused in ((LocatedViews(), True), (FelzenszwalbViews(), False)):
+        monkeypatch.setattr(detcon_s, "attached_trainer", lambda module, t=transform:
+                            SimpleNamespace(datamodule=SimpleNamespace(train_transform=t)))
+        if refused:
+            with pytest.raises(ValueError, match="is LocatedViews: use train_transform "
+                                                 "FelzenszwalbViews"):
+                detcon_s.check_mask_transform(model, model.sampled_masks)
+        else:
+            detcon_s.check_mask_transform(model, model.sampled_masks)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
 from lightly.loss import roi_resample_to_grid
 from lightly.loss.patch_kernel_alignment_loss import PatchKernelAlignmentLoss
+from momentum_utils import cpu_trainer
 from PIL import Image
 
 from ssl_lightning.backbones import ViT
@@ -300,3 +302,24 @@ def test_paka_across_bad_input():
         _across_model(num_local_crops=None)
     with pytest.raises(ValueError, match="PaKALoss valid must have"):
         PaKALoss()(features(2, 6, 4), features(2, 6, 4), torch.ones(3, dtype=torch.bool))
+
+
+class _DeclaredTransform(pl.LightningDataModule):
+    """A data module that declares a train transform; its batches are PaKAViews' (never reached
+    when the transform is refused)."""
+
+    def __init__(self, transform) -> None:
+        super().__init__()
+        self.train_transform = transform
+
+    def train_dataloader(self):
+        return [batch[0] for batch in _paka_batches()]
+
+
+def test_paka_across_refuses_a_transform_without_paka_crops_before_training(tmp_path):
+    model = _across_model(lr_scaling="none")
+    initial = model.paka_head[0].weight.detach().clone()
+    with pytest.raises(ValueError, match="is MultiCropViews: use train_transform PaKAViews"):
+        cpu_trainer(str(tmp_path), 1, enable_checkpointing=False).fit(
+            model, _DeclaredTransform(MultiCropViews(num_local_crops=1)))
+    assert torch.equal(model.paka_head[0].weight, initial)  # no optimiser step was taken
