@@ -14,12 +14,12 @@ DetCon-S / DetCon-B with ``sampled_masks: 16`` sample their masks among them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor
 
 from ssl_lightning.data.felzenszwalb import FelzenszwalbSegmenter
-from ssl_lightning.data.located_views import LocatedViews, crop_segment_map
+from ssl_lightning.data.located_views import LocatedViews, _LocatedPipeline, crop_segment_map
 from ssl_lightning.data.transforms import PresetName
 
 
@@ -69,7 +69,7 @@ class FelzenszwalbViews(LocatedViews):
 
     def __call__(self, image: Any) -> list[Tensor]:  # type: ignore[override]
         # every pipeline starts with the same deterministic steps (the preset's square resize)
-        segments = self.segmenter(self.transforms[0].before(image))
+        segments = self.segmenter(cast(_LocatedPipeline, self.transforms[0]).before(image))
         located = super().__call__(image)
         count = self.num_views
         views, boxes = located[:count], located[count:]
