@@ -12,7 +12,12 @@ from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.losses import DetConLoss
 from ssl_lightning.masking.segments import location_segments, sampled_segments
 from ssl_lightning.methods import DetConS
-from ssl_lightning.testing import assert_micro_batches_equal_whole_batch
+from ssl_lightning.methods.registry import method_entry
+from ssl_lightning.testing import (
+    KeyedViews,
+    assert_micro_batches_equal_whole_batch,
+    assert_two_processes_equal_one,
+)
 from ssl_lightning.training.grad_cache import grad_cached_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -194,3 +199,22 @@ def test_detcon_s_refuses_sampled_masks_without_felzenszwalb_views_before_traini
                 detcon_s.check_mask_transform(model, model.sampled_masks)
         else:
             detcon_s.check_mask_transform(model, model.sampled_masks)
+
+
+class _ViewsWithMaps(KeyedViews):
+    """KeyedViews' two 8 px views followed by two segment maps with ids 0..5 per sample."""
+
+    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
+        views, target, seed = super().__getitem__(index)
+        g = torch.Generator().manual_seed(index)
+        return views + [torch.randint(0, 6, (8, 8), generator=g) for _ in range(2)], target, seed
+
+
+def _detcon_s_sampled() -> DetConS:
+    return method_entry("detcon_s").small(sampled_masks=3, optimizer="sgd", lr=0.5,
+                                          lr_scaling="none", warmup_epochs=0)
+
+
+@pytest.mark.slow
+def test_detcon_s_sampled_masks_on_two_processes_equal_one_process() -> None:
+    assert_two_processes_equal_one(_detcon_s_sampled, _ViewsWithMaps(24, (8, 8)))
