@@ -57,7 +57,9 @@ class FelzenszwalbSegmenter:
         sigma: σ of the Gaussian smoothing before segmenting (scikit-image's default 0.8, which
             the authors keep).
         min_size: Smallest segment in pixels; smaller ones are merged into a neighbour (1000).
-        cache_size: Segment maps kept in memory (least recently used dropped first); 0: none.
+        cache_size: Segment maps kept in memory per process (least recently used dropped first;
+            int16 when the ids fit: H·W·2 bytes each, 8 MB for 4096 CIFAR images, about 1.5 GB
+            for 4096 ImageNet-sized ones); 0: none.
     """
 
     def __init__(self, scale: float = 1000.0, sigma: float = 0.8, min_size: int = 1000,
@@ -84,7 +86,7 @@ class FelzenszwalbSegmenter:
         if cached is None:
             labels = _felzenszwalb()(array, scale=self.scale, sigma=self.sigma,
                                      min_size=self.min_size, channel_axis=-1)
-            cached = labels.astype(np.int32)
+            cached = labels.astype(np.int16 if labels.max() < 2**15 else np.int32)
             if self.cache_size:
                 self._cache[key] = cached
                 if len(self._cache) > self.cache_size:

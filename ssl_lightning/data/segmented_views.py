@@ -42,7 +42,8 @@ class FelzenszwalbViews(LocatedViews):
         scale: Felzenszwalb scale (the authors: 1000 on ImageNet images).
         sigma: Smoothing σ before segmenting (0.8).
         min_size: Smallest segment in pixels (1000 on ImageNet images).
-        cache_size: Segment maps kept in memory per data-loading process.
+        cache_size: Segment maps kept in memory per data-loading process (see
+            :class:`~ssl_lightning.data.felzenszwalb.FelzenszwalbSegmenter`).
     """
 
     def __init__(
