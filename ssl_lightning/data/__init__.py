@@ -12,6 +12,8 @@ from ssl_lightning.data.mae_views import MAEViews
 from ssl_lightning.data.multichannel_device_views import ArrayImage, MultiChannelDeviceViews
 from ssl_lightning.data.multichannel_views import MultiChannelEval, MultiChannelViews
 from ssl_lightning.data.multicrop import MultiCropViews
+from ssl_lightning.data.paka_views import PaKAViews
+from ssl_lightning.data.segmented_views import FelzenszwalbViews
 from ssl_lightning.data.streaming import StreamingDataModule
 from ssl_lightning.data.transforms import (
     EvalTransform,
@@ -32,11 +34,13 @@ __all__ = [
     "MultiViewTransform",
     "SimCLRViews",
     "LocatedViews",
+    "FelzenszwalbViews",
     "BYOLViews",
     "MAEViews",
     "DeviceViews",
     "UInt8Image",
     "MultiCropViews",
+    "PaKAViews",
     "MultiChannelViews",
     "MultiChannelEval",
     "MultiChannelDeviceViews",

@@ -7,7 +7,8 @@ resized crop in pixels of the image the crop was taken from (after the preset's 
 ``flipped`` 1.0 when the crop was mirrored. The crop and flip are drawn from the global torch RNG,
 which the data modules seed per sample and view (keyed randomness,
 :mod:`ssl_lightning.data.seeding`), so a view and its box are one draw. :func:`map_positions`
-turns a box into the image positions of a feature map's locations.
+turns a box into the image positions of a feature map's locations, :func:`crop_segment_map` cuts
+a view's segment map from the image's (DetCon's Felzenszwalb masks).
 """
 
 from __future__ import annotations
@@ -113,3 +114,17 @@ def map_positions(boxes: Tensor, height: int, width: int) -> Tensor:
     y = top[:, None] + box_h[:, None] * rows  # (B, h)
     x = left[:, None] + box_w[:, None] * cols  # (B, w)
     return torch.stack(torch.broadcast_tensors(y[:, :, None], x[:, None, :]), dim=-1).flatten(1, 2)
+
+
+def crop_segment_map(segments: Tensor, box: Tensor, height: int, width: int) -> Tensor:
+    """The (height, width) segment map of a view cut from an image's segment map (H, W) by its
+    crop box (5,) of :class:`LocatedViews`: each view pixel takes the segment under its centre's
+    position in the image (:func:`map_positions` in float64, which also places DetCon's grid
+    masks; mirrored views mirrored inside the box): a nearest-neighbour resized crop and flip."""
+    if segments.dim() != 2 or segments.is_floating_point():
+        raise ValueError(f"Expected an integer segment map (H, W), got "
+                         f"{tuple(segments.shape)} of {segments.dtype}.")
+    index = map_positions(box.reshape(1, BOX_SIZE).double(), height, width)[0].floor().long()
+    rows = index[:, 0].clamp(0, segments.shape[0] - 1)
+    cols = index[:, 1].clamp(0, segments.shape[1] - 1)
+    return segments[rows, cols].reshape(height, width)

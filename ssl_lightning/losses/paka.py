@@ -12,6 +12,13 @@ squared norms are clamped at 1e-6 before the square root (as lightly's
 ``PatchKernelAlignmentLoss``) so a constant kernel gives a finite gradient. The teacher is
 detached. Each image is its own term, so the mean of equal-sized ranks' losses is the loss of
 the global batch.
+
+The cross-crop form (lightly-train's ``dinov31``, :func:`cross_crop_patches`): a student local crop
+and the teacher's global crop it lies in are compared over the image region both cover, each
+view's feature map RoI-aligned onto the local crop's patch grid over that region
+(:func:`~ssl_lightning.losses.region_align.align_region`), so that patch i of both is the same
+image location; pairs whose shared region spans less than one cell of that grid are left out
+(``valid``).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ssl_lightning.losses.numerics import at_least_fp32
+from ssl_lightning.losses.region_align import align_region, shared_region
 
 #: Floor of the squared kernel norms under the square root.
 EPS = 1e-6
@@ -35,7 +43,7 @@ def centred_kernels(features: Tensor) -> Tensor:
 class PaKALoss(nn.Module):
     """Mean over images of ``1 − CKA`` between the student's and teacher's patch kernels."""
 
-    def forward(self, student: Tensor, teacher: Tensor) -> Tensor:
+    def forward(self, student: Tensor, teacher: Tensor, valid: Tensor | None = None) -> Tensor:
         """Scalar loss (fp32, float64 for float64 inputs).
 
         Args:
@@ -43,6 +51,8 @@ class PaKALoss(nn.Module):
                 an image).
             teacher: Teacher patch features of the same images and patches, (..., N, D'); D'
                 may differ from D.
+            valid: Which images count, (...) booleans (None: all): the mean runs over them, and
+                with none the loss is a differentiable 0.
         """
         if student.shape[:-1] != teacher.shape[:-1] or student.dim() < 3:
             raise ValueError(f"PaKALoss needs student and teacher features (B, N, D) with the "
@@ -56,4 +66,44 @@ class PaKALoss(nn.Module):
             cross = (k_s * k_t).sum(dim=(1, 2))
             norms = ((k_s * k_s).sum(dim=(1, 2)).clamp_min(EPS).sqrt()
                      * (k_t * k_t).sum(dim=(1, 2)).clamp_min(EPS).sqrt())
-            return (1 - cross / norms).mean()
+            terms = 1 - cross / norms
+            if valid is None:
+                return terms.mean()
+            if valid.shape != student.shape[:-2]:
+                raise ValueError(f"PaKALoss valid must have the images' shape "
+                                 f"{tuple(student.shape[:-2])}, got {tuple(valid.shape)}.")
+            keep = valid.flatten().to(terms.dtype)
+            return (terms * keep).sum() / keep.sum().clamp_min(1)
+
+
+def cross_crop_patches(student_map: Tensor, student_boxes: Tensor, teacher_map: Tensor,
+                       teacher_boxes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The patches of a student local crop and of the teacher's crop at the same image
+    positions (lightly-train's ``dinov31`` cross-crop PaKA).
+
+    Args:
+        student_map: The student's patch map of the local crops (B, C, g, g).
+        student_boxes: Their crop boxes (B, 5) (``LocatedViews``' format).
+        teacher_map: The teacher's patch map of the global crops they were cut from
+            (B, C', G, G').
+        teacher_boxes: The global crops' boxes (B, 5).
+
+    Returns:
+        ``(student, teacher, valid)``: each map RoI-aligned over the two crops' shared region
+        onto the local crop's g x g grid, (B, g², C) and (B, g², C') (row-major, in the image's
+        orientation), and (B,) whether the region spans at least one grid cell of the local crop
+        in each direction (elsewhere the local crop itself is sampled, and the pair is left out).
+    """
+    grid = student_map.shape[-1]
+    if student_map.shape[-2] != grid:
+        raise ValueError(f"The student's local crops need a square patch grid, got "
+                         f"{tuple(student_map.shape[-2:])}.")
+    region, _ = shared_region(student_boxes, teacher_boxes)
+    boxes = student_boxes.to(region.dtype)
+    valid = ((region[:, 2] - region[:, 0] >= boxes[:, 2] / grid)
+             & (region[:, 3] - region[:, 1] >= boxes[:, 3] / grid))
+    own = torch.stack([boxes[:, 0], boxes[:, 1], boxes[:, 0] + boxes[:, 2],
+                       boxes[:, 1] + boxes[:, 3]], dim=1)
+    region = torch.where(valid[:, None], region, own)
+    return (align_region(student_map, student_boxes, region, grid),
+            align_region(teacher_map, teacher_boxes, region, grid), valid)

@@ -10,8 +10,16 @@ of a view's feature map belongs to, as soft weights (B, N, K) for
   box (both views then name the same cells; the fallback of plain two-view batches).
 - :func:`segment_map_weights`: masks a dataset provides, an integer segment map per view at the
   view's resolution (cropped and flipped with the view), averaged to the feature map's locations.
+- :func:`sampled_segments`: the paper's Felzenszwalb masks (segment maps of
+  :class:`~ssl_lightning.data.segmented_views.FelzenszwalbViews`, cut from the original image's
+  map with each view's crop box at the positions the grid masks use,
+  :func:`~ssl_lightning.data.located_views.crop_segment_map`):
+  each feature location takes its majority segment (:func:`location_segments`), and a fixed
+  number of the segments present in the view are sampled per image, with replacement, from
+  per-sample uniforms (the authors' ``detcon`` repository, ``detcon_b.py``: 16 masks, uniform
+  over the masks present in the view at the feature map's resolution).
 
-:func:`view_segments` picks one of the three from what the batch carries after the views.
+:func:`view_segments` picks one of them from what the batch carries after the views.
 """
 
 from __future__ import annotations
@@ -62,24 +70,71 @@ def segment_map_weights(segments: Tensor, num_segments: int, height: int, width:
     return pooled.flatten(2).transpose(1, 2)
 
 
+def location_segments(segments: Tensor, height: int, width: int) -> Tensor:
+    """(B, height·width) majority segment of each feature location of integer segment maps
+    (B, H, W) with ids >= 0: location (i, j) covers rows ``r`` with ``r·height // H == i`` and
+    columns ``c`` with ``c·width // W == j`` (the average pooling's blocks when the sizes
+    divide); ties go to the lowest id."""
+    if segments.dim() != 3 or segments.is_floating_point() or bool((segments < 0).any()):
+        raise ValueError(f"Expected segment maps (B, H, W) of ids >= 0, got "
+                         f"{tuple(segments.shape)} of {segments.dtype}.")
+    batch, rows, cols = segments.shape
+    count = int(segments.max()) + 1 if segments.numel() else 1
+    location = ((torch.arange(rows, device=segments.device) * height // rows)[:, None] * width
+                + (torch.arange(cols, device=segments.device) * width // cols)[None, :])
+    slot = (location.flatten() * count)[None, :] + segments.flatten(1).long()
+    votes = torch.zeros(batch, height * width * count, dtype=torch.int64, device=segments.device)
+    votes.scatter_add_(1, slot, torch.ones_like(slot))
+    return votes.view(batch, height * width, count).argmax(dim=2)
+
+
+def sampled_segments(locations: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    """Sample M of the segments present in each view, uniformly with replacement.
+
+    Args:
+        locations: (B, N) segment id of each location (:func:`location_segments`).
+        uniforms: (B, M) uniforms in [0, 1), one per sampled mask (keyed by the sample).
+
+    Returns:
+        One-hot weights (B, N, M) of the sampled segments and their ids (B, M).
+    """
+    count = int(locations.max()) + 1 if locations.numel() else 1
+    present = torch.zeros(locations.shape[0], count, dtype=torch.int64,
+                          device=locations.device).scatter_(1, locations, 1)
+    rank = (uniforms.double() * present.sum(dim=1, keepdim=True)).floor().long()  # (B, M)
+    ids = torch.searchsorted(present.cumsum(dim=1), rank + 1)
+    return (locations[:, :, None] == ids[:, None, :]).long(), ids
+
+
 def view_segments(views: Sequence[Tensor], view: int, height: int, width: int, grid: int,
-                  image_size: int, num_segments: int) -> Tensor:
+                  image_size: int, num_segments: int, uniforms: Tensor | None = None
+                  ) -> tuple[Tensor, Tensor | None]:
     """Segment weights (B, height·width, K) of view ``view`` (0 or 1) of a two-view batch
     ``[view_1, view_2]`` (grid over each view, K = grid²), ``[view_1, view_2, box_1, box_2]``
     of :class:`~ssl_lightning.data.located_views.LocatedViews` (grid over the original image,
     K = grid²) or ``[view_1, view_2, segments_1, segments_2]`` with integer segment maps
-    (B, H, W) (K = ``num_segments``)."""
+    (B, H, W): ids 0..``num_segments``−1 are the masks (K = ``num_segments``), or, given
+    ``uniforms`` (B, M), M masks sampled among the segments present (:func:`sampled_segments`,
+    K = M). Also returns the sampled segments' ids (B, M), None for the fixed masks."""
     if len(views) not in (2, 4):
         raise ValueError(f"Expected two views, optionally followed by their two crop boxes or "
                          f"segment maps; got {len(views)} entries per sample.")
     batch = views[0].shape[0]
-    if len(views) == 2:
-        return view_grid_segments(batch, height, width, grid).to(views[0].device)
-    extra = views[2 + view]
+    extra = views[2 + view] if len(views) == 4 else None
+    is_map = extra is not None and extra.dim() == 3 and not extra.is_floating_point()
+    if uniforms is not None:
+        if extra is None or not is_map:
+            raise ValueError(
+                "Sampled masks (sampled_masks > 0) need integer segment maps (B, H, W) after the "
+                "two views: use train_transform FelzenszwalbViews, or sampled_masks: 0 for the "
+                "grid masks.")
+        return sampled_segments(location_segments(extra, height, width), uniforms)
+    if extra is None:
+        return view_grid_segments(batch, height, width, grid).to(views[0].device), None
     if extra.dim() == 2 and extra.shape[1] == BOX_SIZE:
-        return grid_segments(map_positions(extra, height, width), image_size, grid)
-    if extra.dim() == 3 and not extra.is_floating_point():
-        return segment_map_weights(extra, num_segments, height, width)
+        return grid_segments(map_positions(extra, height, width), image_size, grid), None
+    if is_map:
+        return segment_map_weights(extra, num_segments, height, width), None
     raise ValueError(
         f"Expected after the two views either their crop boxes (B, {BOX_SIZE}) (train_transform: "
         f"LocatedViews) or integer segment maps (B, H, W); got {tuple(extra.shape)} of "

@@ -19,7 +19,12 @@ from torch import Tensor, nn
 from ssl_lightning.backbones.dense import dense_channels
 from ssl_lightning.heads import build_mlp
 from ssl_lightning.losses import DetConLoss
-from ssl_lightning.methods.detcon_s import pooled_segments
+from ssl_lightning.methods.detcon_s import (
+    check_mask_settings,
+    check_mask_transform,
+    mask_uniforms,
+    pooled_segments,
+)
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import TWO_VIEWS, Paper, register_method
 from ssl_lightning.training.ema import Schedule, momentum_teacher
@@ -45,6 +50,8 @@ class DetConB(MomentumMethod):
         grid: Cells per side of the grid masks (4: 16 segments).
         segment_image_size: Side in pixels of the images the crop boxes refer to.
         num_segments: Segments read from dataset-provided segment maps.
+        sampled_masks: 0: the masks above; M > 0: M masks sampled per view among the segments
+            present in it (Felzenszwalb maps; the paper's 16), the same for student and teacher.
         momentum_base: Teacher momentum at step 0 (0.996), raised to 1 by a cosine.
         momentum_schedule: ``"cosine"`` (paper) or ``"constant"``.
         **kwargs: Other arguments of :class:`MomentumMethod` and :class:`SSLMethod`.
@@ -64,15 +71,15 @@ class DetConB(MomentumMethod):
         num_segments: int = 16,
         momentum_base: float = 0.996,
         momentum_schedule: Schedule = "cosine",
+        sampled_masks: int = 0,
         **kwargs: Any,
     ) -> None:
-        if grid < 1 or segment_image_size < 1 or num_segments < 1:
-            raise ValueError(f"grid, segment_image_size and num_segments must be >= 1, got "
-                             f"{grid}, {segment_image_size}, {num_segments}.")
+        check_mask_settings(grid, segment_image_size, num_segments, sampled_masks)
         super().__init__(backbone, momentum_base=momentum_base,
                          momentum_schedule=momentum_schedule, **kwargs)
         self.temperature, self.grid = temperature, grid
         self.segment_image_size, self.num_segments = segment_image_size, num_segments
+        self.sampled_masks = sampled_masks
         channels = dense_channels(self.backbone, kwargs.get("image_size", 32))
         self.projector = build_mlp(channels, projection_hidden_dim, projection_dim,
                                    batch_norm=head_batch_norm)
@@ -81,14 +88,18 @@ class DetConB(MomentumMethod):
         self.teacher_backbone = momentum_teacher(self.backbone)
         self.teacher_projector = momentum_teacher(self.projector)
 
-    def segments(self, backbone: nn.Module, views: Sequence[Tensor], view: int
-                 ) -> tuple[Tensor, Tensor, Tensor]:
+    def segments(self, backbone: nn.Module, views: Sequence[Tensor], view: int,
+                 uniforms: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """See :func:`~ssl_lightning.methods.detcon_s.pooled_segments`."""
         return pooled_segments(backbone, views, view, self.grid, self.segment_image_size,
-                               self.num_segments)
+                               self.num_segments, uniforms)
 
     def build_criterion(self) -> DetConLoss:
         return DetConLoss(self.temperature)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        check_mask_transform(self, self.sampled_masks)
 
     def ema_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
@@ -97,14 +108,17 @@ class DetConB(MomentumMethod):
         self.require_views(views)
         outputs: dict[str, Any] = {}
         for v in (0, 1):
-            segment_features, ids, pooled = self.segments(self.backbone, views, v)
+            # one draw per view: the student and the teacher pool the same sampled masks
+            uniforms = mask_uniforms(self, views[0].shape[0], v, self.sampled_masks)
+            segment_features, ids, pooled = self.segments(self.backbone, views, v, uniforms)
             if v == 0:
                 outputs["features"] = pooled
             outputs[f"p{v + 1}"] = self.predictor(self.projector(
                 segment_features.flatten(0, 1))).unflatten(0, ids.shape)
             outputs[f"ids{v + 1}"] = ids
             with torch.no_grad():
-                teacher_features, _, _ = self.segments(self.teacher_backbone, views, v)
+                teacher_features, _, _ = self.segments(self.teacher_backbone, views, v,
+                                                        uniforms)
                 outputs[f"z{v + 1}"] = self.teacher_projector(
                     teacher_features.flatten(0, 1)).unflatten(0, ids.shape)
         return outputs

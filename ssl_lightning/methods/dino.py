@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,7 @@ from ssl_lightning.losses import DINOLoss, GramLoss, IBOTPatchLoss, KoLeoLoss
 from ssl_lightning.losses.centering import Centering
 from ssl_lightning.losses.gram import ClampNegatives
 from ssl_lightning.losses.matryoshka import MatryoshkaLoss
-from ssl_lightning.losses.paka import PaKALoss
+from ssl_lightning.losses.paka import PaKALoss, cross_crop_patches
 from ssl_lightning.masking import BlockMasking
 from ssl_lightning.methods.momentum import MomentumMethod
 from ssl_lightning.methods.registry import MULTI_CROP, Paper, register_method
@@ -166,6 +166,13 @@ class DINO(MomentumMethod):
             a PaKA projection MLP (EMA for the teacher); needs ``patch_distillation``; 0: off.
         paka_hidden_dim: Hidden width of the 3-layer PaKA MLP (2048, lightly-train).
         paka_dim: Output width of the PaKA MLP (256, lightly-train).
+        paka_views: ``"same"``: PaKA on the global crops (student masked, teacher unmasked);
+            ``"across"``: lightly-train ``dinov31``'s cross-crop form, each of
+            ``paka_local_crops`` student local crops against the teacher's augmentation-free
+            global crop it lies in, both RoI-aligned onto the local crop's patch grid over the
+            region they share (:func:`~ssl_lightning.losses.paka.cross_crop_patches`); needs
+            ``train_transform: PaKAViews``.
+        paka_local_crops: The PaKA local crops per image with ``paka_views: across`` (8).
         **kwargs: Other arguments of :class:`MomentumMethod` / :class:`SSLMethod`, e.g.
             ``weight_decay_end`` (the paper's 0.04 → 0.4 cosine schedule with AdamW).
     """
@@ -223,6 +230,8 @@ class DINO(MomentumMethod):
         paka_weight: float = 0.0,
         paka_hidden_dim: int = 2048,
         paka_dim: int = 256,
+        paka_views: Literal["same", "across"] = "same",
+        paka_local_crops: int = 8,
         **kwargs: Any,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "backbone", "kwargs",
@@ -251,6 +260,7 @@ class DINO(MomentumMethod):
         self.gram_weight_max, self.gram_start_step = gram_weight, gram_start_step
         self.gram_weight_ramp_steps = gram_weight_ramp_steps
         self.matryoshka_levels, self.paka_weight = matryoshka_levels, paka_weight
+        self.paka_views, self.paka_local_crops = paka_views, paka_local_crops
 
         self.head = self.prototype_head(head_out_dim, head_hidden_dim, head_bottleneck_dim,
                                         head_batch_norm, norm_last_layer)
@@ -373,6 +383,19 @@ class DINO(MomentumMethod):
         return masks.view(2, batch, -1).transpose(0, 1)
 
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
+        if self.paka_weight > 0 and self.paka_views == "across":
+            n_views = 2 + int(self.num_local_crops or 0)
+            expected = n_views + 4 + 2 * self.paka_local_crops
+            if len(views) != expected:
+                raise ValueError(
+                    f"{type(self).__name__} with paka_views: across needs {n_views} DINO views, "
+                    f"2 clean global crops, {self.paka_local_crops} PaKA crops and their "
+                    f"{2 + self.paka_local_crops} boxes ({expected} entries), got {len(views)}: "
+                    "use train_transform: PaKAViews with the same num_local_crops and "
+                    "paka_local_crops.")
+            outputs = self.forward_masked(views[:n_views])
+            outputs.update(self.forward_paka_across(views[n_views:]))
+            return outputs
         gram_crops: Sequence[Tensor] = ()
         if self.gram_anchoring:
             n_views = 2 + int(self.num_local_crops or 0)
@@ -451,11 +474,41 @@ class DINO(MomentumMethod):
                    "teacher_patch": per_sample(teacher_patch), "masks": masks,
                    "patch_tokens": per_sample(tokens[:, prefix:]),
                    "global_features": per_sample(tokens[:, 0]), "features": tokens[:batch, 0]}
-        if self.paka_head is not None and self.teacher_paka_head is not None:
+        if self.paka_head is not None and self.teacher_paka_head is not None \
+                and self.paka_views == "same":
             outputs["paka_student"] = per_sample(self.paka_head(tokens[:, prefix:]))
             with torch.no_grad():
                 outputs["paka_teacher"] = per_sample(
                     self.teacher_paka_head(teacher_tokens[:, prefix:]))
+        return outputs
+
+    def forward_paka_across(self, entries: Sequence[Tensor]) -> dict[str, Tensor]:
+        """PaKA across crops (``paka_views: across``) on ``[clean_1, clean_2, paka_1..K,
+        box_g1, box_g2, box_p1..K]`` of :class:`~ssl_lightning.data.paka_views.PaKAViews`: the
+        student on the PaKA crops, the teacher on the clean global crops, crop k paired with
+        global crop k mod 2; per sample (B, K, N, D) projections and (B, K) valid pairs."""
+        k = self.paka_local_crops
+        clean, crops, boxes = entries[:2], entries[2:2 + k], entries[2 + k:]
+        vit: Any = self.backbone
+        prefix, patch = vit.num_prefix_tokens, vit.patch_size
+
+        def patch_map(tokens: Tensor, image: Tensor) -> Tensor:  # (n, C, h, w)
+            grid = (image.shape[-2] // patch, image.shape[-1] // patch)
+            return tokens[:, prefix:].transpose(1, 2).unflatten(2, grid)
+
+        with torch.no_grad():
+            teacher = patch_map(self.teacher_backbone.forward_tokens(  # type: ignore[operator]
+                torch.cat(list(clean))), clean[0]).chunk(2)
+        student = patch_map(vit.forward_tokens(torch.cat(list(crops))), crops[0]).chunk(k)
+        pairs = [cross_crop_patches(student[j], boxes[2 + j], teacher[j % 2], boxes[j % 2])
+                 for j in range(k)]
+        head, teacher_head = cast(nn.Module, self.paka_head), cast(nn.Module,
+                                                                   self.teacher_paka_head)
+        outputs = {"paka_student": head(torch.stack([p[0] for p in pairs], dim=1)),
+                   "paka_valid": torch.stack([p[2] for p in pairs], dim=1)}
+        with torch.no_grad():
+            outputs["paka_teacher"] = teacher_head(
+                torch.stack([p[1] for p in pairs], dim=1))
         return outputs
 
     # --------------------------------------------------------------------------------- loss
@@ -483,7 +536,8 @@ class DINO(MomentumMethod):
             self.log_terms(koleo=koleo)
             loss = loss + self.koleo_weight * koleo
         if self.paka_weight != 0:
-            paka = self.paka_loss(outputs["paka_student"], outputs["paka_teacher"])
+            paka = self.paka_loss(outputs["paka_student"], outputs["paka_teacher"],
+                                  outputs.get("paka_valid"))
             self.log_terms(paka_loss=paka)
             loss = loss + self.paka_weight * paka
         weight = self.gram_weight(self.global_step)
@@ -545,13 +599,23 @@ class DINO(MomentumMethod):
     # ------------------------------------------------------------------------ Lightning hooks
     def on_fit_start(self) -> None:
         """Fail before the first step when the data module's crops do not match
-        ``num_local_crops`` or are smaller than the mixed-resolution sizes."""
+        ``num_local_crops`` (or, across crops, ``paka_local_crops``) or are smaller than the
+        mixed-resolution sizes."""
         super().on_fit_start()
         transform = getattr(getattr(self.trainer, "datamodule", None), "train_transform", None)
         expected, actual = self.num_local_crops, getattr(transform, "num_local_crops", None)
         if expected is not None and actual is not None and actual != expected:
             raise ValueError(f"{type(self).__name__} expects num_local_crops={expected} but the "
                              f"data's train_transform makes {actual}; set them equal.")
+        across = self.paka_weight > 0 and self.paka_views == "across"
+        paka_crops = getattr(transform, "paka_local_crops", None)
+        if transform is not None and across and paka_crops != self.paka_local_crops:
+            raise ValueError(
+                f"{type(self).__name__} with paka_views: across expects "
+                f"paka_local_crops={self.paka_local_crops} PaKA crops, but the data's "
+                f"train_transform is {type(transform).__name__}"
+                + ("" if paka_crops is None else f" with paka_local_crops={paka_crops}")
+                + ": use train_transform PaKAViews with the same paka_local_crops.")
         if self.mixed_resolution is not None and transform is not None:
             self.mixed_resolution.check_crops([getattr(transform, f"{n}_size", None)
                                                for n in ("global", "local", "gram")])

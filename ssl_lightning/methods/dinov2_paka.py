@@ -4,9 +4,10 @@
 DINOv2's objective plus ``paka_weight`` × :class:`~ssl_lightning.losses.paka.PaKALoss`: the CKA of
 the patch kernels of the student's (masked) global crops and of the teacher's unmasked crops,
 both through a 3-layer projection MLP (D → 2048 → 2048 → 256, GELU; the teacher's is the EMA of
-the student's). This is the same-view form of the loss; lightly-train's ``dinov31`` pairs extra
-high-overlap student local crops with augmentation-free teacher globals, ROI-aligned onto a common
-grid (the cross-view form), which needs crop geometries this package's views do not carry.
+the student's). This is the same-view form of the loss (``paka_views: same``); lightly-train's
+``dinov31`` pairs extra high-overlap student local crops with augmentation-free teacher globals,
+ROI-aligned onto a common grid: that cross-crop form is ``paka_views: across`` with
+``train_transform: PaKAViews`` (:meth:`~ssl_lightning.methods.DINO.forward_paka_across`).
 :class:`DINOv2PaKA` is a preset of :class:`~ssl_lightning.methods.DINO` (``paka_weight=1``).
 """
 

@@ -28,7 +28,7 @@ GRAM_ARGUMENTS = ("gram_weight", "gram_start_step", "gram_refresh_every", "gram_
                   "gram_weight_ramp_steps", "gram_tokens", "gram_clamp_negatives")
 
 #: Arguments that only apply with ``paka_weight`` > 0 (PaKA's patch kernel alignment).
-PAKA_ARGUMENTS = ("paka_hidden_dim", "paka_dim")
+PAKA_ARGUMENTS = ("paka_hidden_dim", "paka_dim", "paka_views", "paka_local_crops")
 
 
 def check_dino_arguments(name: str, backbone: nn.Module, args: Mapping[str, Any],
@@ -132,9 +132,17 @@ def _check_paka_arguments(name: str, args: Mapping[str, Any]) -> None:
     if not args["patch_distillation"]:
         raise ValueError(f"{name}'s PaKA term aligns the student's and teacher's patch tokens of "
                          "the global crops: set patch_distillation: true (or paka_weight: 0).")
-    for arg in PAKA_ARGUMENTS:
+    for arg in ("paka_hidden_dim", "paka_dim", "paka_local_crops"):
         if args[arg] < 1:
             raise ValueError(f"{arg} must be >= 1, got {args[arg]}.")
+    if args["paka_views"] not in ("same", "across"):
+        raise ValueError(f"paka_views must be 'same' or 'across', got {args['paka_views']!r}.")
+    if args["paka_views"] == "across" and (
+            args["num_local_crops"] is None or args["gram_anchoring"]
+            or args["mixed_resolution_sizes"] is not None):
+        raise ValueError(f"{name} with paka_views: across needs num_local_crops (an int: the "
+                         "PaKA crops follow the DINO views), and no gram_anchoring or "
+                         "mixed_resolution_sizes; train_transform: PaKAViews.")
 
 
 def _check_matryoshka_arguments(args: Mapping[str, Any]) -> None:
