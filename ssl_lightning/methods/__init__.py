@@ -53,6 +53,7 @@ from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.vicregl import VICRegL
 from ssl_lightning.methods.visreg import VISReg
 from ssl_lightning.methods.wmse import WMSE
+from ssl_lightning.methods.cribo import CrIBo
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
@@ -61,4 +62,5 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "TiCo", "MMCR", "WMSE", "VIbCReg", "Distillation", "SimMIM", "AIM", "MSN", "PMSN",
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
            "DenseCL", "VICRegL", "Pixio", "CAPI",
-           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "DetConS", "DetConB", "NeCo"]
+           "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "DetConS", "DetConB", "NeCo",
+           "CrIBo"]
