@@ -71,6 +71,12 @@ def cycle_consistent_neighbours(
     return index, consistent
 
 
+def _divisor(count: float) -> float:
+    """``count``, or 1 when it is 0 (no term: the sum is 0). Not clamped at 1: under DDP a
+    rank's divisor is the global count over the number of processes, which may be below 1."""
+    return count if count > 0 else 1.0
+
+
 class CrIBoLoss(CenteredDistillationLoss):
     """The cross-view and cross-image object terms (module docstring), with the object centre.
 
@@ -121,10 +127,10 @@ class CrIBoLoss(CenteredDistillationLoss):
             log_p = F.log_softmax(at_least_fp32(student) / self.student_temperature, dim=-1)
             swapped = log_p.flip(1)  # the student's other view
             view = -(targets * swapped).sum(dim=-1)  # (B, 2, K)
-            cross_view = torch.where(valid[:, None], view, 0.0).sum() / 2 / max(counts[0], 1.0)
+            cross_view = torch.where(valid[:, None], view, 0.0).sum() / 2 / _divisor(counts[0])
             image = torch.where(consistent, -(near * swapped).sum(dim=-1), 0.0)
-            cross_image = (image[:, 0].sum() / max(counts[1], 1.0)
-                           + image[:, 1].sum() / max(counts[2], 1.0)) / 2
+            cross_image = (image[:, 0].sum() / _divisor(counts[1])
+                           + image[:, 1].sum() / _divisor(counts[2])) / 2
         if self.training:
             self.update_center(teacher, valid)
         return cross_view, cross_image

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ssl_lightning.backbones.dense import dense_channels, dense_features
+from ssl_lightning.backbones.multicrop import forward_by_resolution
 from ssl_lightning.clustering.joint_views import draw_initial_tokens, joint_view_clusters
 from ssl_lightning.distributed.collectives import sampler_order
 from ssl_lightning.heads import ObjectDINOHead
@@ -53,13 +54,17 @@ from ssl_lightning.queues.object_queue import ObjectQueue
                 2024, "2310.07855"),
     family="distillation", views=TWO_VIEWS, tests="tests/methods/test_cribo.py",
     backbone=lambda: small_vit(),
+    opt_outs={"model_help_accepted": (
+        "CrIBo takes DINO's arguments through **kwargs, and refuses DINO's iBOT / DINOv3 terms "
+        "(patch_distillation, gram_anchoring): its object terms replace the patch terms")},
     cli_args={"cribo.yaml": (*SMALL_DINO_ARGS, "--model.init_args.object_out_dim", "64",
                              "--model.init_args.num_objects", "4",
                              "--model.init_args.queue_size", "256")},
     small=lambda backbone, **kw: CrIBo(backbone, **{
         "head_out_dim": 12, "head_hidden_dim": 16, "head_bottleneck_dim": 8,
         "object_out_dim": 10, "num_objects": 4, "queue_size": 16, "momentum_base": 0.9,
-        "warmup_teacher_temperature_epochs": 0, "cross_image_start_epoch": 0, **kw}),
+        "warmup_teacher_temperature_epochs": 0, "cross_image_start_epoch": 0, "image_size": 8,
+        **kw}),
 )
 class CrIBo(DINO):
     """CrIBo on two views (module docstring).
@@ -84,8 +89,9 @@ class CrIBo(DINO):
             ``warmup_teacher_temperature_epochs``, like the [CLS] τ_t.
         object_center_momentum: Momentum of the object centre (0.9).
         **kwargs: Other arguments of :class:`DINO` (head widths, [CLS] temperatures, teacher
-            momentum, clipping, last-layer freezing, optimiser). ``num_local_crops`` must stay
-            unset or 0 and the iBOT/DINOv2/DINOv3 terms off.
+            momentum, clipping, last-layer freezing, optimiser; ``num_local_crops``: local
+            crops, which take part in the [CLS] loss only, as in the authors' code). The
+            iBOT/DINOv3 terms stay off.
     """
 
     def __init__(
@@ -111,9 +117,6 @@ class CrIBo(DINO):
             if kwargs.get(name):
                 raise ValueError(f"CrIBo does not take {name}=True (its object terms replace "
                                  "the patch terms); leave it off.")
-        if kwargs.get("num_local_crops"):
-            raise ValueError(f"CrIBo trains on 2 global crops, got num_local_crops="
-                             f"{kwargs['num_local_crops']}; leave it unset.")
         if num_objects < 1 or queue_size < 1 or cross_image_start_epoch < 0:
             raise ValueError(f"CrIBo needs num_objects >= 1, queue_size >= 1 and "
                              f"cross_image_start_epoch >= 0, got {num_objects}, {queue_size}, "
@@ -154,7 +157,7 @@ class CrIBo(DINO):
     def forward_views(self, views: Sequence[Tensor]) -> dict[str, Any]:
         """Both networks on the two views; the teacher's joint clusters; the objects' head
         outputs (per sample: (B, 2, ...))."""
-        self.require_views(views)
+        self.check_view_count(views)
         if views[0].shape != views[1].shape:
             raise ValueError(f"CrIBo's two views must have one shape, got "
                              f"{tuple(views[0].shape)} and {tuple(views[1].shape)}.")
@@ -177,9 +180,12 @@ class CrIBo(DINO):
         student_map, student_pooled = dense_features(self.backbone, crops)
         student_objects, _ = mask_pool(student_map.flatten(2).transpose(1, 2), weights)
         student_cls = self.head(student_pooled)
+        if len(views) > 2:  # local crops: [CLS] loss only, as the authors' multi-crop
+            student_cls = torch.cat([student_cls, self.head(
+                forward_by_resolution(self.backbone, views[2:]))])
 
-        def per_sample(x: Tensor) -> Tensor:  # (2B, ...) view-major -> (B, 2, ...)
-            return x.unflatten(0, (2, batch)).transpose(0, 1)
+        def per_sample(x: Tensor) -> Tensor:  # (V·B, ...) view-major -> (B, V, ...)
+            return x.unflatten(0, (-1, batch)).transpose(0, 1)
 
         return {"student_cls": per_sample(student_cls), "teacher_cls": per_sample(teacher_cls),
                 "student_objects": per_sample(self.head.forward_objects(student_objects)),

@@ -191,11 +191,43 @@ def test_step_fills_the_bank_and_bootstraps_from_the_second_step() -> None:
 
 
 def test_bad_arguments_fail_before_training() -> None:
-    with pytest.raises(ValueError, match="num_local_crops"):
-        CrIBo(small_vit(), head_out_dim=8, object_out_dim=8, num_local_crops=2)
+    with pytest.raises(ValueError, match="patch_distillation"):
+        CrIBo(small_vit(), head_out_dim=8, object_out_dim=8, patch_distillation=True)
     model = CrIBo(small_vit(), head_out_dim=8, head_hidden_dim=8, head_bottleneck_dim=4,
                   object_out_dim=8, num_objects=40, queue_size=4)
     with pytest.raises(ValueError, match="num_objects"):
         model.forward_views([torch.randn(2, 3, 8, 8)] * 2)
     with pytest.raises(ValueError, match="raise queue_size"):
         ObjectQueue(2, 3, 4).enqueue(torch.zeros(3, 2, 3, 4), torch.ones(3, 3, dtype=torch.bool))
+
+
+def test_local_crops_join_the_cls_loss_only() -> None:
+    torch.manual_seed(0)
+    model = method_entry("cribo").small(num_local_crops=2).double()
+    views = [torch.randn(2, 3, 8, 8, dtype=D64) for _ in range(2)]
+    views += [torch.randn(2, 3, 4, 4, dtype=D64) for _ in range(2)]
+    outputs = model.forward_views(views)
+    assert outputs["student_cls"].shape[:2] == (2, 4)
+    assert outputs["student_objects"].shape[:2] == (2, 2)
+    assert torch.isfinite(model.loss_from_outputs(outputs))
+    with pytest.raises(ValueError, match="2 \\+ 2"):
+        model.forward_views(views[:2])
+
+
+def test_ranks_divide_by_the_global_count_over_the_processes() -> None:
+    """Two ranks' losses, each divided by the global counts / 2, average to one process's loss
+    on the whole batch (a divisor clamped at 1 broke this when a count was 1 of 2 ranks)."""
+    gen = torch.Generator().manual_seed(3)
+    student, teacher, near = (torch.randn(4, 2, 3, 5, generator=gen, dtype=D64)
+                              for _ in range(3))
+    valid = torch.ones(4, 3, dtype=torch.bool)
+    consistent = torch.zeros(4, 2, 3, dtype=torch.bool)
+    consistent[0, 0, 1] = consistent[3, 1, 2] = consistent[2, 0, 0] = True  # counts 2 and 1
+    loss = CrIBoLoss(5).double().eval()
+    whole = loss(student, teacher, valid, near, consistent, 0.05)
+    counts = (12 / 2, 2 / 2, 1 / 2)
+    halves = [loss(student[r::2], teacher[r::2], valid[r::2], near[r::2], consistent[r::2],
+                   0.05, counts) for r in range(2)]
+    for term in range(2):
+        mean = (halves[0][term] + halves[1][term]) / 2
+        assert mean.item() == pytest.approx(whole[term].item(), rel=1e-12)
