@@ -54,6 +54,7 @@ from ssl_lightning.queues.object_queue import ObjectQueue
                 2024, "2310.07855"),
     family="distillation", views=TWO_VIEWS, tests="tests/methods/test_cribo.py",
     backbone=lambda: small_vit(),
+    position_keyed=True,  # the bank's slots follow the global batch's sampler order
     opt_outs={"model_help_accepted": (
         "CrIBo takes DINO's arguments through **kwargs, and refuses DINO's iBOT / DINOv3 terms "
         "(patch_distillation, gram_anchoring): its object terms replace the patch terms")},
