@@ -38,7 +38,6 @@ from ssl_lightning.losses.cribo import CrIBoLoss, cycle_consistent_neighbours
 from ssl_lightning.losses.detcon import mask_pool
 from ssl_lightning.methods.dino import DINO
 from ssl_lightning.methods.registry import (
-    SMALL_DINO_ARGS,
     TWO_VIEWS,
     Paper,
     register_method,
@@ -58,9 +57,12 @@ from ssl_lightning.queues.object_queue import ObjectQueue
     opt_outs={"model_help_accepted": (
         "CrIBo takes DINO's arguments through **kwargs, and refuses DINO's iBOT / DINOv3 terms "
         "(patch_distillation, gram_anchoring): its object terms replace the patch terms")},
-    cli_args={"cribo.yaml": (*SMALL_DINO_ARGS, "--model.init_args.object_out_dim", "64",
-                             "--model.init_args.num_objects", "4",
-                             "--model.init_args.queue_size", "256")},
+    cli_args={"cribo.yaml": (
+        "--model.init_args.backbone.init_args.depth", "1",
+        "--model.init_args.backbone.init_args.arch", "tiny",
+        "--model.init_args.head_out_dim", "64", "--model.init_args.object_out_dim", "64",
+        "--model.init_args.head_hidden_dim", "32", "--model.init_args.head_bottleneck_dim", "16",
+        "--model.init_args.num_objects", "4", "--model.init_args.queue_size", "256")},
     small=lambda backbone, **kw: CrIBo(backbone, **{
         "head_out_dim": 12, "head_hidden_dim": 16, "head_bottleneck_dim": 8,
         "object_out_dim": 10, "num_objects": 4, "queue_size": 16, "momentum_base": 0.9,
