@@ -9,8 +9,13 @@ from ssl_lightning.heads.iternorm import IterNorm
 from ssl_lightning.heads.masked_predictor import MaskedPredictor
 from ssl_lightning.heads.mlp import PredictionHead, ProjectionHead, build_mlp
 from ssl_lightning.heads.neighbour_transformer import NeighbourTransformer
-from ssl_lightning.heads.prototypes import DINOHead, L2NormLinear, SwAVPrototypes
+from ssl_lightning.heads.prototypes import (
+    DINOHead,
+    L2NormLinear,
+    ObjectDINOHead,
+    SwAVPrototypes,
+)
 
 __all__ = ["AttentivePooling", "CrossAttentionPredictor", "DINOHead", "IterNorm", "L2NormLinear",
-           "MaskedPredictor", "NeighbourTransformer", "PredictionHead", "ProjectionHead",
-           "SwAVPrototypes", "build_mlp"]
+           "MaskedPredictor", "NeighbourTransformer", "ObjectDINOHead", "PredictionHead",
+           "ProjectionHead", "SwAVPrototypes", "build_mlp"]

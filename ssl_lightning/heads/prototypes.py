@@ -7,6 +7,7 @@
 - SwAV prototypes: Caron et al., "Unsupervised Learning of Visual Features by Contrasting Cluster
   Assignments", NeurIPS 2020, §3.1: a bias-free linear layer whose rows (the prototypes) are
   L2-normalised before every training step.
+- CrIBo's object head: a DINO head with a second last layer for object representations.
 - L2-normalised linear layers: Darcet et al., "Cluster and Predict Latent Patches for Improved
   Masked Image Modeling", arXiv 2502.08769, 2025: CAPI's student head (a weight-normalised
   layer without bias, the magnitude of each row trainable from 1) and its clustering layer (a
@@ -75,6 +76,39 @@ class DINOHead(nn.Module):
         weight = self.last_layer_g * F.normalize(self.last_layer_v, dim=1)
         return F.linear(x, weight)
 
+
+
+class ObjectDINOHead(DINOHead):
+    """A :class:`DINOHead` with a second weight-normalised last layer for object
+    representations on the same MLP (CrIBo's head, the authors' ``DINOHead.forward_c``):
+    ``forward`` scores the [CLS] features, :meth:`forward_objects` the objects.
+
+    Args:
+        in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, batch_norm, norm_last_layer:
+            As :class:`DINOHead`.
+        object_out_dim: Outputs of the object layer (CrIBo: 65536, ``out_dim_c``).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int = 65536, hidden_dim: int = 2048,
+                 bottleneck_dim: int = 256, num_layers: int = 3, batch_norm: bool = False,
+                 norm_last_layer: bool = True, object_out_dim: int = 65536) -> None:
+        super().__init__(in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, batch_norm,
+                         norm_last_layer)
+        if object_out_dim < 1:
+            raise ValueError(f"object_out_dim must be >= 1, got {object_out_dim}.")
+        self.object_layer_v = nn.Parameter(torch.empty(object_out_dim, bottleneck_dim))
+        nn.init.trunc_normal_(self.object_layer_v, std=0.02)
+        self.object_layer_g = nn.Parameter(torch.ones(object_out_dim, 1),
+                                           requires_grad=not norm_last_layer)
+
+    def last_layer_parameters(self) -> list[nn.Parameter]:
+        """Both last layers (frozen together during the first epoch(s))."""
+        return [*super().last_layer_parameters(), self.object_layer_v, self.object_layer_g]
+
+    def forward_objects(self, x: Tensor) -> Tensor:
+        """Object scores (..., object_out_dim) of object representations (..., in_dim)."""
+        x = F.normalize(self.mlp(x), dim=-1)
+        return F.linear(x, self.object_layer_g * F.normalize(self.object_layer_v, dim=1))
 
 class SwAVPrototypes(nn.Module):
     """K prototype vectors c_k scored against L2-normalised embeddings z: ``z @ C^T``.

@@ -42,6 +42,7 @@ from ssl_lightning.losses.vibcreg import VIbCRegLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
 from ssl_lightning.losses.vicregl import VICRegLLoss
 from ssl_lightning.losses.wmse import WMSELoss
+from ssl_lightning.losses.cribo import CrIBoLoss
 
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",
@@ -52,4 +53,4 @@ __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "PatchSimilarityDistillationLoss", "SimMIMLoss", "AIMLoss", "MSNLoss",
            "ReSSLLoss", "All4OneLoss", "FeatureRedundancyLoss", "DeepClusterLoss",
            "DenseCLLoss", "VICRegLLoss", "CAPILoss", "DetConLoss",
-           "NeCoLoss", "PixProLoss"]
+           "NeCoLoss", "PixProLoss", "CrIBoLoss"]

@@ -54,6 +54,7 @@ from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.vicregl import VICRegL
 from ssl_lightning.methods.visreg import VISReg
 from ssl_lightning.methods.wmse import WMSE
+from ssl_lightning.methods.cribo import CrIBo
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",
@@ -63,4 +64,4 @@ __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VIC
            "ReSSL", "All4One", "DeepClusterV2", "SMoG",
            "DenseCL", "VICRegL", "Pixio", "CAPI",
            "DINOv2Matryoshka", "DINOv2PaKA", "VISReg", "DetConS", "DetConB", "NeCo",
-           "PixPro"]
+           "PixPro", "CrIBo"]
