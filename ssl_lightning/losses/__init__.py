@@ -5,6 +5,7 @@ from ssl_lightning.losses.all4one import All4OneLoss, FeatureRedundancyLoss
 from ssl_lightning.losses.barlow_twins import BarlowTwinsLoss
 from ssl_lightning.losses.byol import BYOLLoss
 from ssl_lightning.losses.capi import CAPILoss
+from ssl_lightning.losses.cribo import CrIBoLoss
 from ssl_lightning.losses.dcl import DCLLoss
 from ssl_lightning.losses.deepcluster import DeepClusterLoss
 from ssl_lightning.losses.densecl import DenseCLLoss
@@ -42,7 +43,6 @@ from ssl_lightning.losses.vibcreg import VIbCRegLoss
 from ssl_lightning.losses.vicreg import VICRegLoss
 from ssl_lightning.losses.vicregl import VICRegLLoss
 from ssl_lightning.losses.wmse import WMSELoss
-from ssl_lightning.losses.cribo import CrIBoLoss
 
 __all__ = ["DINOLoss", "SwAVLoss", "sinkhorn_knopp", "NTXentLoss",
            "BarlowTwinsLoss", "NegativeCosineLoss", "VICRegLoss",

@@ -11,6 +11,7 @@ from ssl_lightning.methods.barlow_twins import BarlowTwins
 from ssl_lightning.methods.base import SSLMethod
 from ssl_lightning.methods.byol import BYOL
 from ssl_lightning.methods.capi import CAPI
+from ssl_lightning.methods.cribo import CrIBo
 from ssl_lightning.methods.dcl import DCL
 from ssl_lightning.methods.deepcluster_v2 import DeepClusterV2
 from ssl_lightning.methods.densecl import DenseCL
@@ -54,7 +55,6 @@ from ssl_lightning.methods.vicreg import VICReg
 from ssl_lightning.methods.vicregl import VICRegL
 from ssl_lightning.methods.visreg import VISReg
 from ssl_lightning.methods.wmse import WMSE
-from ssl_lightning.methods.cribo import CrIBo
 
 __all__ = ["SSLMethod", "SimCLR", "DINO", "SwAV", "BarlowTwins", "SimSiam", "VICReg",
            "MomentumMethod", "MoCoV2", "MoCoV3", "BYOL", "MAE", "IJEPA", "NNCLR", "DCL",

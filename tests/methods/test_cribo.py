@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from ssl_lightning.clustering.joint_views import joint_view_clusters
 from ssl_lightning.losses.cribo import CrIBoLoss, cycle_consistent_neighbours
