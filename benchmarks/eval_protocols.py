@@ -10,17 +10,23 @@ k = 10, 20, 100, 200; ``configs/fewshot.yaml``; ``configs/linear_grid.yaml``;
 ``configs/attentive.yaml``) on ``ImageFolderDataModule`` (``<dir>/<class>/*``). ``--cnn`` runs
 the linear grid on the pooled feature (a CNN has no [CLS] or blocks) and skips the attentive
 probe. ``--epochs`` shortens the trained probes; ``--set`` passes more CLI arguments to every
-protocol (e.g. ``--set=--trainer.devices=2``).
+protocol (e.g. ``--set=--trainer.devices=2``). ``--random-init`` runs the same protocols on the
+sanity baseline: the backbone the checkpoint records (``backbone_spec``: same class and shape),
+randomly initialised under the configs' seed, instead of the checkpoint's weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from ssl_lightning.backbones.checkpoint import SPEC_KEY, load_checkpoint
 from ssl_lightning.cli import main
+from ssl_lightning.evaluation.checkpoint import RANDOM_INIT
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: protocol -> (config, subcommand, trains a classifier: takes num_classes and epochs)
@@ -35,7 +41,7 @@ PROTOCOLS: dict[str, tuple[str, str, bool]] = {
 def protocol_args(name: str, args: argparse.Namespace) -> list[str]:
     """The CLI arguments of protocol ``name``."""
     config, subcommand, trains = PROTOCOLS[name]
-    cli = [subcommand, "--config", str(CONFIGS / config), "--model.checkpoint", args.checkpoint,
+    cli = [subcommand, "--config", str(CONFIGS / config), *checkpoint_args(args),
            "--data", "ImageFolderDataModule", "--data.train_dir", args.train_dir,
            "--data.val_dir", args.val_dir, "--data.preset", args.preset,
            "--data.num_workers", str(args.num_workers), "--data.batch_size", str(args.batch_size),
@@ -52,6 +58,19 @@ def protocol_args(name: str, args: argparse.Namespace) -> list[str]:
     if name == "linear_grid" and args.cnn:
         cli += ["--model.poolings", "[pooled]", "--model.last_blocks", "[1]"]
     return cli + list(args.set)
+
+
+def checkpoint_args(args: argparse.Namespace) -> list[str]:
+    """``--model.checkpoint`` (and, for ``--random-init``, the recorded backbone) of every
+    protocol."""
+    if not args.random_init:
+        return ["--model.checkpoint", args.checkpoint]
+    spec = load_checkpoint(args.checkpoint).get(SPEC_KEY)
+    if not isinstance(spec, dict):
+        raise SystemExit(f"error: {args.checkpoint} records no backbone ({SPEC_KEY}), so "
+                         "--random-init cannot build one of the same shape; run the protocols "
+                         "with --set=--model.backbone=... --set=--model.checkpoint=random.")
+    return ["--model.checkpoint", RANDOM_INIT, "--model.backbone", json.dumps(spec)]
 
 
 def rows(name: str, metrics: dict[str, float], model: Any) -> list[tuple[str, str, float]]:
@@ -83,6 +102,9 @@ def parse() -> argparse.Namespace:
                         help="few-shot images per class (the config's 1 2 5 10 by default)")
     parser.add_argument("--cnn", action="store_true", help="a CNN backbone (no tokens)")
     parser.add_argument("--set", action="append", default=[], help="more CLI arguments")
+    parser.add_argument("--random-init", action="store_true",
+                        help="the baseline: the checkpoint's backbone class and shape, randomly "
+                             "initialised (its weights are not loaded)")
     return parser.parse_args()
 
 
@@ -90,16 +112,22 @@ def run() -> None:
     args = parse()
     sys.argv = sys.argv[:1]  # the CLI reads only the arguments it is given
     table: list[tuple[str, str, float]] = []
+    seconds: dict[str, float] = {}
     for name in args.protocols:
         if name == "attentive" and args.cnn:
             continue
+        start = time.perf_counter()
         cli = main(protocol_args(name, args))
+        seconds[name] = time.perf_counter() - start
         metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
         table += rows(name, metrics, cli.model)
     width = max(len(metric) for _, metric, _ in table)
-    print(f"\n{'protocol':<12} {'metric':<{width}}  top-1 (%)")
+    weights = "random init (same backbone shape)" if args.random_init else "checkpoint weights"
+    print(f"\n{args.checkpoint}: {weights}")
+    print(f"{'protocol':<12} {'metric':<{width}}  top-1 (%)")
     for name, metric, value in table:
         print(f"{name:<12} {metric:<{width}}  {value:6.2f}")
+    print("wall time: " + ", ".join(f"{name} {s:.0f} s" for name, s in seconds.items()))
 
 
 if __name__ == "__main__":
