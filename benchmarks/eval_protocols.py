@@ -87,7 +87,7 @@ def rows(name: str, metrics: dict[str, float], model: Any) -> list[tuple[str, st
     return [(name, f"best head {best} ({len(model.specs)} heads)", metrics["val/top1"])]
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--train-dir", required=True)
@@ -105,7 +105,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--random-init", action="store_true",
                         help="the baseline: the checkpoint's backbone class and shape, randomly "
                              "initialised (its weights are not loaded)")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def run() -> None:
