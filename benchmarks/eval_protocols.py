@@ -6,7 +6,8 @@ print one table of their numbers (the rows the papers report).
         --protocols knn fewshot linear_grid attentive --preset imagenet
 
 Each protocol is its shipped config run through the real CLI (``configs/knn.yaml`` with DINOv2's
-k = 10, 20, 100, 200; ``configs/fewshot.yaml``; ``configs/linear_grid.yaml``;
+k = 10, 20, 100, 200 at each ``--temperatures`` value, DINOv2's 0.07 by default;
+``configs/fewshot.yaml``; ``configs/linear_grid.yaml``;
 ``configs/attentive.yaml``) on ``ImageFolderDataModule`` (``<dir>/<class>/*``). ``--cnn`` runs
 the linear grid on the pooled feature (a CNN has no [CLS] or blocks) and skips the attentive
 probe. ``--epochs`` shortens the trained probes; ``--set`` passes more CLI arguments to every
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -47,7 +49,8 @@ def protocol_args(name: str, args: argparse.Namespace) -> list[str]:
            "--data.num_workers", str(args.num_workers), "--data.batch_size", str(args.batch_size),
            "--trainer.logger", "false"]
     if name == "knn":
-        cli += ["--model.ks", "[10, 20, 100, 200]", "--model.num_classes", str(args.num_classes)]
+        cli += ["--model.ks", "[10, 20, 100, 200]", "--model.num_classes", str(args.num_classes),
+                "--model.temperatures", json.dumps(args.temperatures)]
     if trains:
         cli += ["--model.num_classes", str(args.num_classes),
                 "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]"]
@@ -76,15 +79,21 @@ def checkpoint_args(args: argparse.Namespace) -> list[str]:
 def rows(name: str, metrics: dict[str, float], model: Any) -> list[tuple[str, str, float]]:
     """Table rows ``(protocol, metric, top-1 %)`` of one protocol's final metrics."""
     if name == "knn":
-        return [(name, key.removeprefix("val/knn_").removesuffix("_top1"), value)
-                for key, value in metrics.items() if key.startswith("val/knn_k")
-                and key.endswith("_top1")]
+        scored = [(tuple(float(v) for v in found.groups()), key) for key in metrics
+                  if (found := re.fullmatch(r"val/knn_k(\d+)_t([\d.e+-]+)_top1", key))]
+        return [(name, key.removeprefix("val/knn_").removesuffix("_top1"), metrics[key])
+                for _, key in sorted(scored, key=lambda pair: (pair[0][1], pair[0][0]))]
     if name == "fewshot":
         return [(name, f"{key.removeprefix('val/fewshot_').removesuffix('_top1')} "
                  f"(± {metrics[key + '_std']:.2f})", value)
                 for key, value in metrics.items() if key.endswith("_top1")]
-    best = model.specs[int(model.best_head)].name
-    return [(name, f"best head {best} ({len(model.specs)} heads)", metrics["val/top1"])]
+    best = model.specs[int(model.best_head)]
+    lrs = sorted({spec.lr for spec in model.specs})
+    edge = (" (lr at the grid's edge: " + ("under-trained? more epochs" if best.lr == lrs[-1]
+                                            else "extend the grid down") + ")"
+            if len(lrs) > 1 and best.lr in (lrs[0], lrs[-1]) else "")
+    return [(name, f"best head {best.name} ({len(model.specs)} heads){edge}",
+             metrics["val/top1"])]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +109,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-workers", type=int, default=8)
     parser.add_argument("--shots", type=int, nargs="+", default=None,
                         help="few-shot images per class (the config's 1 2 5 10 by default)")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.07],
+                        help="kNN vote temperatures (each with k = 10, 20, 100, 200)")
     parser.add_argument("--cnn", action="store_true", help="a CNN backbone (no tokens)")
     parser.add_argument("--set", action="append", default=[], help="more CLI arguments")
     parser.add_argument("--random-init", action="store_true",

@@ -70,3 +70,29 @@ def test_random_init_needs_a_recorded_backbone(tmp_path: Path, checkpoint) -> No
                path)
     with pytest.raises(SystemExit, match="records no backbone"):
         _knn(path, data, "--random-init")
+
+
+def test_a_best_head_at_the_edge_of_the_learning_rate_grid_is_marked() -> None:
+    """A best head at the grid's largest learning rate says the probe may be under-trained
+    (short runs on small real subsets); one inside the grid is reported as it is."""
+    from types import SimpleNamespace
+
+    from ssl_lightning.callbacks.probe_grid import probe_grid
+
+    specs = probe_grid([1e-3, 1e-2, 0.1], [0.0], [1], ["pooled"])
+    metrics = {"val/top1": 40.0}
+    top = eval_protocols.rows("linear_grid", metrics, SimpleNamespace(specs=specs, best_head=2))
+    assert top == [("linear_grid", "best head blocks1_pooled_lr0.1_wd0 (3 heads) (lr at the "
+                    "grid's edge: under-trained? more epochs)", 40.0)]
+    low = eval_protocols.rows("linear_grid", metrics, SimpleNamespace(specs=specs, best_head=0))
+    assert low[0][1].endswith("(lr at the grid's edge: extend the grid down)")
+    inside = eval_protocols.rows("attentive", metrics, SimpleNamespace(specs=specs, best_head=1))
+    assert inside == [("attentive", "best head blocks1_pooled_lr0.01_wd0 (3 heads)", 40.0)]
+
+
+def test_knn_rows_come_in_temperature_then_k_order() -> None:
+    metrics = {f"val/knn_k{k}_t{t}_top1": float(k) + t for t in (0.2, 0.07) for k in (200, 10)}
+    metrics |= {"val/knn_top1": 1.0, "val/knn_k10_t0.07_top5": 2.0}
+    assert eval_protocols.rows("knn", metrics, None) == [
+        ("knn", "k10_t0.07", 10.07), ("knn", "k200_t0.07", 200.07),
+        ("knn", "k10_t0.2", 10.2), ("knn", "k200_t0.2", 200.2)]
