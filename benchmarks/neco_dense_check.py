@@ -17,7 +17,7 @@ squares on a background, 4 classes, 32 px) under ``--out/seg``. It post-trains t
 ``backbone.*`` weights become ``pretrained_path``) with ``configs/neco.yaml`` through the real CLI,
 for ``--steps`` steps of batch 32 on the set's training images (``LocatedViews`` at 32 px). Only
 the backbone's shape, the projection width, the grid and the learning rate are shrunk. It then
-copies the last checkpoint to ``--out/neco.ckpt`` for ``benchmarks/dense_probes.py``.
+saves the final weights to ``--out/neco.ckpt`` for ``benchmarks/dense_probes.py``.
 
 ``--dinov2-start`` writes random weights under the exact keys and shapes of the released
 ``dinov2_vits14_reg4_pretrain.pth`` (``--registers 0``: ``dinov2_vits14_pretrain.pth``). These
@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 
+from ssl_lightning.backbones.checkpoint import SPEC_KEY, load_checkpoint
 from ssl_lightning.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,12 +79,11 @@ def dinov2_vits14_state(registers: int = 4, seed: int = 0) -> dict[str, torch.Te
     return state
 
 
-def neco_fit(out: Path, images: Path, steps: int, batch_size: int,
-             extra: list[str]) -> Path:
-    """``fit --config configs/neco.yaml`` on the images of ``images``; returns last.ckpt."""
+def neco_fit(out: Path, images: Path, steps: int, batch_size: int, extra: list[str],
+             save: Path | None = None) -> None:
+    """``fit --config configs/neco.yaml`` on the images of ``images``; the final weights are
+    saved to ``save``."""
     run_dir = out / "run"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
     cli = cli_main([
         "fit", "--config", str(ROOT / "configs" / "neco.yaml"),
         "--data.train_dir", str(images), "--data.val_dir", "null",
@@ -96,13 +95,14 @@ def neco_fit(out: Path, images: Path, steps: int, batch_size: int,
     print(f"NeCo: {cli.trainer.global_step} steps, last train/loss {loss:.4f}", flush=True)
     if not math.isfinite(loss):
         raise SystemExit(f"error: NeCo's loss is {loss} after {cli.trainer.global_step} steps.")
-    return Path(cli.trainer.checkpoint_callback.last_model_path)
+    if save is not None:
+        cli.trainer.save_checkpoint(save)
+        print(f"saved {save}", flush=True)
 
 
 def post_train(args: argparse.Namespace, out: Path) -> None:
     """NeCo from ``--start`` (a 32 px ViT of patch 4) on the synthetic set's training images."""
-    start = torch.load(args.start, map_location="cpu", weights_only=True)
-    vit = start["backbone_spec"]["init_args"]
+    vit = load_checkpoint(args.start)[SPEC_KEY]["init_args"]
     backbone = [f"--model.backbone.init_args.{name}={value}" for name, value in (
         ("image_size", vit["image_size"]), ("patch_size", vit["patch_size"]),
         ("embed_dim", vit["embed_dim"]), ("depth", vit["depth"]),
@@ -110,14 +110,13 @@ def post_train(args: argparse.Namespace, out: Path) -> None:
         ("layer_scale_init", "null" if vit.get("layer_scale_init") is None
          else vit["layer_scale_init"]), ("drop_path_rate", 0.0),
         ("pretrained_path", args.start))]
-    last = neco_fit(out, out / "seg" / "train" / "images", args.steps, 32, [
+    neco_fit(out, out / "seg" / "train" / "images", args.steps, 32, [
         *backbone, "--model.image_size", str(vit["image_size"]),
         "--model.projection_hidden_dim", "256", "--model.projection_dim", "64",
         "--model.grid", "4", "--model.lr", str(args.lr),
         "--data.preset", "cifar", "--data.train_transform.init_args.preset", "cifar",
-        "--data.train_transform.init_args.crop_size", str(vit["image_size"])])
-    shutil.copyfile(last, out / "neco.ckpt")
-    print(f"saved {out / 'neco.ckpt'} (start: {args.start})")
+        "--data.train_transform.init_args.crop_size", str(vit["image_size"])],
+        save=out / "neco.ckpt")
 
 
 def dinov2_start(args: argparse.Namespace, out: Path) -> None:
