@@ -30,6 +30,7 @@ finite.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -102,14 +103,14 @@ def neco_fit(out: Path, images: Path, steps: int, batch_size: int, extra: list[s
 
 def post_train(args: argparse.Namespace, out: Path) -> None:
     """NeCo from ``--start`` (a 32 px ViT of patch 4) on the synthetic set's training images."""
-    vit = load_checkpoint(args.start)[SPEC_KEY]["init_args"]
-    backbone = [f"--model.backbone.init_args.{name}={value}" for name, value in (
-        ("image_size", vit["image_size"]), ("patch_size", vit["patch_size"]),
-        ("embed_dim", vit["embed_dim"]), ("depth", vit["depth"]),
-        ("num_heads", vit["num_heads"]), ("num_registers", vit.get("num_registers", 0)),
-        ("layer_scale_init", "null" if vit.get("layer_scale_init") is None
-         else vit["layer_scale_init"]), ("drop_path_rate", 0.0),
-        ("pretrained_path", args.start))]
+    spec = load_checkpoint(args.start)[SPEC_KEY]
+    vit = spec["init_args"]
+    # one JSON value: the dotted flags cannot set an optional argument (layer_scale_init) to null
+    backbone = ["--model.backbone", json.dumps({"class_path": spec["class_path"], "init_args": {
+        **{name: vit.get(name) for name in (
+            "image_size", "patch_size", "embed_dim", "depth", "num_heads", "num_registers",
+            "layer_scale_init", "pos_embed", "mlp", "norm_eps", "qkv_bias", "mlp_ratio")},
+        "drop_path_rate": 0.0, "pretrained_path": args.start}})]
     neco_fit(out, out / "seg" / "train" / "images", args.steps, 32, [
         *backbone, "--model.image_size", str(vit["image_size"]),
         "--model.projection_hidden_dim", "256", "--model.projection_dim", "64",
