@@ -8,12 +8,14 @@ print one table of their numbers (the rows the papers report).
 Each protocol is its shipped config run through the real CLI (``configs/knn.yaml`` with DINOv2's
 k = 10, 20, 100, 200 at each ``--temperatures`` value, DINOv2's 0.07 by default;
 ``configs/fewshot.yaml``; ``configs/linear_grid.yaml``;
-``configs/attentive.yaml``) on ``ImageFolderDataModule`` (``<dir>/<class>/*``). ``--cnn`` runs
-the linear grid on the pooled feature (a CNN has no [CLS] or blocks) and skips the attentive
-probe. ``--epochs`` shortens the trained probes; ``--set`` passes more CLI arguments to every
-protocol (e.g. ``--set=--trainer.devices=2``). ``--random-init`` runs the same protocols on the
-sanity baseline: the backbone the checkpoint records (``backbone_spec``: same class and shape),
-randomly initialised under the configs' seed, instead of the checkpoint's weights.
+``configs/attentive.yaml``) on ``ImageFolderDataModule`` (``<dir>/<class>/*``), each in its own
+temporary run directory (removed afterwards; nothing is written to the working directory).
+``--cnn`` runs the linear grid on the pooled feature (a CNN has no [CLS] or blocks) and skips
+the attentive probe. ``--epochs`` shortens the trained probes; ``--set`` passes more CLI
+arguments to every protocol (e.g. ``--set=--trainer.devices=2``). ``--random-init`` runs the
+same protocols on the sanity baseline: the backbone the checkpoint records (``backbone_spec``:
+same class and shape), randomly initialised under the configs' seed, instead of the checkpoint's
+weights.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,10 +43,12 @@ PROTOCOLS: dict[str, tuple[str, str, bool]] = {
 }
 
 
-def protocol_args(name: str, args: argparse.Namespace) -> list[str]:
-    """The CLI arguments of protocol ``name``."""
+def protocol_args(name: str, args: argparse.Namespace, run_dir: str) -> list[str]:
+    """The CLI arguments of protocol ``name``, run in ``run_dir`` (its own folder: two runs of
+    this script, or of two protocols, never share a run directory and its lock)."""
     config, subcommand, trains = PROTOCOLS[name]
     cli = [subcommand, "--config", str(CONFIGS / config), *checkpoint_args(args),
+           "--trainer.default_root_dir", run_dir,
            "--data", "ImageFolderDataModule", "--data.train_dir", args.train_dir,
            "--data.val_dir", args.val_dir, "--data.preset", args.preset,
            "--data.num_workers", str(args.num_workers), "--data.batch_size", str(args.batch_size),
@@ -119,8 +124,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run() -> None:
-    args = parse()
+def run(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     sys.argv = sys.argv[:1]  # the CLI reads only the arguments it is given
     table: list[tuple[str, str, float]] = []
     seconds: dict[str, float] = {}
@@ -128,7 +133,8 @@ def run() -> None:
         if name == "attentive" and args.cnn:
             continue
         start = time.perf_counter()
-        cli = main(protocol_args(name, args))
+        with tempfile.TemporaryDirectory(prefix=f"eval_protocols_{name}_") as run_dir:
+            cli = main(protocol_args(name, args, run_dir))
         seconds[name] = time.perf_counter() - start
         metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
         table += rows(name, metrics, cli.model)

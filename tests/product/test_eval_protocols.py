@@ -43,7 +43,8 @@ def _knn(path: Path, data: Path, *flags: str):
         "--cnn", "--num-workers", "0", "--batch-size", "8", *flags,
         "--set=--trainer.accelerator=cpu", "--set=--trainer.logger=false",
         "--set=--trainer.callbacks=[]", "--set=--trainer.enable_progress_bar=false"])
-    return eval_protocols.main(eval_protocols.protocol_args("knn", args)).model.backbone
+    return eval_protocols.main(eval_protocols.protocol_args("knn", args, str(path.parent))
+                               ).model.backbone
 
 
 def test_random_init_evaluates_the_recorded_backbone_shape_with_fresh_weights(
@@ -96,3 +97,32 @@ def test_knn_rows_come_in_temperature_then_k_order() -> None:
     assert eval_protocols.rows("knn", metrics, None) == [
         ("knn", "k10_t0.07", 10.07), ("knn", "k200_t0.07", 200.07),
         ("knn", "k10_t0.2", 10.2), ("knn", "k200_t0.2", 200.2)]
+
+
+def test_every_protocol_runs_in_its_own_directory(tmp_path: Path, monkeypatch, checkpoint) -> None:
+    """Each protocol gets its own run directory, not the working directory: two runs of the
+    script at once (a checkpoint and its random-init baseline) once failed with
+    ``RunDirectoryInUseError`` on the working directory's ``run.lock``."""
+    from types import SimpleNamespace
+
+    from ssl_lightning.callbacks.probe_grid import probe_grid
+
+    path, data, _ = checkpoint
+    seen: list[str] = []
+
+    def fake_main(cli: list[str]) -> SimpleNamespace:
+        folder = cli[cli.index("--trainer.default_root_dir") + 1]
+        assert Path(folder).is_dir()
+        seen.append(folder)
+        metrics = {"val/knn_k10_t0.07_top1": 1.0, "val/top1": 2.0}
+        model = SimpleNamespace(specs=probe_grid([0.1], [0.0]), best_head=0)
+        return SimpleNamespace(trainer=SimpleNamespace(callback_metrics=metrics), model=model)
+
+    monkeypatch.setattr(eval_protocols, "main", fake_main)
+    monkeypatch.chdir(tmp_path)
+    eval_protocols.run(["--checkpoint", str(path), "--train-dir", str(data / "train"),
+                        "--val-dir", str(data / "test"), "--num-classes", "10",
+                        "--protocols", "knn", "linear_grid", "--cnn"])
+    assert len(set(seen)) == 2 and str(tmp_path) not in seen
+    assert not any(Path(folder).exists() for folder in seen)  # removed after each protocol
+    assert list(tmp_path.iterdir()) == []
