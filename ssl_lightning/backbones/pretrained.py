@@ -4,9 +4,10 @@ Accepted files: a torchvision or timm model's ``state_dict()`` (classifier weigh
 released DINOv2 / DINOv3 ViT weights for our ViT (the official and timm layouts, recognised from
 their keys: :mod:`ssl_lightning.backbones.released_weights`),
 a file written by ``python -m ssl_lightning export`` (formats ``state_dict``, ``torchvision``,
-``timm``), or any ``{"state_dict": {...}}`` wrapper of those, saved with ``torch.save`` or as
-``.safetensors``. Nothing is downloaded, and no file runs code: torch files are read with
-``torch.load(weights_only=True)`` (:func:`load_torch_data`).
+``timm``), a ``.ckpt`` of an ssl_lightning method (its ``backbone.*`` weights, the student's; the
+heads and a teacher are left out), or any ``{"state_dict": {...}}`` wrapper of those, saved with
+``torch.save`` or as ``.safetensors``. Nothing is downloaded, and no file runs code: torch files
+are read with ``torch.load(weights_only=True)`` (:func:`load_torch_data`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ CLASSIFIER_NAMES = ("fc", "classifier", "head", "heads")
 #: Prefixes of wrapped modules (our backbones' ``net.``, a checkpoint's ``backbone.``, DDP's
 #: ``module.``) stripped when every key of the file has one and the model has none.
 WRAPPER_PREFIXES = ("net.", "backbone.", "module.")
+#: The prefix of a method checkpoint's (student) backbone, beside its heads and teacher.
+METHOD_BACKBONE_PREFIX = "backbone."
 
 
 #: The fix named when a ``pretrained_path`` cannot be read.
@@ -96,6 +99,9 @@ def load_pretrained(target: nn.Module, path: str | os.PathLike) -> str:
     """
     state = read_state_dict(path)
     expected = target.state_dict()
+    others = method_checkpoint_others(state, expected)
+    if others:
+        state = {k: v for k, v in state.items() if k.startswith(METHOD_BACKBONE_PREFIX)}
     stripped = ""
     for prefix in WRAPPER_PREFIXES:
         if state and all(k.startswith(prefix) for k in state) and not any(
@@ -137,11 +143,24 @@ def load_pretrained(target: nn.Module, path: str | os.PathLike) -> str:
     line = (f"pretrained_path {os.fspath(path)!r}: loaded {len(state)} tensors "
             f"({values} values) into {type(target).__name__}, {layout} layout"
             + (f", prefix {stripped!r} removed" if stripped else "")
+            + (f", {len(others)} tensors of the method's heads and teacher left out "
+               f"({', '.join(others[:2])}" + (", ..." if len(others) > 2 else "") + ")"
+               if others else "")
             + (f", {len(ignored)} classifier tensors ignored ({', '.join(ignored[:4])}"
                + (", ..." if len(ignored) > 4 else "") + ")" if ignored else "")
             + "; 0 missing and 0 unexpected keys")
     rank_zero_info(line)
     return line
+
+
+def method_checkpoint_others(state: Mapping[str, Tensor], expected: Mapping[str, Tensor]
+                             ) -> list[str]:
+    """The keys besides ``backbone.*`` when ``state`` is a method checkpoint's (``backbone.*``
+    weights beside heads or a teacher, for a model without a ``backbone`` module), else ``[]``."""
+    if any(k.startswith(METHOD_BACKBONE_PREFIX) for k in expected) or not any(
+            k.startswith(METHOD_BACKBONE_PREFIX) for k in state):
+        return []
+    return [k for k in state if not k.startswith(METHOD_BACKBONE_PREFIX)]
 
 
 def _named(key: str, origin: Mapping[str, str]) -> str:

@@ -48,3 +48,25 @@ def test_loading_says_what_it_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyP
                     "the model's own layout, prefix 'module.' removed, 2 classifier tensors "
                     "ignored (fc.weight, fc.bias); 0 missing and 0 unexpected keys")
     assert torch.equal(target[0].weight, torch.ones(4, 3))
+
+
+def test_a_method_checkpoint_gives_its_students_backbone(tmp_path: Path) -> None:
+    """A ``.ckpt`` of a method (backbone, heads and an EMA teacher) as ``pretrained_path``: the
+    backbone gets the student's ``backbone.*`` weights, the heads and teacher are left out
+    (a post-training method such as NeCo starts from such a file)."""
+    from ssl_lightning.backbones import ViT
+    from ssl_lightning.methods.registry import method_entry
+
+    def vit(**kwargs: object) -> ViT:
+        return ViT(image_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, **kwargs)
+
+    method = method_entry("dino").small(vit())
+    with torch.no_grad():
+        for parameter in method.teacher_backbone.parameters():
+            parameter.add_(1.0)  # the teacher differs from the student
+    path = tmp_path / "last.ckpt"
+    torch.save({"state_dict": method.state_dict(), "pytorch-lightning_version": "2.5.0"}, path)
+    loaded = vit(pretrained_path=str(path))
+    student = method.backbone.state_dict()
+    assert loaded.state_dict().keys() == student.keys()
+    assert all(torch.equal(value, student[key]) for key, value in loaded.state_dict().items())
