@@ -7,9 +7,10 @@ Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of 
 ``device_views``: the batched ``DeviceViews`` path, made ``views_on`` the device or the
 workers; ``shards``: a folder (or a URL, cached in ``cache_dir``) with the ``train`` and
 ``test`` shard folders of ``data_root``, read by ``StreamingDataModule``; ``devices``: 2 runs
-``ddp_spawn`` on 2 processes, whose dump holds rank 0's model only; ``expect_error``: the fit
-must raise a ``ValueError``, whose message is dumped as ``error``; ``epoch_ckpt_dir``: a
-checkpoint at the end of every epoch (``epoch=N.ckpt``).
+``ddp_fork`` on 2 processes forked from the harness (its imports done; a spawned rank would
+import everything again, and its loader workers would be spawned too), whose dump holds rank
+0's model only; ``expect_error``: the fit must raise a ``ValueError``, whose message is dumped
+as ``error``; ``epoch_ckpt_dir``: a checkpoint at the end of every epoch (``epoch=N.ckpt``).
 ``ckpt_dir`` writes a checkpoint after every optimizer step (``step=N.ckpt``), ``resume``
 continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
 ``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
@@ -271,7 +272,7 @@ def run(job: dict[str, Any]) -> None:
                      _WaitForSignal(preemption, job["wait_step"], job["out"] + ".waiting")]
     devices = job.get("devices", 1)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto",
+        accelerator="cpu", devices=devices, strategy="ddp_fork" if devices > 1 else "auto",
         max_epochs=job["epochs"], logger=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         enable_checkpointing=bool(job.get("ckpt_dir") or job.get("epoch_ckpt_dir")),

@@ -25,7 +25,7 @@ costs more than a tiny run):
 The same runs on litdata shards of the image folder (``StreamingDataModule``, when litdata is
 installed): a straight 1-process run with a checkpoint after every step (its weights equal the
 image-folder SimCLR run's: the same batches) resumed from steps 2 and 9, and from step 2 with the
-shards read from a ``local:`` URL; a straight 2-process run (``ddp_spawn``) resumed inside
+shards read from a ``local:`` URL; a straight 2-process run (``ddp_fork``) resumed inside
 epoch 1 on 2 processes with 2 workers, the shards read from the ``local:`` URL into one fresh
 cache; its mid-epoch checkpoint and its checkpoint after epoch 0's last batch
 refused on 1 process, its end-of-epoch-0 checkpoint resumed there.
