@@ -277,7 +277,8 @@ def fit_and_dump(
     ``devices > 1`` runs DDP in the gloo group of the session's process pool
     (:func:`~ssl_lightning.testing.process_pool.pool`): each rank receives a copy of ``model``,
     ``datamodule`` and ``callbacks`` and the caller's random states, as ``ddp_spawn`` would give
-    it, without starting processes; a rank that raises fails the call with its traceback.
+    it, without starting processes; a rank that raises fails the call with its traceback. The
+    pool's processes are daemons: their loaders run without worker processes (``num_workers=0``).
 
     Each entry has ``model`` (state_dict), ``optimizer`` and ``scheduler`` (lists of
     state_dicts), ``callbacks`` (class name -> ``state_dict()``), ``global_step`` and
