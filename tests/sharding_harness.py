@@ -300,8 +300,15 @@ def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
 
 
 def _spawn(worker: Callable[..., None], image_root: Path) -> list[dict[str, Any]]:
+    """``worker`` on :data:`WORLD` new processes, forked from the test process's fork server
+    (which imported this module once: each process has fresh memory without importing torch,
+    Lightning and the package again)."""
+    import multiprocessing
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(worker, args=(free_port(), out, str(image_root)), nprocs=WORLD)
+        mp.start_processes(worker, args=(free_port(), out, str(image_root)), nprocs=WORLD,
+                           start_method="forkserver")
         return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=True)
                 for r in range(WORLD)]
 
