@@ -1,15 +1,18 @@
 """Exact-resume harness: fit every method on a tiny image folder with the real data
 modules and random augmentations, in a process of its own.
 
-Run as ``python tests/resume_harness.py jobs.json``; ``jobs.json`` is a list of jobs
+The tests start it with :func:`start` (a process forked from a fork server that imported this
+module once, so a harness process starts in milliseconds and shares nothing with the others);
+``python tests/resume_harness.py jobs.json`` runs it by hand. A job list holds jobs
 ``{"method", "data_root", "workers", "epochs", "out", "ckpt_dir", "resume", "device_views",
 "views_on", "shards", "cache_dir", "devices", "expect_error", "epoch_ckpt_dir"}``.
 ``device_views``: the batched ``DeviceViews`` path, made ``views_on`` the device or the
 workers; ``shards``: a folder (or a URL, cached in ``cache_dir``) with the ``train`` and
 ``test`` shard folders of ``data_root``, read by ``StreamingDataModule``; ``devices``: 2 runs
-``ddp_spawn`` on 2 processes, whose dump holds rank 0's model only; ``expect_error``: the fit
-must raise a ``ValueError``, whose message is dumped as ``error``; ``epoch_ckpt_dir``: a
-checkpoint at the end of every epoch (``epoch=N.ckpt``).
+``ddp_fork`` on 2 processes forked from the harness (its imports done; a spawned rank would
+import everything again, and its loader workers would be spawned too), whose dump holds rank
+0's model only; ``expect_error``: the fit must raise a ``ValueError``, whose message is dumped
+as ``error``; ``epoch_ckpt_dir``: a checkpoint at the end of every epoch (``epoch=N.ckpt``).
 ``ckpt_dir`` writes a checkpoint after every optimizer step (``step=N.ckpt``), ``resume``
 continues from one. ``preempt_dir`` adds :class:`PreemptionCheckpoint` there and, from step
 ``wait_step`` on, writes ``<out>.waiting`` and holds each step until a signal arrived (the test
@@ -26,6 +29,8 @@ check of their own, on 16 px views, and the known-bad variants); a tuned name wi
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -271,7 +276,7 @@ def run(job: dict[str, Any]) -> None:
                      _WaitForSignal(preemption, job["wait_step"], job["out"] + ".waiting")]
     devices = job.get("devices", 1)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto",
+        accelerator="cpu", devices=devices, strategy="ddp_fork" if devices > 1 else "auto",
         max_epochs=job["epochs"], logger=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         enable_checkpointing=bool(job.get("ckpt_dir") or job.get("epoch_ckpt_dir")),
@@ -295,6 +300,36 @@ def run(job: dict[str, Any]) -> None:
                       if not isinstance(c, (ModelCheckpoint, PreemptionCheckpoint))},
         "metrics": {k: float(v) for k, v in trainer.logged_metrics.items()},
     }, job["out"])
+
+
+def start(jobs: list[dict[str, Any]], stderr: Path) -> multiprocessing.process.BaseProcess:
+    """A process running ``jobs`` in order, its standard error written to ``stderr``; its exit
+    code is 0 when every job ran (the status of a ``SystemExit``, e.g. 143 after SIGTERM, else
+    1 with the traceback in ``stderr``). It is forked from this test process's fork server,
+    which imported this module (torch, Lightning, the package) once: fresh memory for every
+    harness process, as a new interpreter, without paying the imports again. It runs with this
+    process's current environment variables and working directory."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    process = context.Process(target=_run_all, args=(jobs, dict(os.environ), os.getcwd(),
+                                                     str(stderr)))
+    process.start()
+    return process
+
+
+def _run_all(jobs: list[dict[str, Any]], environ: dict[str, str], cwd: str,
+             stderr: str) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    # what a new interpreter's default is: loader workers and ddp_fork ranks are forked
+    multiprocessing.set_start_method("fork", force=True)
+    sys.stderr.flush()
+    descriptor = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    for job in jobs:
+        run(job)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Sharded (FSDP2) training of the methods: one 2-process spawn running many checks.
+"""Sharded (FSDP2) training of the methods: one pair of processes running many checks.
 
 :data:`METHODS` is every registered method (``ssl_lightning/methods/registry.py``) that does not
 opt out of ``sharded_equals_ddp`` (none does today), as its registry small instance on a ViT
@@ -6,8 +6,9 @@ opt out of ``sharded_equals_ddp`` (none does today), as its registry small insta
 blocks) with the harness's :data:`SETTINGS`, plus the :data:`VARIANTS` that check something of
 their own.
 
-:func:`run_all` spawns 2 CPU processes. Before joining a process group, rank r fits the
-single-process references (the global batch of 8 on one process) of every other method; then
+:func:`run_all` starts 2 CPU processes (forked from the fork server, see :func:`_spawn`).
+Before joining a process group, rank r fits the single-process references (the global batch of
+8 on one process) of every other method; then
 both join one gloo group and every method is fitted with Lightning's DDP and with
 :class:`~ssl_lightning.distributed.sharding.ShardedStrategy` inside that group (the product
 matrix's trick: one start-up for all fits). Tiny ViTs (depth 1, width 16, 8 px), 24
@@ -300,8 +301,15 @@ def _resume_worker(rank: int, port: int, out: str, image_root: str) -> None:
 
 
 def _spawn(worker: Callable[..., None], image_root: Path) -> list[dict[str, Any]]:
+    """``worker`` on :data:`WORLD` new processes, forked from the test process's fork server
+    (which imported this module once: each process has fresh memory without importing torch,
+    Lightning and the package again)."""
+    import multiprocessing
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(worker, args=(free_port(), out, str(image_root)), nprocs=WORLD)
+        mp.start_processes(worker, args=(free_port(), out, str(image_root)), nprocs=WORLD,
+                           start_method="forkserver")
         return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=True)
                 for r in range(WORLD)]
 

@@ -13,8 +13,9 @@
   the concatenation of the per-rank batches of a Lightning DDP run (Lightning's training
   ``DistributedSampler`` always shuffles, seeded by ``PL_GLOBAL_SEED``; rank r takes every W-th
   index of the permutation, starting at r).
-- :func:`fit_and_dump`: run ``Trainer.fit`` (``devices=2`` -> ``ddp_spawn`` on CPU) and return,
-  for every rank, the final model state_dict, optimizer and scheduler state and callback states.
+- :func:`fit_and_dump`: run ``Trainer.fit`` (``devices=2``: DDP on the session's process pool,
+  ``process_pool.py``) and return, for every rank, the final model state_dict, optimizer and
+  scheduler state and callback states.
 - :func:`assert_states_close`: compare two nested states (tensors, dicts, lists, numbers).
 
 Typical use::
@@ -29,10 +30,12 @@ Typical use::
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -221,18 +224,16 @@ def queue_contents(queue: Tensor) -> Tensor:
 
 
 class _DumpState(pl.Callback):
-    """Saves every rank's final states to ``out_dir/rank{r}.pt``; 1 torch thread per process."""
+    """Keeps this rank's final states (``state``); 1 torch thread per process under DDP."""
 
-    def __init__(self, out_dir: str) -> None:
-        self.out_dir = out_dir
+    state: dict[str, Any] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.world_size > 1:
             torch.set_num_threads(1)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        torch.save(trainer_state(trainer, pl_module),
-                   os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+        self.state = trainer_state(trainer, pl_module)
 
 
 def trainer_state(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
@@ -271,7 +272,13 @@ def fit_and_dump(
     weights_only: bool | None = None,
     **trainer_kwargs: Any,
 ) -> list[dict[str, Any]]:
-    """Fit on CPU (``ddp_spawn`` when ``devices > 1``) and return each rank's final states.
+    """Fit on CPU and return each rank's final states.
+
+    ``devices > 1`` runs DDP in the gloo group of the session's process pool
+    (:func:`~ssl_lightning.testing.process_pool.pool`): each rank receives a copy of ``model``,
+    ``datamodule`` and ``callbacks`` and the caller's random states, as ``ddp_spawn`` would give
+    it, without starting processes; a rank that raises fails the call with its traceback. The
+    pool's processes are daemons: their loaders run without worker processes (``num_workers=0``).
 
     Each entry has ``model`` (state_dict), ``optimizer`` and ``scheduler`` (lists of
     state_dicts), ``callbacks`` (class name -> ``state_dict()``), ``global_step`` and
@@ -280,24 +287,57 @@ def fit_and_dump(
     progress bars and sanity validation are off unless given; ``weights_only`` goes to
     ``Trainer.fit`` (how ``ckpt_path`` is read).
     """
-    with tempfile.TemporaryDirectory() as out_dir:
+    if devices > 1:
+        from ssl_lightning.testing.process_pool import pool
+
+        return pool(devices).run(_fit_and_dump_rank, (
+            model, datamodule, list(callbacks), ckpt_path, weights_only, trainer_kwargs,
+            _random_states()))
+    return [_fit(model, datamodule, 1, callbacks, ckpt_path, weights_only, trainer_kwargs)]
+
+
+def _random_states() -> tuple[Any, Any, Any]:
+    """The caller's torch, NumPy and Python random states (what a spawned rank starts with)."""
+    return torch.random.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def _fit_and_dump_rank(rank: int, world: int, model: pl.LightningModule,
+                       datamodule: pl.LightningDataModule, callbacks: list[pl.Callback],
+                       ckpt_path: str | None, weights_only: bool | None,
+                       trainer_kwargs: dict[str, Any], states: tuple[Any, Any, Any]
+                       ) -> dict[str, Any]:
+    """A pool job: this rank's part of :func:`fit_and_dump` (DDP in the pool's group)."""
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world),
+                      NODE_RANK="0")
+    torch.random.set_rng_state(states[0])
+    np.random.set_state(states[1])
+    random.setstate(states[2])
+    return _fit(model, datamodule, world, callbacks, ckpt_path, weights_only, trainer_kwargs)
+
+
+def _fit(model: pl.LightningModule, datamodule: pl.LightningDataModule, devices: int,
+         callbacks: Sequence[pl.Callback], ckpt_path: str | None, weights_only: bool | None,
+         trainer_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """This process's fit (DDP in the existing process group when ``devices > 1``) and its
+    final states."""
+    dump = _DumpState()
+    with tempfile.TemporaryDirectory() as root_dir:
         settings: dict[str, Any] = dict(
             logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=out_dir,
+            enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=root_dir,
         )
         settings.update(trainer_kwargs)
         trainer = pl.Trainer(
             accelerator="cpu",
             devices=devices,
-            strategy="ddp_spawn" if devices > 1 else "auto",
-            callbacks=[*callbacks, _DumpState(out_dir)],
+            strategy="ddp" if devices > 1 else "auto",
+            callbacks=[*callbacks, dump],
             **settings,
         )
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only)
-        return [
-            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)
-            for r in range(devices)
-        ]
+    if dump.state is None:
+        raise RuntimeError("the fit ended before on_train_end: no final states to return")
+    return dump.state
 
 
 def max_relative_difference(actual: dict[str, Tensor], expected: dict[str, Tensor]) -> float:

@@ -1,4 +1,4 @@
-"""Callbacks whose collectives are subtle, on 2 processes (ddp_spawn, gloo) vs 1 process.
+"""Callbacks whose collectives are subtle, on 2 processes (DDP, gloo) vs 1 process.
 
 - ``LinearEval`` logs its accuracies at epoch end, where rank 0's progress bar already reduces
   the epoch metrics: a collective of its own there (a torchmetrics ``compute``) hung. Its

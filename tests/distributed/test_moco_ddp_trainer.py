@@ -1,4 +1,4 @@
-"""MoCo v2 trained by Lightning on 2 CPU processes (ddp_spawn) ends with the same weights, key
+"""MoCo v2 trained by Lightning on 2 CPU processes (DDP) ends with the same weights, key
 encoder, queue and pointer as one process trained on the concatenated rank batches: checks the
 Lightning gather path, shuffle-BN and the method's own EMA callback under DDP."""
 

@@ -1,6 +1,6 @@
 """Sharded (FSDP2) training = DDP = one process holding the global batch, for every method, and
 an exact mid-epoch resume from a distributed checkpoint (see ``tests/sharding_harness.py``: one
-2-process spawn for all fits, a second, fresh one for the resume)."""
+pair of processes for all fits, a second, fresh pair for the resume)."""
 
 from __future__ import annotations
 

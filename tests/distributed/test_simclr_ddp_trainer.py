@@ -1,4 +1,4 @@
-"""SimCLR trained by Lightning with 2 CPU processes (ddp_spawn, gloo) ends with
+"""SimCLR trained by Lightning with 2 CPU processes (DDP, gloo) ends with
 the same parameters as one process trained on the doubled batch.
 
 The same run checks the evaluation callbacks under DDP: the online probe (trained on gathered

@@ -101,23 +101,31 @@ def _fit64(model: LinearEval, epochs: int = 2) -> LinearEval:
     return model
 
 
-def _grid_vs_alone() -> tuple[LinearEval, list[LinearEval]]:
+def _grid() -> tuple[LinearEval, nn.ModuleList]:
+    """The grid and a copy of its initial heads."""
     torch.manual_seed(1)
     grid = LinearEval(_vit(), CLASSES, checkpoint="random", lr_scaling="none", **GRID)
-    start = copy.deepcopy(grid.classifier.heads)
-    _fit64(grid)
-    alone = []
+    return grid, copy.deepcopy(grid.classifier.heads)
+
+
+@pytest.fixture(scope="module")
+def alone() -> list[LinearEval]:
+    """Each head of the grid trained alone from its initial weights. Shared by the known-bad
+    test: its patch changes the optimiser groups of several heads, and one head's groups are
+    the same with it or without it."""
+    grid, start = _grid()
+    trained = []
     for spec, head in zip(grid.specs, start, strict=True):
         single = LinearEval(_vit(), CLASSES, checkpoint="random", lr=spec.lr, lr_scaling="none",
                             weight_decay=spec.weight_decay, last_blocks=[spec.last_blocks],
                             poolings=[spec.pooling])
         single.classifier.heads[0].load_state_dict(head.state_dict())
-        alone.append(_fit64(single))
-    return grid, alone
+        trained.append(_fit64(single))
+    return trained
 
 
-def test_every_head_of_a_grid_equals_that_head_trained_alone() -> None:
-    grid, alone = _grid_vs_alone()
+def test_every_head_of_a_grid_equals_that_head_trained_alone(alone: list[LinearEval]) -> None:
+    grid = _fit64(_grid()[0])
     assert len(grid.specs) == 28
     assert [s.source for s in grid.specs[::4]] == [
         (1, "pooled"), (1, "cls"), (1, "mean"), (1, "cls+mean"), (2, "cls"), (2, "mean"),
@@ -131,7 +139,8 @@ def test_every_head_of_a_grid_equals_that_head_trained_alone() -> None:
     assert len({float(h.weight.sum()) for h in grid.classifier.heads}) == 28  # all distinct
 
 
-def test_heads_sharing_one_weight_decay_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_heads_sharing_one_weight_decay_are_caught(monkeypatch: pytest.MonkeyPatch,
+                                                  alone: list[LinearEval]) -> None:
     """Known-bad: the grid's heads all get the first head's weight decay."""
     def shared_decay(specs, heads, lr_scale):  # type: ignore[no-untyped-def]
         groups = head_param_groups(specs, heads, lr_scale)
@@ -139,8 +148,9 @@ def test_heads_sharing_one_weight_decay_are_caught(monkeypatch: pytest.MonkeyPat
                 for g in groups]
 
     monkeypatch.setattr(linear_module, "head_param_groups", shared_decay)
-    grid, alone = _grid_vs_alone()
+    grid = _fit64(_grid()[0])
     decayed = [i for i, spec in enumerate(grid.specs) if spec.weight_decay > 0]
+    assert decayed
     for i in decayed:
         assert not torch.allclose(grid.classifier.heads[i].weight,
                                   alone[i].classifier.heads[0].weight, rtol=0, atol=1e-6)

@@ -1,5 +1,5 @@
 """VICReg: the loss against a loop reference of the paper's formulas,
-its closed-form properties, fp32 under bf16 autocast, exact resume, and a Lightning ddp_spawn
+its closed-form properties, fp32 under bf16 autocast, exact resume, and a Lightning DDP
 fit equal to one process with the global batch (through Lightning's all_gather)."""
 
 import math
@@ -132,7 +132,7 @@ def _bn_free_model() -> VICReg:
 
 @pytest.mark.slow
 def test_lightning_ddp_fit_equals_single_process_with_the_global_batch():
-    """End to end through Lightning's all_gather (ddp_spawn, 2 CPU processes, 3 steps)."""
+    """End to end through Lightning's all_gather (DDP on 2 CPU processes, 3 steps)."""
     data = PrecomputedViews(24)
     ddp = fit_and_dump(_bn_free_model(), TensorDataModule(data, 4), devices=2, max_steps=3)
     single = fit_and_dump(_bn_free_model(), TensorDataModule(

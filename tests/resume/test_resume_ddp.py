@@ -1,4 +1,4 @@
-"""A 2-process (gloo, ``ddp_spawn``) SimCLR run on the real image-folder
+"""A 2-process (gloo, DDP) SimCLR run on the real image-folder
 data module with random augmentations, resumed from a checkpoint inside epoch 1, equals the
 uninterrupted 2-process run; resuming that checkpoint on 1 process stops with an error that
 names both data layouts."""

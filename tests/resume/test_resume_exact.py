@@ -9,8 +9,9 @@ depth, DINOv3's Gram crops and Gram teacher, the linear evaluation): real image 
 random augmentations, loader workers, SIGTERM, the batched ``DeviceViews``, a pre-change
 checkpoint, and litdata shards on 1 and 2 processes.
 
-One shared set of runs (``tests/resume_harness.py``, three fresh processes: a process start
-costs more than a tiny run):
+One shared set of runs (``tests/resume_harness.py``, three fresh processes forked from its fork
+server, ``resume_harness.start``: a resumed run shares no memory with the run that wrote its
+checkpoint):
 
 1. straight 2-epoch fits of those methods (``num_workers=0``, a checkpoint after every step),
    plus SimCLR with 2 workers and SimCLR with the batched ``DeviceViews`` (after the batch
@@ -25,7 +26,7 @@ costs more than a tiny run):
 The same runs on litdata shards of the image folder (``StreamingDataModule``, when litdata is
 installed): a straight 1-process run with a checkpoint after every step (its weights equal the
 image-folder SimCLR run's: the same batches) resumed from steps 2 and 9, and from step 2 with the
-shards read from a ``local:`` URL; a straight 2-process run (``ddp_spawn``) resumed inside
+shards read from a ``local:`` URL; a straight 2-process run (``ddp_fork``) resumed inside
 epoch 1 on 2 processes with 2 workers, the shards read from the ``local:`` URL into one fresh
 cache; its mid-epoch checkpoint and its checkpoint after epoch 0's last batch
 refused on 1 process, its end-of-epoch-0 checkpoint resumed there.
@@ -37,10 +38,8 @@ seeds.
 
 from __future__ import annotations
 
-import json
+import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,6 @@ try:
 except ImportError:
     STREAMING = False
 
-HARNESS = Path(__file__).resolve().parents[1] / "resume_harness.py"
 #: One method per data path (the others' exact resume is the property's, see the docstring):
 #: byol: asymmetric views and an EMA teacher; dino: multi-crop and a teacher-temperature warm-up
 #: across the epoch; ibot_vit: block masks, stochastic depth; dinov3: Gram anchoring, the Gram
@@ -69,12 +67,14 @@ RESUME_POINTS = {2: 2, 9: 0}  # step -> num_workers of the resumed run
 SIGTERM_AT = 8  # the SIGTERM run holds from this step until the signal arrived
 
 
-def _run_jobs(jobs: list[dict[str, Any]], path: Path) -> str:
-    path.write_text(json.dumps(jobs))
-    result = subprocess.run([sys.executable, str(HARNESS), str(path)], capture_output=True,
-                            text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stderr
+def _run_jobs(jobs: list[dict[str, Any]], stderr: Path) -> str:
+    """Runs ``jobs`` in a fresh harness process; returns its standard error."""
+    import resume_harness  # here: it builds its tables at import, which collection need not
+
+    process = resume_harness.start(jobs, stderr)
+    process.join()
+    assert process.exitcode == 0, stderr.read_text()[-3000:]
+    return stderr.read_text()
 
 
 def straight_and_resumed(root: Path, make_image_folder: Any, straight: list[str],
@@ -92,28 +92,29 @@ def straight_and_resumed(root: Path, make_image_folder: Any, straight: list[str]
                 "out": str(root / f"{name}.pt"), **extra}
 
     _run_jobs([job(m, m, 0, ckpt_dir=str(root / f"ckpt_{m}")) for m in straight],
-              root / "straight.json")
+              root / "straight.stderr")
     _run_jobs([job(f"{m}_from{step}", m, workers, resume=str(root / f"ckpt_{source}" /
                                                                f"step={step}.ckpt"))
                for m, source in resumed.items() for step, workers in RESUME_POINTS.items()],
-              root / "resumes.json")
+              root / "resumes.stderr")
     return lambda name: torch.load(root / f"{name}.pt", weights_only=True)
 
 
-def _sigterm_run(job: dict[str, Any], path: Path) -> dict[str, Any]:
-    path.write_text(json.dumps([job]))
-    child = subprocess.Popen([sys.executable, str(HARNESS), str(path)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _sigterm_run(job: dict[str, Any], stderr: Path) -> dict[str, Any]:
+    import resume_harness
+
+    child = resume_harness.start([job], stderr)
     waiting = Path(job["out"] + ".waiting")
     while not waiting.exists():
-        assert child.poll() is None, child.communicate()[1][-3000:]
+        assert child.is_alive(), stderr.read_text()[-3000:]
         time.sleep(0.02)
     sent = time.time()
-    child.send_signal(signal.SIGTERM)
-    stderr = child.communicate(timeout=300)[1]
+    os.kill(child.pid, signal.SIGTERM)
+    child.join(timeout=300)
     ckpt = Path(job["preempt_dir"]) / "last.ckpt"
-    return {"returncode": child.returncode, "exit_s": time.time() - sent, "stderr": stderr,
-            "checkpoint": ckpt, "saved_s": ckpt.stat().st_mtime - sent if ckpt.exists() else None}
+    return {"returncode": child.exitcode, "exit_s": time.time() - sent,
+            "stderr": stderr.read_text(), "checkpoint": ckpt,
+            "saved_s": ckpt.stat().st_mtime - sent if ckpt.exists() else None}
 
 
 def make_runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> dict[str, Any]:
@@ -131,10 +132,10 @@ def make_runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> di
                  job("device", "simclr", 0, device_views=True, views_on="device",
                      ckpt_dir=str(root / "ckpt_dv"))]
     stream = _streaming_jobs(data, root, job) if STREAMING else {"straight": [], "resumes": []}
-    _run_jobs(straight + stream["straight"], root / "straight.json")
+    _run_jobs(straight + stream["straight"], root / "straight.stderr")
 
     sigterm = _sigterm_run(job("sigterm", "simclr", 2, preempt_dir=str(root / "preempt"),
-                               wait_step=SIGTERM_AT), root / "sigterm.json")
+                               wait_step=SIGTERM_AT), root / "sigterm.stderr")
 
     old = torch.load(root / "ckpt_simclr" / "step=3.ckpt", weights_only=True)
     del old["ImageFolderDataModule"]  # as written before the data module had a state
@@ -147,7 +148,7 @@ def make_runs(tmp_path_factory: pytest.TempPathFactory, make_image_folder) -> di
                 job("device_from9", "simclr", 2, device_views=True, views_on="workers",
                     resume=str(root / "ckpt_dv/step=9.ckpt")),
                 job("old_resumed", "simclr", 0, resume=str(root / "old.ckpt"))]
-    stderr = _run_jobs(resumes + stream["resumes"], root / "resumes.json")
+    stderr = _run_jobs(resumes + stream["resumes"], root / "resumes.stderr")
     load = lambda name: torch.load(root / f"{name}.pt", weights_only=True)  # noqa: E731
     return {"load": load, "sigterm": sigterm, "resume_stderr": stderr, "root": root}
 
