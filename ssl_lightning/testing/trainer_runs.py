@@ -312,7 +312,23 @@ def _fit_and_dump_rank(rank: int, world: int, model: pl.LightningModule,
     torch.random.set_rng_state(states[0])
     np.random.set_state(states[1])
     random.setstate(states[2])
-    return _fit(model, datamodule, world, callbacks, ckpt_path, weights_only, trainer_kwargs)
+    try:
+        return _fit(model, datamodule, world, callbacks, ckpt_path, weights_only, trainer_kwargs)
+    except Exception as err:  # Lightning's teardown may raise another error on top of it
+        if not any("daemonic processes" in str(e) for e in _exception_chain(err)):
+            raise
+        raise ValueError("fit_and_dump(devices > 1) runs its ranks in the process pool, whose "
+                         "processes cannot start DataLoader workers: give the data module "
+                         "num_workers=0") from None
+
+
+def _exception_chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from or while handling."""
+    chain: list[BaseException] = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
 
 
 def _fit(model: pl.LightningModule, datamodule: pl.LightningDataModule, devices: int,

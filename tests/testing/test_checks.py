@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from ssl_lightning.backbones import SmallConvNet
 from ssl_lightning.methods import SSLMethod
@@ -22,6 +23,7 @@ from ssl_lightning.testing import (
     assert_resume_is_exact,
     assert_two_processes_equal_one,
 )
+from ssl_lightning.testing.trainer_runs import fit_and_dump
 
 SIMCLR = next(e for e in method_entries() if e.name == "simclr")
 OPTIM = dict(optimizer="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0)
@@ -124,3 +126,18 @@ def test_two_processes_equal_one_passes_and_names_the_method_using_rank_statisti
     assert "make_ddp_flawed, rank 0" in message and "make_ddp_flawed, rank 1" in message
     assert "make_simclr" not in message and "make_aligned," not in message
     assert "head.weight: " in message
+
+
+class WorkerLoaderData(TensorDataModule):
+    """A data module whose train loader starts a DataLoader worker."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=self.batch_size, num_workers=1)
+
+
+@pytest.mark.slow
+def test_fit_and_dump_on_two_processes_names_num_workers_when_a_loader_starts_workers() -> None:
+    """The pool's daemon processes cannot start loader workers; the error says what to do."""
+    with pytest.raises(RuntimeError, match="give the data module num_workers=0"):
+        fit_and_dump(make_simclr(), WorkerLoaderData(KeyedViews(8, SIMCLR.views), 2), devices=2,
+                     max_steps=1)
