@@ -24,16 +24,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
-from torch.utils.data import DataLoader
-
 from ssl_lightning.backbones import ViT
 from ssl_lightning.methods import DINO, CrIBo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dense_utils import make_segmentation_folder  # noqa: E402
-from detcon_dense_check import SIZE, LocatedImages  # noqa: E402
+from detcon_dense_check import SIZE, LocatedImages, pretrain_and_save  # noqa: E402
 
 
 def backbone() -> ViT:
@@ -62,17 +59,7 @@ def main() -> None:
     out = Path(args.out)
     make_segmentation_folder(out / "seg", classes=4, train=args.images, val=32, size=SIZE)
     for name, model in methods().items():
-        pl.seed_everything(0)
-        loader = DataLoader(LocatedImages(out / "seg", boxes=False), batch_size=16, shuffle=True,
-                            drop_last=True)
-        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False,
-                             enable_checkpointing=False, enable_model_summary=False,
-                             enable_progress_bar=False, num_sanity_val_steps=0,
-                             max_steps=args.steps)
-        trainer.fit(model, loader)
-        trainer.save_checkpoint(out / f"{name}.ckpt")
-        print(f"{name}: saved {out / f'{name}.ckpt'}; last loss "
-              f"{float(trainer.callback_metrics.get('train/loss', 0)):.4f}", flush=True)
+        pretrain_and_save(name, model, LocatedImages(out / "seg", "views"), out, args.steps)
 
 
 if __name__ == "__main__":

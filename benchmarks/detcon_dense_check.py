@@ -99,17 +99,21 @@ def main() -> None:
     for name, (model, entries) in methods().items():
         if args.methods is not None and name not in args.methods:
             continue
-        pl.seed_everything(0)
-        loader = DataLoader(LocatedImages(out / "seg", entries), batch_size=16, shuffle=True,
-                            drop_last=True)
-        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False,
-                             enable_checkpointing=False, enable_model_summary=False,
-                             enable_progress_bar=False, num_sanity_val_steps=0,
-                             max_steps=args.steps)
-        trainer.fit(model, loader)
-        trainer.save_checkpoint(out / f"{name}.ckpt")
-        print(f"{name}: saved {out / f'{name}.ckpt'}; last loss "
-              f"{float(trainer.callback_metrics.get('train/loss', 0)):.4f}", flush=True)
+        pretrain_and_save(name, model, LocatedImages(out / "seg", entries), out, args.steps)
+
+
+def pretrain_and_save(name: str, model: pl.LightningModule, images: Dataset, out: Path,
+                      steps: int) -> None:
+    """``steps`` steps of batch 16 from seed 0, then ``out/<name>.ckpt`` and its last loss."""
+    pl.seed_everything(0)
+    loader = DataLoader(images, batch_size=16, shuffle=True, drop_last=True)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_model_summary=False, enable_progress_bar=False,
+                         num_sanity_val_steps=0, max_steps=steps)
+    trainer.fit(model, loader)
+    trainer.save_checkpoint(out / f"{name}.ckpt")
+    print(f"{name}: saved {out / f'{name}.ckpt'}; last loss "
+          f"{float(trainer.callback_metrics.get('train/loss', 0)):.4f}", flush=True)
 
 
 if __name__ == "__main__":
