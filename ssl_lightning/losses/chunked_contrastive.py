@@ -14,9 +14,13 @@ autograd-aware all-gather send their share back to the owning rank. The positive
 dot product that plain autograd handles; together they give the familiar ``softmax - one_hot``.
 Peak extra memory is one (chunk_size × K) block instead of several (M × K) matrices.
 
-:func:`positive_cross_entropy` is the per-anchor loss ``-log softmax`` at the positive column
-that NT-Xent, NNCLR and MoCo v3 share (DCL and SupCon call :func:`chunked_logsumexp` directly).
-In both paths (chunked and dense) it is ``softplus(lse_neg - s_pos)`` with the log-sum-exp over
+:func:`logsumexp_gap_mean` is the mean over the anchors of ``softplus(lse_i - s_pos_i)`` (or of
+``lse_i - s_pos_i``, DCL). A row's weight in its gradient is known as soon as its block is, so
+its chunked path takes both gradient products in the forward pass while the block is in cache
+and recomputes nothing: three matrix products per block instead of four.
+:func:`positive_cross_entropy` is its mean ``-log softmax`` at the positive column that NT-Xent,
+NNCLR and MoCo v3 share (InfoNCE and DCL call :func:`logsumexp_gap_mean`, SupCon
+:func:`chunked_logsumexp` directly). In both paths (chunked and dense) it is ``softplus(lse_neg - s_pos)`` with the log-sum-exp over
 the negatives only (``exclude`` takes several columns per row for that): computing
 ``lse - s_pos`` instead subtracts two numbers of size ~1/T whose difference is tiny on a nearly
 solved batch and loses most fp32 digits at T = 0.07. ``classes`` keeps, per row, only the
