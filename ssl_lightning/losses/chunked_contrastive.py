@@ -22,11 +22,11 @@ and recomputes nothing: three matrix products per block instead of four.
 :func:`positive_cross_entropy` is its mean ``-log softmax`` at the positive column that NT-Xent,
 NNCLR and MoCo v3 share (InfoNCE and DCL call :func:`logsumexp_gap_mean`, SupCon
 :func:`chunked_logsumexp` directly). In both paths (chunked and dense) it is
-``softplus(lse_neg - s_pos)`` with the log-sum-exp over the negatives only (``exclude`` takes several columns per
-row for that): computing ``lse - s_pos`` instead subtracts two numbers of size ~1/T whose
-difference is tiny on a nearly solved batch and loses most fp32 digits at T = 0.07. ``classes``
-keeps, per row, only the columns of the row's class or only the others (SupCon's positives and
-negatives) without an (M × K) mask.
+``softplus(lse_neg - s_pos)`` with the log-sum-exp over the negatives only (``exclude`` takes
+several columns per row for that): computing ``lse - s_pos`` instead subtracts two numbers of
+size ~1/T whose difference is tiny on a nearly solved batch and loses most fp32 digits at
+T = 0.07. ``classes`` keeps, per row, only the columns of the row's class or only the others
+(SupCon's positives and negatives) without an (M × K) mask.
 """
 
 from __future__ import annotations
