@@ -308,6 +308,119 @@ class _ChunkedGapMean(torch.autograd.Function):
         return (*grads, None, None, None, None, None)
 
 
+class _ChunkedClassGapMean(torch.autograd.Function):
+    """SupCon's ``mean_i [softplus(lse_neg_i - lse_pos_i) + several_i · (lse_pos_i -
+    mean_positive_i)]``, ``lse_neg`` over the columns of the other classes and ``lse_pos`` over
+    those of the row's class but itself, both from one block of logits (one matrix product).
+
+    As in :class:`_ChunkedGapMean`, both weights of a row are known once its block is, so the
+    gradient products come from the block in the forward pass: three matrix products per block
+    in all. A row with one of its two sums below :data:`_UNDERFLOW` (or an empty group) is redone
+    with the exact log-sum-exp of each group.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx,
+        anchors: Tensor,
+        candidates: Tensor,
+        mean_positive: Tensor,
+        several: Tensor,
+        anchor_class: Tensor,
+        candidate_class: Tensor,
+        self_index: Tensor,
+        scale: float,
+        chunk_size: int,
+        grad_enabled: bool,
+    ) -> Tensor:
+        num_anchors, num_candidates = anchors.shape[0], candidates.shape[0]
+        rows = block_rows(chunk_size, num_anchors, num_candidates, anchors.element_size())
+        need_anchors, need_candidates = (grad_enabled and bool(n)
+                                         for n in ctx.needs_input_grad[:2])  # type: ignore[attr-defined]
+        bound = _norm_bound(anchors, candidates, scale)
+        left, right = _shifted_operands(anchors, candidates, scale, bound)
+        floor = _exp_floor(-2 * float(bound.max()), anchors.dtype) if num_anchors else None
+        block = anchors.new_empty(rows, num_candidates)
+        lse_neg, lse_pos = anchors.new_empty(num_anchors), anchors.new_empty(num_anchors)
+        grad_anchors = torch.empty_like(anchors) if need_anchors else None
+        grad_candidates = torch.zeros_like(candidates) if need_candidates else None
+        exclude = self_index[:, None]
+        for start in range(0, num_anchors, rows):
+            stop = min(start + rows, num_anchors)
+            same = anchor_class[start:stop, None] == candidate_class[None, :]
+            negatives = _block_exp(block[: stop - start], left, right, exclude, None, start,
+                                   floor)
+            positives = negatives * same
+            pos_sums = positives.sum(dim=1)
+            neg_sums = negatives.masked_fill_(same, 0.0).sum(dim=1)
+            shift_neg = shift_pos = bound[start:stop]
+            if bool(((pos_sums < _UNDERFLOW) | (neg_sums < _UNDERFLOW)).any()):  # rare
+                logits = torch.mm(left[start:stop], right.T).add_(bound[start:stop, None])
+                logits.scatter_(1, exclude[start:stop], -math.inf)
+                groups = []
+                for keep in (~same, same):
+                    group = logits.masked_fill(~keep, -math.inf)
+                    lse = torch.logsumexp(group, dim=1).clamp(min=torch.finfo(group.dtype).min)
+                    groups.append((group.sub_(lse[:, None]).exp_(), lse))
+                (negatives, shift_neg), (positives, shift_pos) = groups
+                neg_sums, pos_sums = torch.ones_like(neg_sums), torch.ones_like(pos_sums)
+            lse_neg[start:stop] = neg_sums.log().add_(shift_neg)
+            lse_pos[start:stop] = pos_sums.log().add_(shift_pos)
+            if not (need_anchors or need_candidates):
+                continue
+            slope = torch.sigmoid(lse_neg[start:stop] - lse_pos[start:stop])
+            step = scale / num_anchors
+            weight_neg = slope * step / neg_sums
+            weight_pos = (several[start:stop].to(slope.dtype) - slope) * step / pos_sums
+            probs = negatives.mul_(weight_neg[:, None])
+            probs.addcmul_(positives, weight_pos[:, None])
+            if grad_anchors is not None:
+                torch.mm(probs, candidates, out=grad_anchors[start:stop])
+            if grad_candidates is not None:
+                grad_candidates.addmm_(probs.T, anchors[start:stop])
+        gap = lse_neg - lse_pos
+        spread = torch.where(several, lse_pos - mean_positive, 0.0)
+        ctx.save_for_backward(grad_anchors, grad_candidates,  # type: ignore[arg-type]
+                              several.to(anchors.dtype) / -num_anchors)
+        return (F.softplus(gap) + spread).mean()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_loss: Tensor):  # type: ignore[no-untyped-def,override]
+        grad_anchors, grad_candidates, grad_mean = ctx.saved_tensors  # type: ignore[attr-defined]
+        grads = [None if g is None else g * grad_loss
+                 for g in (grad_anchors, grad_candidates, grad_mean)]
+        return (*grads, None, None, None, None, None, None, None)
+
+
+def class_gap_mean(
+    anchors: Tensor,
+    candidates: Tensor,
+    anchor_class: Tensor,
+    candidate_class: Tensor,
+    self_index: Tensor,
+    mean_positive: Tensor,
+    several: Tensor,
+    temperature: float,
+    chunk_size: int,
+) -> Tensor:
+    """SupCon's mean over the anchors of ``softplus(lse_neg - lse_pos) + several · (lse_pos -
+    mean_positive)`` (``lse_neg``: the other classes, ``lse_pos``: the row's class but column
+    ``self_index``), chunked (:class:`_ChunkedClassGapMean`); fp32 or float64 inputs.
+
+    Args:
+        anchors: (M, D) anchors; candidates: (K, D).
+        anchor_class: (M,) class of each anchor; candidate_class: (K,) of each candidate.
+        self_index: (M,) each anchor's own column, left out of both groups.
+        mean_positive: (M,) each anchor's mean positive logit (divided by T).
+        several: (M,) bool, the anchor has more than one positive.
+        temperature: T > 0; chunk_size: anchor rows per block.
+    """
+    return _ChunkedClassGapMean.apply(  # type: ignore[no-any-return]
+        anchors.contiguous(), candidates.contiguous(), mean_positive, several, anchor_class,
+        candidate_class, self_index, 1.0 / temperature, chunk_size, torch.is_grad_enabled())
+
+
 def _check_kernel_inputs(
     anchors: Tensor, candidates: Tensor, temperature: float, exclude: Tensor | None,
     chunk_size: int | None,
