@@ -14,7 +14,11 @@ from distributed_utils import average_gradients_like_ddp, run_in_processes
 
 from ssl_lightning.distributed import all_gather_no_grad, all_gather_with_grad
 from ssl_lightning.losses import NTXentLoss
-from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp, logsumexp_gap_mean
+from ssl_lightning.losses.chunked_contrastive import (
+    ClassMask,
+    chunked_logsumexp,
+    logsumexp_gap_mean,
+)
 
 EXACT = 1e-10
 F64 = torch.float64
@@ -273,3 +277,23 @@ def test_gap_mean_below_the_exp_range_in_fp32(temperature: float):
         outs.append([loss, *torch.autograd.grad(loss, leaves)])
     for want, got in zip(*outs, strict=True):
         assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+@pytest.mark.parametrize("same", [True, False])
+@pytest.mark.parametrize("chunk_size", [1, 4, 100])
+def test_chunked_logsumexp_with_a_class_mask_matches_the_dense_path(same: bool, chunk_size: int):
+    """Left-out entries are zeroed after exp in the chunked path, set to finfo.min in the dense
+    one: equal log-sum-exp and gradients, with the anchor's own column left out as well."""
+    g = torch.Generator().manual_seed(chunk_size)
+    anchors = torch.randn(8, 5, generator=g, dtype=F64, requires_grad=True)
+    candidates = torch.randn(12, 5, generator=g, dtype=F64, requires_grad=True)
+    classes = ClassMask(torch.randint(0, 3, (8,), generator=g), torch.arange(12) % 3, same)
+    weights = torch.randn(8, generator=g, dtype=F64)
+    results = []
+    for size in (chunk_size, None):
+        lse = chunked_logsumexp(anchors, candidates, 0.3, torch.arange(8), size, classes)
+        results.append((lse, torch.autograd.grad((lse * weights).sum(), [anchors, candidates])))
+    (lse_c, grads_c), (lse_d, grads_d) = results
+    torch.testing.assert_close(lse_c, lse_d, atol=EXACT, rtol=0)
+    for a, b in zip(grads_c, grads_d, strict=True):
+        torch.testing.assert_close(a, b, atol=EXACT, rtol=0)
