@@ -53,9 +53,7 @@ class ClassMask(NamedTuple):
     same: bool
 
 
-def _left_out(
-    rows: int, exclude: Tensor | None, classes: ClassMask | None, start: int
-) -> Tensor | None:
+def _left_out(rows: int, classes: ClassMask | None, start: int) -> Tensor | None:
     """The (rows × K) mask of the other classes (``same``) or of the row's own class for the
     logit rows ``start:start + rows``; ``None`` without ``classes``."""
     if classes is None:
@@ -72,7 +70,7 @@ def _mask_(
     (finfo.min by default), in place: the columns ``exclude[i, :]`` of row i and, with
     ``classes``, the columns of the other classes (``same``) or of the row's own class."""
     fill = torch.finfo(logits.dtype).min if value is None else value
-    left_out = _left_out(logits.shape[0], exclude, classes, start)
+    left_out = _left_out(logits.shape[0], classes, start)
     if left_out is not None:
         logits.masked_fill_(left_out, fill)
     if exclude is not None:
