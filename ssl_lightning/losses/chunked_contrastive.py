@@ -14,19 +14,25 @@ autograd-aware all-gather send their share back to the owning rank. The positive
 dot product that plain autograd handles; together they give the familiar ``softmax - one_hot``.
 Peak extra memory is one (chunk_size × K) block instead of several (M × K) matrices.
 
-:func:`positive_cross_entropy` is the per-anchor loss ``-log softmax`` at the positive column
-that NT-Xent, NNCLR and MoCo v3 share (DCL and SupCon call :func:`chunked_logsumexp` directly).
-In both paths (chunked and dense) it is ``softplus(lse_neg - s_pos)`` with the log-sum-exp over
-the negatives only (``exclude`` takes several columns per row for that): computing
-``lse - s_pos`` instead subtracts two numbers of size ~1/T whose difference is tiny on a nearly
-solved batch and loses most fp32 digits at T = 0.07. ``classes`` keeps, per row, only the
-columns of the row's class or only the others (SupCon's positives and negatives) without an
-(M × K) mask.
+:func:`logsumexp_gap_mean` is the mean over the anchors of ``softplus(lse_i - s_pos_i)`` (or of
+``lse_i - s_pos_i``, DCL). A row's weight in its gradient is known as soon as its block is, so
+its chunked path takes both gradient products in the forward pass while the block is in cache
+and recomputes nothing: three matrix products per block instead of four.
+
+:func:`positive_cross_entropy` is its mean ``-log softmax`` at the positive column that NT-Xent,
+NNCLR and MoCo v3 share (InfoNCE and DCL call :func:`logsumexp_gap_mean`, SupCon
+:func:`chunked_logsumexp` directly). In both paths (chunked and dense) it is
+``softplus(lse_neg - s_pos)`` with the log-sum-exp over the negatives only (``exclude`` takes
+several columns per row for that): computing ``lse - s_pos`` instead subtracts two numbers of
+size ~1/T whose difference is tiny on a nearly solved batch and loses most fp32 digits at
+T = 0.07. ``classes`` keeps, per row, only the columns of the row's class or only the others
+(SupCon's positives and negatives) without an (M × K) mask.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -47,18 +53,28 @@ class ClassMask(NamedTuple):
     same: bool
 
 
+def _left_out(rows: int, classes: ClassMask | None, start: int) -> Tensor | None:
+    """The (rows × K) mask of the other classes (``same``) or of the row's own class for the
+    logit rows ``start:start + rows``; ``None`` without ``classes``."""
+    if classes is None:
+        return None
+    row_class = classes.rows[start:start + rows, None]
+    return (row_class == classes.columns[None, :]) != classes.same
+
+
 def _mask_(
-    logits: Tensor, exclude: Tensor | None, classes: ClassMask | None, start: int = 0
+    logits: Tensor, exclude: Tensor | None, classes: ClassMask | None, start: int = 0,
+    value: float | None = None,
 ) -> Tensor:
-    """Set the left-out entries of the logit rows ``start:start + len(logits)`` to finfo.min, in
-    place: the columns ``exclude[i, :]`` of row i and, with ``classes``, the columns of the other
-    classes (``same``) or of the row's own class."""
-    low = torch.finfo(logits.dtype).min
-    if classes is not None:
-        row_class = classes.rows[start:start + logits.shape[0], None]
-        logits.masked_fill_((row_class == classes.columns[None, :]) != classes.same, low)
+    """Set the left-out entries of the logit rows ``start:start + len(logits)`` to ``value``
+    (finfo.min by default), in place: the columns ``exclude[i, :]`` of row i and, with
+    ``classes``, the columns of the other classes (``same``) or of the row's own class."""
+    fill = torch.finfo(logits.dtype).min if value is None else value
+    left_out = _left_out(logits.shape[0], classes, start)
+    if left_out is not None:
+        logits.masked_fill_(left_out, fill)
     if exclude is not None:
-        logits.scatter_(1, exclude[start:start + logits.shape[0]], low)
+        logits.scatter_(1, exclude[start:start + logits.shape[0]], fill)
     return logits
 
 
@@ -83,6 +99,19 @@ def block_rows(chunk_size: int, num_anchors: int, num_candidates: int, itemsize:
 _UNDERFLOW = 2.0**-64
 
 
+def _exp_floor(lowest: float, dtype: torch.dtype) -> float | None:
+    """The clamp for shifted logits before ``exp``, or ``None`` when the ``lowest`` one can be
+    is already above it: log of the smallest normal number of ``dtype``.
+
+    On CPU, ``exp`` of an argument whose result is subnormal or zero is 20-200× slower than of
+    a normal one (measured: 2M fp32 entries at -95, 69 ms against 0.4 ms at [-4, 0]), so left-out
+    entries are zeroed after ``exp`` instead of set to finfo.min before it, and entries below
+    the floor (T below ~0.02 on unit vectors) are clamped to it: each then adds at most
+    ``tiny`` to a row sum of at least :data:`_UNDERFLOW`."""
+    floor = math.log(torch.finfo(dtype).tiny)
+    return floor if lowest < floor else None
+
+
 def _shifted_operands(anchors: Tensor, candidates: Tensor, scale: float,
                       shift: Tensor) -> tuple[Tensor, Tensor]:
     """``[anchors * scale, -shift]`` and ``[candidates, 1]``: their product is the logit matrix
@@ -101,15 +130,81 @@ def _block_logits(
     return _mask_(out, exclude, classes, start)
 
 
-class _ChunkedLogSumExp(torch.autograd.Function):
-    """Row log-sum-exp of ``anchors @ candidates.T * scale``, one block of rows at a time.
+def _block_exp(
+    out: Tensor, left: Tensor, right: Tensor, exclude: Tensor | None, classes: ClassMask | None,
+    start: int, floor: float | None,
+) -> Tensor:
+    """``out <- exp(left[start:start + len(out)] @ right.T)``, clamped below at ``floor`` (see
+    :func:`_exp_floor`), with the left-out entries 0."""
+    torch.mm(left[start:start + out.shape[0]], right.T, out=out)
+    if floor is not None:
+        out.clamp_(min=floor)
+    return _mask_(out.exp_(), exclude, classes, start, value=0.0)
 
-    Each block is written once by a matrix product that already subtracts a per-row shift, then
-    masked and exponentiated in place. The forward shift is the Cauchy-Schwarz bound
-    ``scale · |a_i| · max_k |c_k|`` (no max over the block; a row far below its bound is redone
-    with its exact max), the backward shift the saved log-sum-exp, which turns the recomputed
-    block into the row softmax; the incoming gradient scales the (rows × D) operands of the two
-    gradient products instead of the block.
+
+def _norm_bound(anchors: Tensor, candidates: Tensor, scale: float) -> Tensor:
+    """Per anchor, ``scale · |a_i| · max_k |c_k|``: no logit of the row is above it
+    (Cauchy-Schwarz)."""
+    return anchors.norm(dim=1) * (candidates.norm(dim=1).max() * scale)
+
+
+RowWeight = Callable[[Tensor, slice], Tensor]
+
+
+def _forward_blocks(
+    anchors: Tensor, candidates: Tensor, exclude: Tensor | None, classes: ClassMask | None,
+    scale: float, rows: int, row_weight: RowWeight | None = None,
+    need: tuple[bool, bool] = (False, False),
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Row log-sum-exp of ``anchors @ candidates.T * scale``, one block of rows at a time, and
+    with ``row_weight`` the gradient products of ``sum_i w_i lse_i`` while each block is still
+    in cache: ``(lse, sum_k w_i p_ik c_k scale, sum_i w_i p_ik a_i scale)`` (``need`` says which
+    of the two; ``row_weight(lse_rows, rows)`` gives ``w`` of a block from its log-sum-exp).
+
+    Each block is written once by a matrix product that already subtracts the Cauchy-Schwarz
+    bound of its row (no max over the block); a row far below its bound is redone with its
+    exact max.
+    """
+    num_anchors = anchors.shape[0]
+    bound = _norm_bound(anchors, candidates, scale)
+    left, right = _shifted_operands(anchors, candidates, scale, bound)
+    floor = _exp_floor(-2 * float(bound.max()), anchors.dtype) if num_anchors else None
+    block = anchors.new_empty(rows, candidates.shape[0])
+    lse = anchors.new_empty(num_anchors)
+    grad_anchors = torch.empty_like(anchors) if need[0] else None
+    grad_candidates = torch.zeros_like(candidates) if need[1] else None
+    for start in range(0, num_anchors, rows):
+        stop = min(start + rows, num_anchors)
+        probs = _block_exp(block[: stop - start], left, right, exclude, classes, start, floor)
+        sums = probs.sum(dim=1)
+        shift = bound[start:stop]
+        if bool((sums < _UNDERFLOW).any()):  # rare: recompute the block with its row max
+            logits = _block_logits(block[: stop - start], left, right, exclude, classes,
+                                   start)
+            row_max = logits.amax(dim=1, keepdim=True)
+            probs = logits.sub_(row_max).exp_()
+            sums = probs.sum(dim=1)
+            shift = shift + row_max[:, 0]
+            _mask_(probs, exclude, classes, start, value=0.0)  # rows with every column out
+        lse[start:stop] = sums.log().add_(shift)
+        if row_weight is None:
+            continue
+        weight = (row_weight(lse[start:stop], slice(start, stop)) * scale / sums)[:, None]
+        if grad_anchors is not None:
+            torch.mm(probs, candidates, out=grad_anchors[start:stop])
+            grad_anchors[start:stop].mul_(weight)
+        if grad_candidates is not None:
+            grad_candidates.addmm_(probs.T, anchors[start:stop] * weight)
+    return lse, grad_anchors, grad_candidates
+
+
+class _ChunkedLogSumExp(torch.autograd.Function):
+    """Row log-sum-exp of ``anchors @ candidates.T * scale``, one block of rows at a time
+    (:func:`_forward_blocks`).
+
+    The backward pass recomputes each block with the saved log-sum-exp as the shift, which
+    turns it into the row softmax; the incoming gradient scales the (rows × D) operands of the
+    two gradient products instead of the block.
     """
 
     @staticmethod
@@ -122,24 +217,9 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         scale: float,
         chunk_size: int,
     ) -> Tensor:
-        num_anchors = anchors.shape[0]
-        rows = block_rows(chunk_size, num_anchors, candidates.shape[0], anchors.element_size())
-        bound = anchors.norm(dim=1) * (candidates.norm(dim=1).max() * scale)
-        left, right = _shifted_operands(anchors, candidates, scale, bound)
-        block = anchors.new_empty(rows, candidates.shape[0])
-        lse = anchors.new_empty(num_anchors)
-        for start in range(0, num_anchors, rows):
-            stop = min(start + rows, num_anchors)
-            logits = _block_logits(block[: stop - start], left, right, exclude, classes, start)
-            sums = logits.exp_().sum(dim=1)
-            shift = bound[start:stop]
-            if bool((sums < _UNDERFLOW).any()):  # rare: recompute the block with its row max
-                logits = _block_logits(block[: stop - start], left, right, exclude, classes,
-                                       start)
-                row_max = logits.amax(dim=1, keepdim=True)
-                sums = logits.sub_(row_max).exp_().sum(dim=1)
-                shift = shift + row_max[:, 0]
-            lse[start:stop] = sums.log_().add_(shift)
+        rows = block_rows(chunk_size, anchors.shape[0], candidates.shape[0],
+                          anchors.element_size())
+        lse, _, _ = _forward_blocks(anchors, candidates, exclude, classes, scale, rows)
         ctx.save_for_backward(anchors, candidates, exclude, lse)  # type: ignore[arg-type]
         ctx.classes = classes  # type: ignore[attr-defined]
         ctx.scale = scale  # type: ignore[attr-defined]
@@ -153,6 +233,9 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         classes, scale, rows = ctx.classes, ctx.scale, ctx.rows  # type: ignore[attr-defined]
         num_anchors = anchors.shape[0]
         left, right = _shifted_operands(anchors, candidates, scale, lse)
+        # logit - lse >= -(bound + lse): the floor is needed only if that can reach it
+        lowest = -float((_norm_bound(anchors, candidates, scale) + lse).max())
+        floor = _exp_floor(lowest, anchors.dtype) if num_anchors else None
         block = anchors.new_empty(rows, candidates.shape[0])
         need_anchors, need_candidates = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
         grad_anchors = torch.empty_like(anchors) if need_anchors else None
@@ -160,14 +243,202 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         weight = (grad_lse * scale)[:, None]
         for start in range(0, num_anchors, rows):
             stop = min(start + rows, num_anchors)
-            probs = _block_logits(block[: stop - start], left, right, exclude, classes,
-                                  start).exp_()  # the row softmax
+            probs = _block_exp(block[: stop - start], left, right, exclude, classes, start,
+                               floor)  # the row softmax
             if grad_anchors is not None:
                 torch.mm(probs, candidates, out=grad_anchors[start:stop])
                 grad_anchors[start:stop].mul_(weight[start:stop])
             if grad_candidates is not None:  # e.g. not for detached keys (MoCo v3)
                 grad_candidates.addmm_(probs.T, anchors[start:stop] * weight[start:stop])
         return grad_anchors, grad_candidates, None, None, None, None
+
+
+class _ChunkedGapMean(torch.autograd.Function):
+    """``mean_i h(lse_i - positive_i)`` with ``h`` softplus or the identity, ``lse`` the row
+    log-sum-exp of :func:`_forward_blocks`.
+
+    The loss is a mean of per-row terms, so the weight of row i's log-sum-exp in the gradient,
+    ``h'(lse_i - positive_i) / M``, is known as soon as its block is; the forward pass then
+    takes the two gradient products from the block while it is in cache, and the backward pass
+    only scales them by the incoming (scalar) gradient: three matrix products per block instead
+    of four (two instead of three without candidate gradients), and no recomputation.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx,
+        anchors: Tensor,
+        candidates: Tensor,
+        positive: Tensor,
+        exclude: Tensor | None,
+        scale: float,
+        chunk_size: int,
+        softplus: bool,
+        grad_enabled: bool,
+    ) -> Tensor:
+        num_anchors = anchors.shape[0]
+        rows = block_rows(chunk_size, num_anchors, candidates.shape[0], anchors.element_size())
+
+        def row_weight(lse: Tensor, rows_: slice) -> Tensor:
+            if not softplus:
+                return lse.new_full(lse.shape, 1.0 / num_anchors)
+            return torch.sigmoid(lse - positive[rows_]) / num_anchors
+
+        need = tuple(grad_enabled and bool(n) for n in ctx.needs_input_grad[:2])  # type: ignore[attr-defined]
+        lse, grad_anchors, grad_candidates = _forward_blocks(
+            anchors, candidates, exclude, None, scale, rows,
+            row_weight if any(need) else None, need)  # type: ignore[arg-type]
+        gap = lse - positive
+        if softplus:
+            loss, slope = F.softplus(gap).mean(), torch.sigmoid(gap)
+        else:
+            loss, slope = gap.mean(), torch.ones_like(gap)
+        ctx.save_for_backward(grad_anchors, grad_candidates,  # type: ignore[arg-type]
+                              slope / -num_anchors)
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_loss: Tensor):  # type: ignore[no-untyped-def,override]
+        grad_anchors, grad_candidates, grad_positive = ctx.saved_tensors  # type: ignore[attr-defined]
+        grads = [None if g is None else g * grad_loss
+                 for g in (grad_anchors, grad_candidates, grad_positive)]
+        return (*grads, None, None, None, None, None)
+
+
+class _ChunkedClassGapMean(torch.autograd.Function):
+    """SupCon's ``mean_i [softplus(lse_neg_i - lse_pos_i) + several_i · (lse_pos_i -
+    mean_positive_i)]``, ``lse_neg`` over the columns of the other classes and ``lse_pos`` over
+    those of the row's class but itself, both from one block of logits (one matrix product).
+
+    As in :class:`_ChunkedGapMean`, both weights of a row are known once its block is, so the
+    gradient products come from the block in the forward pass: three matrix products per block
+    in all. A row with one of its two sums below :data:`_UNDERFLOW` (or an empty group) is redone
+    with the exact log-sum-exp of each group.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx,
+        anchors: Tensor,
+        candidates: Tensor,
+        mean_positive: Tensor,
+        several: Tensor,
+        anchor_class: Tensor,
+        candidate_class: Tensor,
+        self_index: Tensor,
+        scale: float,
+        chunk_size: int,
+        grad_enabled: bool,
+    ) -> Tensor:
+        num_anchors, num_candidates = anchors.shape[0], candidates.shape[0]
+        rows = block_rows(chunk_size, num_anchors, num_candidates, anchors.element_size())
+        need_anchors, need_candidates = (grad_enabled and bool(n)
+                                         for n in ctx.needs_input_grad[:2])  # type: ignore[attr-defined]
+        bound = _norm_bound(anchors, candidates, scale)
+        left, right = _shifted_operands(anchors, candidates, scale, bound)
+        floor = _exp_floor(-2 * float(bound.max()), anchors.dtype) if num_anchors else None
+        block = anchors.new_empty(rows, num_candidates)
+        lse_neg, lse_pos = anchors.new_empty(num_anchors), anchors.new_empty(num_anchors)
+        grad_anchors = torch.empty_like(anchors) if need_anchors else None
+        grad_candidates = torch.zeros_like(candidates) if need_candidates else None
+        exclude = self_index[:, None]
+        for start in range(0, num_anchors, rows):
+            stop = min(start + rows, num_anchors)
+            same = anchor_class[start:stop, None] == candidate_class[None, :]
+            negatives = _block_exp(block[: stop - start], left, right, exclude, None, start,
+                                   floor)
+            positives = negatives * same
+            pos_sums = positives.sum(dim=1)
+            neg_sums = negatives.masked_fill_(same, 0.0).sum(dim=1)
+            shift_neg = shift_pos = bound[start:stop]
+            if bool(((pos_sums < _UNDERFLOW) | (neg_sums < _UNDERFLOW)).any()):  # rare
+                logits = torch.mm(left[start:stop], right.T).add_(bound[start:stop, None])
+                logits.scatter_(1, exclude[start:stop], -math.inf)
+                groups = []
+                for keep in (~same, same):
+                    group = logits.masked_fill(~keep, -math.inf)
+                    lse = torch.logsumexp(group, dim=1).clamp(min=torch.finfo(group.dtype).min)
+                    groups.append((group.sub_(lse[:, None]).exp_(), lse))
+                (negatives, shift_neg), (positives, shift_pos) = groups
+                neg_sums, pos_sums = torch.ones_like(neg_sums), torch.ones_like(pos_sums)
+            lse_neg[start:stop] = neg_sums.log().add_(shift_neg)
+            lse_pos[start:stop] = pos_sums.log().add_(shift_pos)
+            if not (need_anchors or need_candidates):
+                continue
+            slope = torch.sigmoid(lse_neg[start:stop] - lse_pos[start:stop])
+            step = scale / num_anchors
+            weight_neg = slope * step / neg_sums
+            weight_pos = (several[start:stop].to(slope.dtype) - slope) * step / pos_sums
+            probs = negatives.mul_(weight_neg[:, None])
+            probs.addcmul_(positives, weight_pos[:, None])
+            if grad_anchors is not None:
+                torch.mm(probs, candidates, out=grad_anchors[start:stop])
+            if grad_candidates is not None:
+                grad_candidates.addmm_(probs.T, anchors[start:stop])
+        gap = lse_neg - lse_pos
+        spread = torch.where(several, lse_pos - mean_positive, 0.0)
+        ctx.save_for_backward(grad_anchors, grad_candidates,  # type: ignore[arg-type]
+                              several.to(anchors.dtype) / -num_anchors)
+        return (F.softplus(gap) + spread).mean()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_loss: Tensor):  # type: ignore[no-untyped-def,override]
+        grad_anchors, grad_candidates, grad_mean = ctx.saved_tensors  # type: ignore[attr-defined]
+        grads = [None if g is None else g * grad_loss
+                 for g in (grad_anchors, grad_candidates, grad_mean)]
+        return (*grads, None, None, None, None, None, None, None)
+
+
+def class_gap_mean(
+    anchors: Tensor,
+    candidates: Tensor,
+    anchor_class: Tensor,
+    candidate_class: Tensor,
+    self_index: Tensor,
+    mean_positive: Tensor,
+    several: Tensor,
+    temperature: float,
+    chunk_size: int,
+) -> Tensor:
+    """SupCon's mean over the anchors of ``softplus(lse_neg - lse_pos) + several · (lse_pos -
+    mean_positive)`` (``lse_neg``: the other classes, ``lse_pos``: the row's class but column
+    ``self_index``), chunked (:class:`_ChunkedClassGapMean`); fp32 or float64 inputs.
+
+    Args:
+        anchors: (M, D) anchors; candidates: (K, D).
+        anchor_class: (M,) class of each anchor; candidate_class: (K,) of each candidate.
+        self_index: (M,) each anchor's own column, left out of both groups.
+        mean_positive: (M,) each anchor's mean positive logit (divided by T).
+        several: (M,) bool, the anchor has more than one positive.
+        temperature: T > 0; chunk_size: anchor rows per block.
+    """
+    return _ChunkedClassGapMean.apply(  # type: ignore[no-any-return]
+        anchors.contiguous(), candidates.contiguous(), mean_positive, several, anchor_class,
+        candidate_class, self_index, 1.0 / temperature, chunk_size, torch.is_grad_enabled())
+
+
+def _check_kernel_inputs(
+    anchors: Tensor, candidates: Tensor, temperature: float, exclude: Tensor | None,
+    chunk_size: int | None,
+) -> Tensor | None:
+    """``ValueError`` for bad settings or shapes; ``exclude`` as (M, E)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}.")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}.")
+    if anchors.dim() != 2 or candidates.dim() != 2 or anchors.shape[1] != candidates.shape[1]:
+        raise ValueError(
+            f"Expected (M, D) anchors and (K, D) candidates, got {tuple(anchors.shape)} and "
+            f"{tuple(candidates.shape)}."
+        )
+    if exclude is None:
+        return None
+    if exclude.dim() not in (1, 2) or exclude.shape[0] != anchors.shape[0]:
+        raise ValueError(f"exclude must have shape ({anchors.shape[0]},) or "
+                         f"({anchors.shape[0]}, E), got {tuple(exclude.shape)}.")
+    return exclude.reshape(anchors.shape[0], -1)
 
 
 def chunked_logsumexp(
@@ -198,20 +469,7 @@ def chunked_logsumexp(
     Returns:
         (M,) log-sum-exp per anchor (finfo.min plus log K for a row with every column left out).
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}.")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}.")
-    if anchors.dim() != 2 or candidates.dim() != 2 or anchors.shape[1] != candidates.shape[1]:
-        raise ValueError(
-            f"Expected (M, D) anchors and (K, D) candidates, got {tuple(anchors.shape)} and "
-            f"{tuple(candidates.shape)}."
-        )
-    if exclude is not None:
-        if exclude.dim() not in (1, 2) or exclude.shape[0] != anchors.shape[0]:
-            raise ValueError(f"exclude must have shape ({anchors.shape[0]},) or "
-                             f"({anchors.shape[0]}, E), got {tuple(exclude.shape)}.")
-        exclude = exclude.reshape(anchors.shape[0], -1)
+    exclude = _check_kernel_inputs(anchors, candidates, temperature, exclude, chunk_size)
     with torch.autocast(device_type=anchors.device.type, enabled=False):
         a = at_least_fp32(anchors)
         c = at_least_fp32(candidates).to(a.dtype)
@@ -220,6 +478,51 @@ def chunked_logsumexp(
             return torch.logsumexp(logits, dim=1)
         return _ChunkedLogSumExp.apply(  # type: ignore[no-any-return]
             a.contiguous(), c.contiguous(), exclude, classes, 1.0 / temperature, chunk_size,
+        )
+
+
+def logsumexp_gap_mean(
+    anchors: Tensor,
+    candidates: Tensor,
+    positive_logit: Tensor,
+    temperature: float,
+    exclude: Tensor | None = None,
+    chunk_size: int | None = 1024,
+    softplus: bool = True,
+) -> Tensor:
+    """``mean_i softplus(lse_i - positive_logit_i)`` (``softplus=False``: ``mean_i (lse_i -
+    positive_logit_i)``), ``lse`` as in :func:`chunked_logsumexp`.
+
+    The chunked path takes the gradient products in the forward pass while each block is in
+    cache (the weight of a row is known once its block is), so the backward pass recomputes
+    nothing; ``chunk_size=None`` is the dense logits under autograd. Gradients flow into the
+    anchors, the candidates and the positive logits.
+
+    Args:
+        anchors: (M, D) anchors, fp32 or float64 (at least fp32 is taken).
+        candidates: (K, D) candidates.
+        positive_logit: (M,) the term each row's log-sum-exp is compared with (its positive
+            logit, already divided by T).
+        temperature: Softmax temperature T > 0.
+        exclude: Optional (M,) or (M, E) columns left out of each row's log-sum-exp.
+        chunk_size: Anchor rows per block; ``None`` for the dense logits.
+        softplus: ``softplus`` of the gap (the cross-entropy against the positive) or the gap
+            itself (DCL).
+
+    Returns:
+        Scalar mean, in fp32 (float64 for float64 inputs) whatever the autocast state.
+    """
+    exclude = _check_kernel_inputs(anchors, candidates, temperature, exclude, chunk_size)
+    with torch.autocast(device_type=anchors.device.type, enabled=False):
+        a = at_least_fp32(anchors)
+        c = at_least_fp32(candidates).to(a.dtype)
+        positive_logit = positive_logit.to(a.dtype)
+        if chunk_size is None:
+            gap = chunked_logsumexp(a, c, temperature, exclude, None) - positive_logit
+            return F.softplus(gap).mean() if softplus else gap.mean()
+        return _ChunkedGapMean.apply(  # type: ignore[no-any-return]
+            a.contiguous(), c.contiguous(), positive_logit, exclude, 1.0 / temperature,
+            chunk_size, softplus, torch.is_grad_enabled(),
         )
 
 
@@ -232,9 +535,9 @@ def positive_cross_entropy(
     chunk_size: int | None = 1024,
     margin: float = 0.0,
 ) -> Tensor:
-    """Per-anchor ``-log softmax_k(s_ik)`` at the positive column, ``s_ik = a_i·c_k / T`` with
-    the margin taken off the positive (``s_i,pos = (a_i·c_pos - margin) / T``), as
-    ``softplus(lse_neg - s_pos)``.
+    """Mean over the anchors of ``-log softmax_k(s_ik)`` at the positive column, ``s_ik =
+    a_i·c_k / T`` with the margin taken off the positive (``s_i,pos = (a_i·c_pos - margin) /
+    T``), as ``softplus(lse_neg - s_pos)`` (:func:`logsumexp_gap_mean`).
 
     Args:
         anchors: (M, D) anchors, already L2-normalised, fp32 or float64.
@@ -242,17 +545,17 @@ def positive_cross_entropy(
         positive: (M,) column of each anchor's positive.
         temperature: Softmax temperature T > 0.
         exclude: Optional (M,) or (M, E) columns left out of the denominator (the anchor itself).
-        chunk_size: Rows per block of :func:`chunked_logsumexp`; ``None`` for the dense logits.
+        chunk_size: Rows per block of the chunked kernel; ``None`` for the dense logits.
         margin: Additive margin on the positive cosine (>= 0).
 
     Returns:
-        (M,) losses.
+        Scalar mean loss.
     """
     positive_logit = ((anchors * candidates[positive]).sum(dim=1) - margin) / temperature
     columns = positive[:, None] if exclude is None else torch.cat(
         [positive[:, None], exclude.reshape(len(positive), -1)], dim=1)
-    negatives = chunked_logsumexp(anchors, candidates, temperature, columns, chunk_size)
-    return F.softplus(negatives - positive_logit)
+    return logsumexp_gap_mean(anchors, candidates, positive_logit, temperature, columns,
+                              chunk_size)
 
 
 def check_loss_settings(name: str, temperature: float, chunk_size: int | None) -> None:

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from ssl_lightning.losses.chunked_contrastive import (
     check_loss_settings,
     check_two_views,
-    chunked_logsumexp,
     gather_local,
+    logsumexp_gap_mean,
     two_view_pairs,
 )
 
@@ -86,6 +86,5 @@ class DCLLoss(nn.Module):
                 weights = 2 - n_global * torch.softmax(cosine_all / self.weight_sigma, dim=0)
                 local = self_index[: z1.shape[0]]  # this rank's samples in the global batch
                 positive = positive * weights[local].repeat(2)
-            negatives = chunked_logsumexp(anchors, candidates, self.temperature, excluded,
-                                          self.chunk_size)
-            return (negatives - positive).mean()
+            return logsumexp_gap_mean(anchors, candidates, positive, self.temperature, excluded,
+                                      self.chunk_size, softplus=False)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ssl_lightning.losses.chunked_contrastive import check_loss_settings, chunked_logsumexp
+from ssl_lightning.losses.chunked_contrastive import check_loss_settings, logsumexp_gap_mean
 from ssl_lightning.losses.numerics import at_least_fp32
 
 
@@ -25,7 +25,7 @@ class InfoNCELoss(nn.Module):
     Args:
         temperature: Softmax temperature T > 0 (0.07 in MoCo v1, 0.2 in MoCo v2).
         chunk_size: Query rows per block of the chunked log-sum-exp over the negatives (see
-            :func:`chunked_logsumexp`); ``None`` for the dense (B × K) logits.
+            :func:`logsumexp_gap_mean`); ``None`` for the dense (B × K) logits.
     """
 
     def __init__(self, temperature: float = 0.2, chunk_size: int | None = 1024) -> None:
@@ -57,5 +57,4 @@ class InfoNCELoss(nn.Module):
             n = F.normalize(at_least_fp32(negatives.detach()).to(q.dtype), dim=1)
             positive = (q * k).sum(dim=1) / self.temperature
             # -log(e^s+ / (e^s+ + sum_k e^s_k)) = softplus(lse_k(s_k) - s+), stable in fp32
-            negative = chunked_logsumexp(q, n, self.temperature, chunk_size=self.chunk_size)
-            return F.softplus(negative - positive).mean()
+            return logsumexp_gap_mean(q, n, positive, self.temperature, None, self.chunk_size)

@@ -70,4 +70,4 @@ class MoCoV3Loss(nn.Module):
             labels = torch.arange(batch, device=q.device) + rank_offset
             loss = positive_cross_entropy(q, k, labels, self.temperature,
                                           chunk_size=self.chunk_size)
-            return loss.mean() * (2 * self.temperature)
+            return loss * (2 * self.temperature)

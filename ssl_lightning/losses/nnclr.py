@@ -82,4 +82,4 @@ class NNCLRLoss(nn.Module):
             positive = torch.arange(batch, device=p.device) + rank_offset
             return positive_cross_entropy(
                 nn_, p, positive, self.temperature, None, self.chunk_size
-            ).mean()
+            )

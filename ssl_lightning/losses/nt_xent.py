@@ -31,8 +31,8 @@ from torch import Tensor, nn
 from ssl_lightning.losses.chunked_contrastive import (
     check_loss_settings,
     check_two_views,
-    chunked_logsumexp,
     gather_local,
+    logsumexp_gap_mean,
     positive_cross_entropy,
     two_view_pairs,
 )
@@ -122,7 +122,7 @@ class NTXentLoss(nn.Module):
             return positive_cross_entropy(
                 anchors, candidates, positive_index, self.temperature, self_index,
                 self.chunk_size, self.margin,
-            ).mean()
+            )
 
     def _bank_loss(self, bank: FeatureQueue, z1: Tensor, z2: Tensor, z2_all: Tensor) -> Tensor:
         """View-1 anchors vs their view-2 positive and the bank; then enqueue ``z2_all``."""
@@ -131,8 +131,8 @@ class NTXentLoss(nn.Module):
         negatives = F.normalize(bank.negatives().to(anchors.dtype), dim=1)
         positive = ((anchors * positives).sum(dim=1) - self.margin) / self.temperature
         # -log(e^s+ / (e^s+ + sum_k e^s_k)) = softplus(lse_k(s_k) - s+), stable in fp32
-        lse = chunked_logsumexp(anchors, negatives, self.temperature, None, self.chunk_size)
-        loss = F.softplus(lse - positive).mean()
+        loss = logsumexp_gap_mean(anchors, negatives, positive, self.temperature, None,
+                                  self.chunk_size)
         if z1.requires_grad:
             bank.enqueue(F.normalize(z2_all.detach(), dim=1))
         return loss

@@ -30,6 +30,7 @@ from ssl_lightning.losses.chunked_contrastive import (
     check_loss_settings,
     check_rank_offset,
     chunked_logsumexp,
+    class_gap_mean,
     gather_local,
 )
 from ssl_lightning.losses.numerics import at_least_fp32
@@ -117,11 +118,15 @@ class SupConLoss(nn.Module):
             positives_count = (class_count[anchor_class] - 1).to(anchors.dtype)  # >= 1: other view
             mean_positive = (anchors * positives_sum).sum(dim=1) / (
                 positives_count * self.temperature)
+            if self.chunk_size is not None:
+                return class_gap_mean(anchors, candidates, anchor_class, candidate_class,
+                                      self_index, mean_positive, positives_count > 1,
+                                      self.temperature, self.chunk_size)
             negatives = chunked_logsumexp(
-                anchors, candidates, self.temperature, None, self.chunk_size,
+                anchors, candidates, self.temperature, None, None,
                 ClassMask(anchor_class, candidate_class, same=False))
             positives = chunked_logsumexp(
-                anchors, candidates, self.temperature, self_index, self.chunk_size,
+                anchors, candidates, self.temperature, self_index, None,
                 ClassMask(anchor_class, candidate_class, same=True))
             # lse_A - mean_P s = softplus(lse_neg - lse_pos) + (lse_pos - mean_P s); the spread
             # term is exactly 0 for a single positive and >= log |P| otherwise.

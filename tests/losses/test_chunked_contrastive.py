@@ -14,7 +14,11 @@ from distributed_utils import average_gradients_like_ddp, run_in_processes
 
 from ssl_lightning.distributed import all_gather_no_grad, all_gather_with_grad
 from ssl_lightning.losses import NTXentLoss
-from ssl_lightning.losses.chunked_contrastive import chunked_logsumexp
+from ssl_lightning.losses.chunked_contrastive import (
+    ClassMask,
+    chunked_logsumexp,
+    logsumexp_gap_mean,
+)
 
 EXACT = 1e-10
 F64 = torch.float64
@@ -199,3 +203,97 @@ def test_chunked_nt_xent_two_process_ddp_equals_single_process():
     bad_grads = results[0]["bad"][1]
     pairs = zip(bad_grads, expected_grads, strict=True)
     assert max((a - b).abs().max().item() for a, b in pairs) > 1e-3
+
+
+def _gap_mean_reference(a: np.ndarray, c: np.ndarray, positive: np.ndarray, temperature: float,
+                        exclude: np.ndarray | None, softplus: bool) -> float:
+    """``mean_i h(log sum_{k kept} exp(a_i·c_k / T) - positive_i)`` with plain loops, float64."""
+    total = 0.0
+    for i in range(len(a)):
+        left_out = set() if exclude is None else set(exclude[i].tolist())
+        lse = math.log(sum(math.exp(a[i] @ c[k] / temperature) for k in range(len(c))
+                           if k not in left_out))
+        gap = lse - positive[i]
+        total += math.log1p(math.exp(gap)) if softplus else gap
+    return total / len(a)
+
+
+@pytest.mark.parametrize("softplus", [True, False])
+@pytest.mark.parametrize("with_exclude", [True, False])
+@pytest.mark.parametrize("chunk_size", [1, 3, 8, 64])
+def test_gap_mean_matches_the_loop_reference_and_the_dense_gradients(
+    softplus: bool, with_exclude: bool, chunk_size: int
+):
+    """The gradient products taken in the forward pass equal autograd through the dense logits,
+    for the anchors, the candidates and the positive logits."""
+    g = torch.Generator().manual_seed(chunk_size + 10 * with_exclude + 100 * softplus)
+    anchors = torch.randn(9, 5, generator=g, dtype=F64).requires_grad_()
+    candidates = torch.randn(13, 5, generator=g, dtype=F64).requires_grad_()
+    positive = torch.randn(9, generator=g, dtype=F64).requires_grad_()
+    exclude = torch.randint(0, 13, (9, 2), generator=g) if with_exclude else None
+    leaves = [anchors, candidates, positive]
+    results = []
+    for size in (chunk_size, None):
+        loss = logsumexp_gap_mean(anchors, candidates, positive, 0.4, exclude, size, softplus)
+        results.append((loss, torch.autograd.grad(loss, leaves)))
+    (loss_c, grads_c), (loss_d, grads_d) = results
+    reference = _gap_mean_reference(anchors.detach().numpy(), candidates.detach().numpy(),
+                                    positive.detach().numpy(), 0.4,
+                                    None if exclude is None else exclude.numpy(), softplus)
+    assert loss_c.item() == pytest.approx(reference, abs=EXACT)
+    torch.testing.assert_close(loss_c, loss_d, atol=EXACT, rtol=0)
+    for a, b in zip(grads_c, grads_d, strict=True):
+        assert b.abs().max() > 1e-3
+        torch.testing.assert_close(a, b, atol=EXACT, rtol=0)
+
+
+def test_gap_mean_with_detached_candidates_and_without_gradients():
+    """Detached candidates get no gradient products; under no_grad the value is the same."""
+    g = torch.Generator().manual_seed(4)
+    anchors = torch.randn(7, 4, generator=g, dtype=F64, requires_grad=True)
+    candidates, positive = torch.randn(11, 4, generator=g, dtype=F64), torch.zeros(7, dtype=F64)
+    loss = logsumexp_gap_mean(anchors, candidates, positive, 0.5, None, 3)
+    (grad,) = torch.autograd.grad(loss, [anchors])
+    dense = logsumexp_gap_mean(anchors, candidates, positive, 0.5, None, None)
+    (expected,) = torch.autograd.grad(dense, [anchors])
+    torch.testing.assert_close(grad, expected, atol=EXACT, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(logsumexp_gap_mean(anchors, candidates, positive, 0.5, None, 3),
+                                   loss.detach(), atol=EXACT, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.01, 0.005])
+def test_gap_mean_below_the_exp_range_in_fp32(temperature: float):
+    """At T = 0.01 the shifted logits reach -200, below fp32's exp range: the clamp to the
+    smallest normal number keeps loss and gradients at fp32 rounding of float64."""
+    g = torch.Generator().manual_seed(2)
+    z = torch.nn.functional.normalize(torch.randn(24, 6, generator=g, dtype=F64), dim=1)
+    anchors, candidates = z[:12], torch.cat([z[12:], -z[:12]])
+    positive = (anchors * z[12:]).sum(dim=1) / temperature
+    outs = []
+    for dtype in (F64, torch.float32):
+        leaves = [anchors.to(dtype).requires_grad_(), candidates.to(dtype).requires_grad_()]
+        loss = logsumexp_gap_mean(*leaves, positive.to(dtype), temperature, None, 5)
+        outs.append([loss, *torch.autograd.grad(loss, leaves)])
+    for want, got in zip(*outs, strict=True):
+        assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+@pytest.mark.parametrize("same", [True, False])
+@pytest.mark.parametrize("chunk_size", [1, 4, 100])
+def test_chunked_logsumexp_with_a_class_mask_matches_the_dense_path(same: bool, chunk_size: int):
+    """Left-out entries are zeroed after exp in the chunked path, set to finfo.min in the dense
+    one: equal log-sum-exp and gradients, with the anchor's own column left out as well."""
+    g = torch.Generator().manual_seed(chunk_size)
+    anchors = torch.randn(8, 5, generator=g, dtype=F64, requires_grad=True)
+    candidates = torch.randn(12, 5, generator=g, dtype=F64, requires_grad=True)
+    classes = ClassMask(torch.randint(0, 3, (8,), generator=g), torch.arange(12) % 3, same)
+    weights = torch.randn(8, generator=g, dtype=F64)
+    results = []
+    for size in (chunk_size, None):
+        lse = chunked_logsumexp(anchors, candidates, 0.3, torch.arange(8), size, classes)
+        results.append((lse, torch.autograd.grad((lse * weights).sum(), [anchors, candidates])))
+    (lse_c, grads_c), (lse_d, grads_d) = results
+    torch.testing.assert_close(lse_c, lse_d, atol=EXACT, rtol=0)
+    for a, b in zip(grads_c, grads_d, strict=True):
+        torch.testing.assert_close(a, b, atol=EXACT, rtol=0)

@@ -289,3 +289,37 @@ def test_support_set_nearest_is_the_highest_cosine_row() -> None:
     torch.testing.assert_close(queue.nearest(3.0 * query), queue.queue[want], atol=0, rtol=0)
     with pytest.raises(ValueError, match="do not fit"):
         queue.nearest(torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("labels", [[0] * 7, [0, 0, 0, 1, 1, 1, 1], [4, 0, 4, 1, 2, 3, 0]])
+def test_supcon_chunked_equals_dense_with_gradients(labels: list[int]) -> None:
+    """One class only (no negatives at all), two classes and a mix, at chunk sizes that cut the
+    classes: loss and gradients of the chunked kernel (gradient products in the forward pass)
+    equal the dense autograd ones; under no_grad the value is the same."""
+    z1, z2 = _views(7, seed=3)
+    results = [_loss_and_grads(lambda c: SupConLoss(0.3, c), c, z1, z2, torch.tensor(labels))
+               for c in (None, 1, 4, 64)]
+    for loss, grads in results[1:]:
+        torch.testing.assert_close(loss, results[0][0], atol=1e-12, rtol=0)
+        for got, want in zip(grads, results[0][1], strict=True):
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(SupConLoss(0.3, 4)(z1, z2, torch.tensor(labels)),
+                                   results[0][0], atol=1e-12, rtol=0)
+
+
+def test_supcon_fp32_far_below_the_norm_bound_matches_float64() -> None:
+    """At T = 0.01 rows whose positives are opposite the anchor have their positive sum far
+    below the bound shift (the exact per-group recompute) and logits below fp32's exp range
+    (the clamp): fp32 loss and gradients stay at fp32 rounding of float64."""
+    g = torch.Generator().manual_seed(7)
+    z1 = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    z2 = torch.cat([-z1[:3] + 0.01 * torch.randn(3, 5, generator=g, dtype=torch.float64),
+                    z1[3:] + 0.01 * torch.randn(3, 5, generator=g, dtype=torch.float64)])
+    labels = torch.tensor([0, 1, 2, 3, 4, 5])
+    exact, exact_grads = _loss_and_grads(lambda c: SupConLoss(0.01, c), 4, z1, z2, labels)
+    fp32, fp32_grads = _loss_and_grads(lambda c: SupConLoss(0.01, c), 4, z1.float(),
+                                       z2.float(), labels)
+    assert abs(fp32.item() - exact.item()) / exact.item() < 1e-6
+    for got, want in zip(fp32_grads, exact_grads, strict=True):
+        assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-5
