@@ -63,7 +63,9 @@ def active_sample_seed() -> int | None:
 
 class SeededDataset(Dataset):
     """Items ``(epoch, index) -> (views, target, sample seed)``: ``dataset[index]`` drawn with
-    the global RNG seeded per sample, and that seed as an int64 scalar tensor.
+    the global RNG seeded per sample, and that seed (a Python int below 2**63: the loader's
+    default collate makes the batch's int64 tensor; a tensor per sample would cost 2 % of
+    the per-image views' time).
 
     The seed travels with the sample into the batch ``(views, targets, sample_seeds)``: the
     batched :class:`~ssl_lightning.data.DeviceViews` derives its draws from it, and the
@@ -100,7 +102,7 @@ class SeededDataset(Dataset):
             _active_seed.reset(token)
             generator.set_state(state)
         views, target = item
-        return views, target, torch.tensor(seed, dtype=torch.int64)
+        return views, target, seed
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.dataset}, seed={self.seed})"

@@ -215,7 +215,7 @@ def _paka_batches(count: int = 1) -> list[tuple]:
         items = [seeded[(epoch, i)] for i in range(4)]
         entries = [torch.stack([item[0][v] for item in items]) for v in range(len(items[0][0]))]
         batches.append(([e.double() for e in entries], torch.zeros(4, dtype=torch.long),
-                        torch.stack([item[2] for item in items])))
+                        torch.tensor([item[2] for item in items])))
     return batches
 
 
