@@ -300,10 +300,14 @@ class _ChunkedGapMean(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_loss: Tensor):  # type: ignore[no-untyped-def,override]
-        grad_anchors, grad_candidates, grad_positive = ctx.saved_tensors  # type: ignore[attr-defined]
-        grads = [None if g is None else g * grad_loss
-                 for g in (grad_anchors, grad_candidates, grad_positive)]
-        return (*grads, None, None, None, None, None)
+        return (*_saved_gradients_times(ctx, grad_loss), None, None, None, None, None)
+
+
+def _saved_gradients_times(ctx: FunctionCtx, grad_loss: Tensor) -> list[Tensor | None]:
+    """The input gradients a forward pass computed and saved, times the loss's gradient (the
+    backward of the losses whose gradients come from the forward pass)."""
+    return [None if g is None else g * grad_loss
+            for g in ctx.saved_tensors]  # type: ignore[attr-defined]
 
 
 class _ChunkedClassGapMean(torch.autograd.Function):
@@ -385,10 +389,8 @@ class _ChunkedClassGapMean(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_loss: Tensor):  # type: ignore[no-untyped-def,override]
-        grad_anchors, grad_candidates, grad_mean = ctx.saved_tensors  # type: ignore[attr-defined]
-        grads = [None if g is None else g * grad_loss
-                 for g in (grad_anchors, grad_candidates, grad_mean)]
-        return (*grads, None, None, None, None, None, None, None)
+        return (*_saved_gradients_times(ctx, grad_loss), None, None, None, None, None, None,
+                None)
 
 
 def class_gap_mean(
