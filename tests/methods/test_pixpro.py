@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from micro_batch_utils import whole_and_micro_batch_gradients
 from PIL import Image
 from torch import Tensor
 
@@ -19,7 +20,6 @@ from ssl_lightning.losses import PixProLoss
 from ssl_lightning.losses.dense_matching import position_pairs
 from ssl_lightning.methods import PixPro
 from ssl_lightning.methods.registry import method_entry, small_convnet
-from ssl_lightning.training.grad_cache import grad_cached_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -180,15 +180,9 @@ def test_micro_batches_with_boxes_give_the_whole_batch_gradient() -> None:
     views = [torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(2)]
     batch = views + [torch.tensor(BOXES_1, dtype=torch.float64),
                      torch.tensor(BOXES_2, dtype=torch.float64)]
-    grads = []
-    for micro in (None, 2):
-        method = _small(micro_batch_size=micro)
-        loss = grad_cached_loss(method, batch, micro)[0] if micro else \
-            method.training_loss(batch)[0]
-        loss.backward()
-        grads.append(torch.cat([p.grad.flatten() for p in method.parameters()
-                                if p.grad is not None]))
-    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
+    whole, micro = whole_and_micro_batch_gradients(
+        lambda micro: _small(micro_batch_size=micro), batch)
+    torch.testing.assert_close(whole, micro, rtol=0, atol=1e-12)
 
 
 def test_a_batch_without_boxes_is_refused_with_one_line() -> None:
