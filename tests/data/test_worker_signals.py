@@ -25,7 +25,8 @@ SCRIPT = textwrap.dedent("""
     loader = DataLoader(list(range(64)), batch_size=2, num_workers=2,
                         worker_init_fn=ignore_stop_signals)
     iterator = iter(loader)
-    next(iterator)
+    for _ in range(2):  # batches come in worker order: both workers have run worker_init_fn
+        next(iterator)
     print("pids", *[w.pid for w in iterator._workers], flush=True)
     sys.stdin.readline()  # the test sends its signals meanwhile
     try:
